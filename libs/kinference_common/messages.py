@@ -1,0 +1,145 @@
+"""Every message on NATS, as msgspec Structs encoded as JSON (camelCase).
+
+Rules for changing them (msgspec's schema-evolution guidance): add fields with
+defaults, never change a field's type, never reuse a name. Each message has
+``schemaVersion``; a reader accepts any version it knows and ignores unknown
+fields, so an old router keeps working next to a new collector.
+
+The compiled pool (``kinference.config.*``) lives in
+:mod:`kinference_common.compiled`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+from msgspec import Struct
+
+SCHEMA_VERSION = 1
+
+
+class _Msg(Struct, kw_only=True, omit_defaults=False, rename="camel"):
+    schema_version: int = SCHEMA_VERSION
+
+
+# ------------------------------------------------------------------ telemetry
+
+
+class EndpointState(_Msg):
+    """One engine endpoint (a vLLM pod), as the collector last saw it.
+
+    ``kinference.telemetry.endpoint.<ns>.<workerset>.<pod>`` and KV
+    ``kinference-telemetry`` key ``endpoint.<ns>.<workerset>.<pod>``.
+    Any engine signal may be None (unknown): a comparison on it is false.
+    """
+
+    namespace: str
+    worker_set: str
+    pod: str
+    #: "host:port" of the OpenAI API (and /metrics)
+    address: str
+    #: canonical model of the worker set
+    model: str = ""
+    #: Kubernetes readiness and a successful recent scrape
+    ready: bool = False
+    #: Unix time (seconds) of the last successful scrape; consumers derive age
+    scraped_at: float = 0.0
+    #: requests waiting in the engine queue (vllm:num_requests_waiting)
+    queued: int | None = None
+    #: requests in the running batch (vllm:num_requests_running)
+    running: int | None = None
+    #: KV-cache use, 0..1
+    kv_cache_usage: float | None = None
+    #: tokens the KV cache holds (num_gpu_blocks * block_size)
+    kv_capacity_tokens: int | None = None
+    block_size: int | None = None
+    #: prefix-cache hits / queries over the recent window, 0..1
+    prefix_cache_hit_rate: float | None = None
+    #: prefill throughput learned online, tokens per second
+    prefill_tokens_per_second: float | None = None
+    #: fixed per-request overhead (TTFT not explained by prefill), seconds
+    fixed_overhead_seconds: float | None = None
+    #: mean observed TTFT over the recent window, seconds
+    mean_ttft_seconds: float | None = None
+    #: preemptions counted over the recent window
+    preemptions: int | None = None
+    #: the engine's max_model_len when known
+    context_window: int | None = None
+    #: DCGM, max over the pod's GPUs, 0..1
+    gpu_utilization: float | None = None
+    gpu_memory_usage: float | None = None
+    #: last XID error code seen on any of the pod's GPUs (0 = none)
+    xid_error: int | None = None
+    #: consecutive failed scrapes, and the last failure (never secret)
+    scrape_errors: int = 0
+    last_error: str | None = None
+
+
+class ProviderState(_Msg):
+    """``kinference.telemetry.provider.<ns>.<provider>``; KV key ``provider.<ns>.<provider>``."""
+
+    namespace: str
+    name: str
+    #: recency-weighted TTFT estimate, seconds; None = never observed
+    estimated_ttft_seconds: float | None = None
+    #: share of failed requests over the last minute, 0..1; None = no requests
+    error_rate: float | None = None
+    observations: int = 0
+    updated_at: float = 0.0
+
+
+class Observation(_Msg):
+    """What a router saw of one request: ``kinference.observations.<ns>.<pool>``."""
+
+    decision_id: str
+    namespace: str
+    pool: str
+    backend_type: Literal["Local", "Provider"]
+    backend_name: str
+    endpoint: str | None = None  # pod name for Local
+    model: str = ""  # the model sent upstream
+    status: int = 0  # HTTP status from upstream (0 = no answer)
+    outcome: Literal["ok", "error", "timeout", "rate_limited", "cancelled"] = "ok"
+    ttft_seconds: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    at: float = 0.0
+
+
+# ----------------------------------------------------------------- classifiers
+
+
+class ClassifyRequest(_Msg):
+    """``kinference.classify.<classifier>`` request (request/reply)."""
+
+    #: the texts to classify: every message's text parts, or the prompt(s)
+    texts: list[str]
+    #: how long the caller will wait; the classifier answers its failure tag
+    #: rather than overrun it
+    deadline_ms: float | None = None
+    request_id: str = ""
+
+
+class ClassifyReply(_Msg):
+    classifier: str
+    #: exactly one tag of the classifier's (see kinference_common.classifiers)
+    tags: list[str]
+    #: "ok" or why the failure tag was used: "oversize", "error", "deadline"
+    outcome: Literal["ok", "oversize", "error", "deadline"] = "ok"
+    micros: float = 0.0
+    request_id: str = ""
+
+
+# ------------------------------------------------------------------- encoding
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(msg: Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decoder(t: type) -> msgspec.json.Decoder:  # type: ignore[type-arg]
+    """A reusable decoder for one message type."""
+    return msgspec.json.Decoder(t)

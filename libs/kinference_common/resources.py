@@ -1,0 +1,428 @@
+"""Typed models of every resource Kinference reads, as msgspec Structs.
+
+Field names follow the seeds (``../shared/seeds``) and ``spec/RESOURCES.md``
+exactly; Python attribute names are snake_case and the wire names camelCase.
+Decoding is strict about types, enums and required fields (as the API server's
+schema is). Unknown fields are *not* errors here: msgspec ignores them, and
+:func:`kinference_common.manifests.unknown_fields` reports them so that the
+policy compiler can warn (``UnknownField``), as POLICY.md section 7 asks.
+
+Where the seeds say a missing field is a *resolution* outcome rather than a
+schema error, the field is optional here:
+
+- ``InferencePool.spec.destinations[].kind``: a missing kind makes that
+  destination ``Incomplete`` (seed 002), not the manifest invalid.
+- ``InferenceProvider.spec.url`` / ``auth`` / ``models``: a provider missing
+  one is ``Incomplete`` in the pools that list it (RESOURCES.md).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+from kinference_common import API_GROUP
+
+GIE_GROUPS = ("inference.networking.x-k8s.io", "llm-d.ai")
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+
+Name = Annotated[str, Meta(min_length=1, max_length=253)]
+LabelMap = Annotated[dict[str, str], Meta(max_length=64)]
+BackendType = Literal["Local", "Provider"]
+
+
+class _Model(Struct, kw_only=True, omit_defaults=True, rename="camel"):
+    """Base: keyword-only, camelCase on the wire, defaults omitted on encode."""
+
+
+# --------------------------------------------------------------------- metadata
+
+
+class ObjectMeta(_Model):
+    name: Name
+    namespace: str = "default"
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    creation_timestamp: str | None = None
+    generation: int | None = None
+    uid: str | None = None
+    resource_version: str | None = None
+
+
+class LabelSelector(_Model):
+    match_labels: LabelMap = {}
+
+
+def selector_matches(selector: LabelSelector, labels: dict[str, str]) -> bool:
+    """Kubernetes ``matchLabels`` semantics: every listed label present and equal."""
+    return all(labels.get(k) == v for k, v in selector.match_labels.items())
+
+
+# ------------------------------------------------------------- InferencePolicy
+
+
+class IntComparison(_Model):
+    greater_than: int | None = None
+    less_than: int | None = None
+
+
+class NumberComparison(_Model):
+    greater_than: float | None = None
+    less_than: float | None = None
+
+
+class DurationComparison(_Model):
+    """Compared against a duration signal; values like ``"800ms"``."""
+
+    greater_than: str | None = None
+    less_than: str | None = None
+
+
+class HeaderMatch(_Model):
+    name: Annotated[str, Meta(min_length=1)]
+    value: str
+
+
+StrOrList = Union[str, list[str]]
+
+
+class RequestMatch(_Model):
+    """One ``matches`` entry (or an exclusion's ``if``): every field must hold."""
+
+    model: StrOrList | None = None
+    tenant: StrOrList | None = None
+    tag: StrOrList | None = None
+    objective: StrOrList | None = None
+    priority: IntComparison | None = None
+    prompt_tokens: IntComparison | None = None
+    headers: list[HeaderMatch] | None = None
+
+
+class BackendFilter(_Model):
+    type: BackendType | None = None
+    names: list[str] | None = None
+
+
+class CandidatePredicate(_Model):
+    """An exclusion's ``drop`` or a tier's ``backends``: every field must hold."""
+
+    backend: BackendFilter | None = None
+    queued_prompts: NumberComparison | None = None
+    running_prompts: NumberComparison | None = None
+    kv_cache_usage: NumberComparison | None = None
+    gpu_utilization: NumberComparison | None = None
+    gpu_memory_usage: NumberComparison | None = None
+    predicted_ttft: DurationComparison | None = field(default=None, name="predictedTTFT")
+    estimated_ttft: DurationComparison | None = field(default=None, name="estimatedTTFT")
+    error_rate: NumberComparison | None = None
+    in_flight: NumberComparison | None = None
+
+
+class ModelNames(_Model):
+    names: list[str]
+
+
+class ConsiderEntry(_Model):
+    models: ModelNames | None = None
+    backend: BackendFilter | None = None
+
+
+class Exclusion(_Model):
+    name: Annotated[str, Meta(min_length=1)]
+    if_: RequestMatch | None = field(default=None, name="if")
+    drop: CandidatePredicate
+
+
+MinimizeSignal = Literal["PredictedTTFT", "EstimatedTTFT", "QueuedPrompts", "KVCacheUsage", "InFlight"]
+TieBreak = Literal["LeastInFlight", "PrefixAffinity", "Random"]
+
+
+class SelectTier(_Model):
+    type: BackendType
+    backends: CandidatePredicate | None = None
+    minimize: MinimizeSignal | None = None
+    order: list[str] | None = None
+
+
+class Route(_Model):
+    consider: list[ConsiderEntry] | None = None
+    exclude: list[Exclusion] | None = None
+    select: list[SelectTier]
+    tie_break: list[TieBreak] | None = None
+    on_empty: Literal["Reject", "FallThrough"] = "Reject"
+
+
+class PolicyRule(_Model):
+    name: Annotated[str, Meta(min_length=1)]
+    matches: list[RequestMatch] | None = None
+    route: Route
+
+
+class InferencePolicySpec(_Model):
+    unmatched: Literal["ServeLocal", "Reject"] = "ServeLocal"
+    rules: list[PolicyRule] = []
+
+
+class InferencePolicy(_Model):
+    api_version: str
+    kind: Literal["InferencePolicy"]
+    metadata: ObjectMeta
+    spec: InferencePolicySpec = msgspec.field(default_factory=InferencePolicySpec)
+
+
+# --------------------------------------------------------------- InferencePool
+
+
+class PoolDestination(_Model):
+    group: str = API_GROUP
+    kind: Literal["InferenceWorkerSet", "InferenceProvider"] | None = None
+    name: str | None = None
+    namespace: str | None = None
+    selector: LabelSelector | None = None
+
+
+class PolicyRef(_Model):
+    group: str = API_GROUP
+    kind: str = "InferencePolicy"
+    name: Name
+
+
+class FlowControl(_Model):
+    """Opt-in per-pool queueing (RESOURCES.md, Flow control)."""
+
+    max_queue_wait: str = "10s"
+    max_queued: Annotated[int, Meta(ge=1)] = 1000
+
+
+class InferencePoolSpec(_Model):
+    destinations: list[PoolDestination] | None = None
+    # The pool reference says object; the guide writes a one-element list.
+    # Both decode; the list form is checked (and warned about) by the compiler.
+    policy_ref: PolicyRef | list[PolicyRef] | None = None
+    flow_control: FlowControl | None = None
+
+
+class InferencePool(_Model):
+    api_version: str
+    kind: Literal["InferencePool"]
+    metadata: ObjectMeta
+    spec: InferencePoolSpec = msgspec.field(default_factory=InferencePoolSpec)
+
+
+# --------------------------------------------------------- InferenceWorkerSet
+
+
+class WorkerSetModel(_Model):
+    name: Annotated[str, Meta(min_length=1)]
+    aliases: list[str] = []
+    served_name: str | None = None
+    context_window: Annotated[int, Meta(gt=0)] | None = None
+
+
+class InferenceWorkerSetSpec(_Model):
+    model: WorkerSetModel
+    engine: Literal["vLLM"] = "vLLM"
+    selector: LabelSelector
+    port: Annotated[int, Meta(ge=1, le=65535)] = 8000
+
+
+class InferenceWorkerSet(_Model):
+    api_version: str
+    kind: Literal["InferenceWorkerSet"]
+    metadata: ObjectMeta
+    spec: InferenceWorkerSetSpec
+
+
+# ---------------------------------------------------------- InferenceProvider
+
+
+class SecretKeyRef(_Model):
+    name: Name
+    key: Annotated[str, Meta(min_length=1)]
+
+
+class ProviderAuth(_Model):
+    secret_ref: SecretKeyRef | None = None
+
+
+class ProviderModel(_Model):
+    name: Annotated[str, Meta(min_length=1)]
+    upstream_name: str | None = None
+    context_window: Annotated[int, Meta(gt=0)] | None = None
+
+
+class ProviderLimits(_Model):
+    max_concurrency: Annotated[int, Meta(ge=1)] | None = None
+    requests_per_minute: Annotated[int, Meta(ge=1)] | None = None
+
+
+class ProviderTimeouts(_Model):
+    connect: str | None = None
+    first_token: str | None = None
+
+
+class InferenceProviderSpec(_Model):
+    url: str | None = None
+    auth: ProviderAuth | None = None
+    models: list[ProviderModel] | None = None
+    limits: ProviderLimits | None = None
+    timeouts: ProviderTimeouts | None = None
+
+
+class InferenceProvider(_Model):
+    api_version: str
+    kind: Literal["InferenceProvider"]
+    metadata: ObjectMeta
+    spec: InferenceProviderSpec = msgspec.field(default_factory=InferenceProviderSpec)
+
+
+# ------------------------------------------------- Gateway API: ReferenceGrant
+
+
+class ReferenceGrantFrom(_Model):
+    group: str
+    kind: str
+    namespace: str
+
+
+class ReferenceGrantTo(_Model):
+    group: str
+    kind: str
+    name: str | None = None
+
+
+class ReferenceGrantSpec(_Model):
+    from_: list[ReferenceGrantFrom] = field(name="from")
+    to: list[ReferenceGrantTo]
+
+
+class ReferenceGrant(_Model):
+    api_version: str
+    kind: Literal["ReferenceGrant"]
+    metadata: ObjectMeta
+    spec: ReferenceGrantSpec
+
+
+# ------------------------------------------------------ Gateway API: HTTPRoute
+
+
+class ParentReference(_Model):
+    group: str = GATEWAY_GROUP
+    kind: str = "Gateway"
+    namespace: str | None = None
+    name: Name
+    section_name: str | None = None
+    port: int | None = None
+
+
+class BackendRef(_Model):
+    group: str = ""
+    kind: str = "Service"
+    name: Name
+    namespace: str | None = None
+    port: int | None = None
+    weight: int | None = None
+
+
+class HTTPRouteRule(_Model):
+    backend_refs: list[BackendRef] = []
+
+
+class HTTPRouteSpec(_Model):
+    parent_refs: list[ParentReference] = []
+    hostnames: list[str] = []
+    rules: list[HTTPRouteRule] = []
+
+
+class HTTPRoute(_Model):
+    api_version: str
+    kind: Literal["HTTPRoute"]
+    metadata: ObjectMeta
+    spec: HTTPRouteSpec = msgspec.field(default_factory=HTTPRouteSpec)
+
+
+# ------------------------------- Gateway API Inference Extension (seed 003)
+
+
+class PoolObjectReference(_Model):
+    group: str = "inference.networking.k8s.io"
+    kind: str = "InferencePool"
+    name: Name
+
+
+class InferenceObjectiveSpec(_Model):
+    priority: int | None = None
+    pool_ref: PoolObjectReference
+
+
+class InferenceObjective(_Model):
+    api_version: str
+    kind: Literal["InferenceObjective"]
+    metadata: ObjectMeta
+    spec: InferenceObjectiveSpec
+
+
+class ModelMatch(_Model):
+    type: Literal["Exact"] = "Exact"
+    value: Annotated[str, Meta(min_length=1)]
+
+
+class RewriteMatch(_Model):
+    model: ModelMatch | None = None
+
+
+class TargetModel(_Model):
+    weight: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    model_rewrite: str
+
+
+class InferenceModelRewriteRule(_Model):
+    matches: list[RewriteMatch] = []
+    targets: Annotated[list[TargetModel], Meta(min_length=1)]
+
+
+class InferenceModelRewriteSpec(_Model):
+    pool_ref: PoolObjectReference
+    rules: list[InferenceModelRewriteRule] = []
+
+
+class InferenceModelRewrite(_Model):
+    api_version: str
+    kind: Literal["InferenceModelRewrite"]
+    metadata: ObjectMeta
+    spec: InferenceModelRewriteSpec
+
+
+Resource = Union[
+    InferencePolicy,
+    InferencePool,
+    InferenceWorkerSet,
+    InferenceProvider,
+    ReferenceGrant,
+    HTTPRoute,
+    InferenceObjective,
+    InferenceModelRewrite,
+]
+
+#: (apiVersion group, kind) -> Struct. The Inference Extension kinds are read
+#: in both groups they have lived in (RESOURCES.md).
+KINDS: dict[tuple[str, str], type[Resource]] = {
+    (API_GROUP, "InferencePolicy"): InferencePolicy,
+    (API_GROUP, "InferencePool"): InferencePool,
+    (API_GROUP, "InferenceWorkerSet"): InferenceWorkerSet,
+    (API_GROUP, "InferenceProvider"): InferenceProvider,
+    (GATEWAY_GROUP, "ReferenceGrant"): ReferenceGrant,
+    (GATEWAY_GROUP, "HTTPRoute"): HTTPRoute,
+    **{(g, "InferenceObjective"): InferenceObjective for g in GIE_GROUPS},
+    **{(g, "InferenceModelRewrite"): InferenceModelRewrite for g in GIE_GROUPS},
+}
+
+#: Printer-column short names (seeds; RESOURCES.md).
+SHORT_NAMES = {
+    "InferencePolicy": "infpol",
+    "InferencePool": "infpool",
+    "InferenceWorkerSet": "infws",
+    "InferenceProvider": "infprov",
+}

@@ -1,0 +1,64 @@
+"""NATS subjects and JetStream KV buckets (ARCHITECTURE.md, NATS contract).
+
+NATS subject tokens cannot contain ``.``, ``*``, ``>`` or white space, and KV
+keys allow only ``[-/_=.a-zA-Z0-9]``; Kubernetes names never hold those
+characters except ``.`` (allowed in some names), so :func:`token` escapes a
+``.`` inside a name as ``_``. The mapping is documented here so tools that
+subscribe by hand can build the same subjects.
+"""
+
+from __future__ import annotations
+
+CONFIG_PREFIX = "kinference.config"
+TELEMETRY_ENDPOINT_PREFIX = "kinference.telemetry.endpoint"
+TELEMETRY_PROVIDER_PREFIX = "kinference.telemetry.provider"
+OBSERVATIONS_PREFIX = "kinference.observations"
+CLASSIFY_PREFIX = "kinference.classify"
+DECISIONS_PREFIX = "kinference.decisions"
+
+CONFIG_BUCKET = "kinference-config"
+TELEMETRY_BUCKET = "kinference-telemetry"
+
+#: queue group shared by classifier replicas
+CLASSIFIER_QUEUE_GROUP = "kinference-classifier"
+
+
+def token(name: str) -> str:
+    """A Kubernetes name as one subject token (``.`` -> ``_``)."""
+    return name.replace(".", "_")
+
+
+def config_subject(namespace: str, pool: str) -> str:
+    return f"{CONFIG_PREFIX}.{token(namespace)}.{token(pool)}"
+
+
+def config_key(namespace: str, pool: str) -> str:
+    return f"{token(namespace)}.{token(pool)}"
+
+
+def endpoint_subject(namespace: str, worker_set: str, pod: str) -> str:
+    return f"{TELEMETRY_ENDPOINT_PREFIX}.{token(namespace)}.{token(worker_set)}.{token(pod)}"
+
+
+def endpoint_key(namespace: str, worker_set: str, pod: str) -> str:
+    return f"endpoint.{token(namespace)}.{token(worker_set)}.{token(pod)}"
+
+
+def provider_subject(namespace: str, provider: str) -> str:
+    return f"{TELEMETRY_PROVIDER_PREFIX}.{token(namespace)}.{token(provider)}"
+
+
+def provider_key(namespace: str, provider: str) -> str:
+    return f"provider.{token(namespace)}.{token(provider)}"
+
+
+def observations_subject(namespace: str, pool: str) -> str:
+    return f"{OBSERVATIONS_PREFIX}.{token(namespace)}.{token(pool)}"
+
+
+def classify_subject(classifier: str) -> str:
+    return f"{CLASSIFY_PREFIX}.{classifier}"
+
+
+def decisions_subject(namespace: str, pool: str) -> str:
+    return f"{DECISIONS_PREFIX}.{token(namespace)}.{token(pool)}"

@@ -1,0 +1,43 @@
+"""The NATS fixture starts a real server with JetStream, and KV works on it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import nats
+import pytest
+
+from kinference_common import natsserver
+
+
+async def test_publish_subscribe_and_kv_roundtrip(nats_server: natsserver.NatsServer) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        async def on_msg(msg: nats.aio.msg.Msg) -> None:
+            if not got.done():
+                got.set_result(msg.data)
+
+        await nc.subscribe("kinference.test", cb=on_msg)
+        await nc.publish("kinference.test", b"hello")
+        assert await asyncio.wait_for(got, 5) == b"hello"
+
+        js = nc.jetstream()
+        kv = await js.create_key_value(bucket="kinference-test")
+        await kv.put("default.pool", b"v1")
+        entry = await kv.get("default.pool")
+        assert entry.value == b"v1"
+    finally:
+        await nc.close()
+
+
+async def test_kill_and_restart_keeps_port(nats_server: natsserver.NatsServer) -> None:
+    nats_server.kill()
+    with pytest.raises(OSError):
+        socket.create_connection((nats_server.host, nats_server.port), timeout=1).close()
+    nats_server.restart()
+    nc = await nats.connect(nats_server.url)
+    assert nc.is_connected
+    await nc.close()
