@@ -79,7 +79,7 @@ class _C(Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):
     """Base of compiled types: immutable, keyword-only, camelCase JSON."""
 
 
-class Range(_C):
+class Range(_C, kw_only=True):
     """``greaterThan`` / ``lessThan`` (both exclusive). A comparison with an
     unknown value is false."""
 
@@ -96,12 +96,12 @@ class Range(_C):
         return True
 
 
-class SignalTest(_C):
+class SignalTest(_C, kw_only=True):
     signal: Signal
     range: Range
 
 
-class CandidateTest(_C):
+class CandidateTest(_C, kw_only=True):
     """A candidate predicate (an exclusion's ``drop``, a tier's ``backends``):
     every present field must hold."""
 
@@ -111,12 +111,12 @@ class CandidateTest(_C):
     signals: list[SignalTest] = []
 
 
-class Header(_C):
+class Header(_C, kw_only=True):
     name: str  # lower-cased
     value: str
 
 
-class RequestTest(_C):
+class RequestTest(_C, kw_only=True):
     """One ``matches`` entry, or an exclusion's ``if``: every present field must
     hold. For list fields, None = no constraint, [] = never holds."""
 
@@ -133,7 +133,7 @@ class RequestTest(_C):
         return self.tags is None
 
 
-class Consider(_C):
+class Consider(_C, kw_only=True):
     """One ``consider`` entry: candidates serving one of ``models`` (None = the
     requested model), narrowed by backend type and names."""
 
@@ -142,7 +142,7 @@ class Consider(_C):
     backend_names: list[str] | None = None
 
 
-class CompiledExclusion(_C):
+class CompiledExclusion(_C, kw_only=True):
     name: str
     term: str  # e.g. "rules[0].route.exclude[1]"
     when: RequestTest | None = None  # the ``if``; None = always
@@ -151,7 +151,7 @@ class CompiledExclusion(_C):
     live: bool = False
 
 
-class CompiledTier(_C):
+class CompiledTier(_C, kw_only=True):
     index: int
     term: str
     type: BackendType
@@ -163,7 +163,7 @@ class CompiledTier(_C):
     unreachable: bool = False
 
 
-class CompiledRule(_C):
+class CompiledRule(_C, kw_only=True):
     name: str
     index: int  # position in spec.rules
     term: str  # "rules[<index>]"
@@ -178,7 +178,7 @@ class CompiledRule(_C):
     shadowed: bool = False
 
 
-class CompiledPolicy(_C):
+class CompiledPolicy(_C, kw_only=True):
     namespace: str
     #: "" for the default policy (no policyRef, or the policy is missing)
     name: str
@@ -194,21 +194,23 @@ class CompiledPolicy(_C):
 DEFAULT_POLICY_RULE_NAME = "unmatched"
 
 
-class SecretRef(_C):
+class SecretRef(_C, kw_only=True):
     name: str
     key: str
 
 
-class ServedModel(_C):
+class ServedModel(_C, kw_only=True):
     #: canonical, client-facing name
     name: str
     #: the name the destination itself expects in the body
     #: (worker set ``servedName``, provider ``upstreamName``)
     served_name: str
     context_window: int | None = None
+    #: other names clients may use for this model (worker sets only)
+    aliases: list[str] = []
 
 
-class ProviderSettings(_C):
+class ProviderSettings(_C, kw_only=True):
     url: str
     secret_ref: SecretRef
     max_concurrency: int | None = None
@@ -217,7 +219,7 @@ class ProviderSettings(_C):
     first_token_timeout_seconds: float | None = None
 
 
-class Destination(_C):
+class Destination(_C, kw_only=True):
     """A resolved pool destination: a worker set (Local) or a provider."""
 
     type: BackendType
@@ -237,7 +239,7 @@ class Destination(_C):
         return f"{self.type}/{self.name}"
 
 
-class PoolModel(_C):
+class PoolModel(_C, kw_only=True):
     """``status.models[]`` of the pool."""
 
     name: str
@@ -246,12 +248,12 @@ class PoolModel(_C):
     context_window: dict[str, int] | None = None  # {"min": .., "max": ..}
 
 
-class RewriteTarget(_C):
+class RewriteTarget(_C, kw_only=True):
     model: str
     weight: int
 
 
-class CompiledRewrite(_C):
+class CompiledRewrite(_C, kw_only=True):
     """One InferenceModelRewrite rule, in precedence order within the pool."""
 
     source: str  # "<group> <namespace>/<name> rules[<i>]"
@@ -260,12 +262,12 @@ class CompiledRewrite(_C):
     targets: list[RewriteTarget] = []
 
 
-class CompiledFlowControl(_C):
+class CompiledFlowControl(_C, kw_only=True):
     max_queue_wait_seconds: float
     max_queued: int
 
 
-class CompiledPool(_C):
+class CompiledPool(_C, kw_only=True):
     schema_version: int = SCHEMA_VERSION
     namespace: str
     name: str

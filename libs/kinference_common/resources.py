@@ -40,7 +40,7 @@ class _Model(Struct, kw_only=True, omit_defaults=True, rename="camel"):
 # --------------------------------------------------------------------- metadata
 
 
-class ObjectMeta(_Model):
+class ObjectMeta(_Model, kw_only=True):
     name: Name
     namespace: str = "default"
     labels: dict[str, str] = {}
@@ -51,7 +51,7 @@ class ObjectMeta(_Model):
     resource_version: str | None = None
 
 
-class LabelSelector(_Model):
+class LabelSelector(_Model, kw_only=True):
     match_labels: LabelMap = {}
 
 
@@ -63,24 +63,24 @@ def selector_matches(selector: LabelSelector, labels: dict[str, str]) -> bool:
 # ------------------------------------------------------------- InferencePolicy
 
 
-class IntComparison(_Model):
+class IntComparison(_Model, kw_only=True):
     greater_than: int | None = None
     less_than: int | None = None
 
 
-class NumberComparison(_Model):
+class NumberComparison(_Model, kw_only=True):
     greater_than: float | None = None
     less_than: float | None = None
 
 
-class DurationComparison(_Model):
+class DurationComparison(_Model, kw_only=True):
     """Compared against a duration signal; values like ``"800ms"``."""
 
     greater_than: str | None = None
     less_than: str | None = None
 
 
-class HeaderMatch(_Model):
+class HeaderMatch(_Model, kw_only=True):
     name: Annotated[str, Meta(min_length=1)]
     value: str
 
@@ -88,7 +88,7 @@ class HeaderMatch(_Model):
 StrOrList = Union[str, list[str]]
 
 
-class RequestMatch(_Model):
+class RequestMatch(_Model, kw_only=True):
     """One ``matches`` entry (or an exclusion's ``if``): every field must hold."""
 
     model: StrOrList | None = None
@@ -100,12 +100,12 @@ class RequestMatch(_Model):
     headers: list[HeaderMatch] | None = None
 
 
-class BackendFilter(_Model):
+class BackendFilter(_Model, kw_only=True):
     type: BackendType | None = None
     names: list[str] | None = None
 
 
-class CandidatePredicate(_Model):
+class CandidatePredicate(_Model, kw_only=True):
     """An exclusion's ``drop`` or a tier's ``backends``: every field must hold."""
 
     backend: BackendFilter | None = None
@@ -120,16 +120,16 @@ class CandidatePredicate(_Model):
     in_flight: NumberComparison | None = None
 
 
-class ModelNames(_Model):
+class ModelNames(_Model, kw_only=True):
     names: list[str]
 
 
-class ConsiderEntry(_Model):
+class ConsiderEntry(_Model, kw_only=True):
     models: ModelNames | None = None
     backend: BackendFilter | None = None
 
 
-class Exclusion(_Model):
+class Exclusion(_Model, kw_only=True):
     name: Annotated[str, Meta(min_length=1)]
     if_: RequestMatch | None = field(default=None, name="if")
     drop: CandidatePredicate
@@ -139,14 +139,14 @@ MinimizeSignal = Literal["PredictedTTFT", "EstimatedTTFT", "QueuedPrompts", "KVC
 TieBreak = Literal["LeastInFlight", "PrefixAffinity", "Random"]
 
 
-class SelectTier(_Model):
+class SelectTier(_Model, kw_only=True):
     type: BackendType
     backends: CandidatePredicate | None = None
     minimize: MinimizeSignal | None = None
     order: list[str] | None = None
 
 
-class Route(_Model):
+class Route(_Model, kw_only=True):
     consider: list[ConsiderEntry] | None = None
     exclude: list[Exclusion] | None = None
     select: list[SelectTier]
@@ -154,18 +154,18 @@ class Route(_Model):
     on_empty: Literal["Reject", "FallThrough"] = "Reject"
 
 
-class PolicyRule(_Model):
+class PolicyRule(_Model, kw_only=True):
     name: Annotated[str, Meta(min_length=1)]
     matches: list[RequestMatch] | None = None
     route: Route
 
 
-class InferencePolicySpec(_Model):
+class InferencePolicySpec(_Model, kw_only=True):
     unmatched: Literal["ServeLocal", "Reject"] = "ServeLocal"
     rules: list[PolicyRule] = []
 
 
-class InferencePolicy(_Model):
+class InferencePolicy(_Model, kw_only=True):
     api_version: str
     kind: Literal["InferencePolicy"]
     metadata: ObjectMeta
@@ -175,7 +175,7 @@ class InferencePolicy(_Model):
 # --------------------------------------------------------------- InferencePool
 
 
-class PoolDestination(_Model):
+class PoolDestination(_Model, kw_only=True):
     group: str = API_GROUP
     kind: Literal["InferenceWorkerSet", "InferenceProvider"] | None = None
     name: str | None = None
@@ -183,20 +183,20 @@ class PoolDestination(_Model):
     selector: LabelSelector | None = None
 
 
-class PolicyRef(_Model):
+class PolicyRef(_Model, kw_only=True):
     group: str = API_GROUP
     kind: str = "InferencePolicy"
     name: Name
 
 
-class FlowControl(_Model):
+class FlowControl(_Model, kw_only=True):
     """Opt-in per-pool queueing (RESOURCES.md, Flow control)."""
 
     max_queue_wait: str = "10s"
     max_queued: Annotated[int, Meta(ge=1)] = 1000
 
 
-class InferencePoolSpec(_Model):
+class InferencePoolSpec(_Model, kw_only=True):
     destinations: list[PoolDestination] | None = None
     # The pool reference says object; the guide writes a one-element list.
     # Both decode; the list form is checked (and warned about) by the compiler.
@@ -204,7 +204,7 @@ class InferencePoolSpec(_Model):
     flow_control: FlowControl | None = None
 
 
-class InferencePool(_Model):
+class InferencePool(_Model, kw_only=True):
     api_version: str
     kind: Literal["InferencePool"]
     metadata: ObjectMeta
@@ -214,21 +214,21 @@ class InferencePool(_Model):
 # --------------------------------------------------------- InferenceWorkerSet
 
 
-class WorkerSetModel(_Model):
+class WorkerSetModel(_Model, kw_only=True):
     name: Annotated[str, Meta(min_length=1)]
     aliases: list[str] = []
     served_name: str | None = None
     context_window: Annotated[int, Meta(gt=0)] | None = None
 
 
-class InferenceWorkerSetSpec(_Model):
+class InferenceWorkerSetSpec(_Model, kw_only=True):
     model: WorkerSetModel
     engine: Literal["vLLM"] = "vLLM"
     selector: LabelSelector
     port: Annotated[int, Meta(ge=1, le=65535)] = 8000
 
 
-class InferenceWorkerSet(_Model):
+class InferenceWorkerSet(_Model, kw_only=True):
     api_version: str
     kind: Literal["InferenceWorkerSet"]
     metadata: ObjectMeta
@@ -238,32 +238,32 @@ class InferenceWorkerSet(_Model):
 # ---------------------------------------------------------- InferenceProvider
 
 
-class SecretKeyRef(_Model):
+class SecretKeyRef(_Model, kw_only=True):
     name: Name
     key: Annotated[str, Meta(min_length=1)]
 
 
-class ProviderAuth(_Model):
+class ProviderAuth(_Model, kw_only=True):
     secret_ref: SecretKeyRef | None = None
 
 
-class ProviderModel(_Model):
+class ProviderModel(_Model, kw_only=True):
     name: Annotated[str, Meta(min_length=1)]
     upstream_name: str | None = None
     context_window: Annotated[int, Meta(gt=0)] | None = None
 
 
-class ProviderLimits(_Model):
+class ProviderLimits(_Model, kw_only=True):
     max_concurrency: Annotated[int, Meta(ge=1)] | None = None
     requests_per_minute: Annotated[int, Meta(ge=1)] | None = None
 
 
-class ProviderTimeouts(_Model):
+class ProviderTimeouts(_Model, kw_only=True):
     connect: str | None = None
     first_token: str | None = None
 
 
-class InferenceProviderSpec(_Model):
+class InferenceProviderSpec(_Model, kw_only=True):
     url: str | None = None
     auth: ProviderAuth | None = None
     models: list[ProviderModel] | None = None
@@ -271,7 +271,7 @@ class InferenceProviderSpec(_Model):
     timeouts: ProviderTimeouts | None = None
 
 
-class InferenceProvider(_Model):
+class InferenceProvider(_Model, kw_only=True):
     api_version: str
     kind: Literal["InferenceProvider"]
     metadata: ObjectMeta
@@ -281,24 +281,24 @@ class InferenceProvider(_Model):
 # ------------------------------------------------- Gateway API: ReferenceGrant
 
 
-class ReferenceGrantFrom(_Model):
+class ReferenceGrantFrom(_Model, kw_only=True):
     group: str
     kind: str
     namespace: str
 
 
-class ReferenceGrantTo(_Model):
+class ReferenceGrantTo(_Model, kw_only=True):
     group: str
     kind: str
     name: str | None = None
 
 
-class ReferenceGrantSpec(_Model):
+class ReferenceGrantSpec(_Model, kw_only=True):
     from_: list[ReferenceGrantFrom] = field(name="from")
     to: list[ReferenceGrantTo]
 
 
-class ReferenceGrant(_Model):
+class ReferenceGrant(_Model, kw_only=True):
     api_version: str
     kind: Literal["ReferenceGrant"]
     metadata: ObjectMeta
@@ -308,7 +308,7 @@ class ReferenceGrant(_Model):
 # ------------------------------------------------------ Gateway API: HTTPRoute
 
 
-class ParentReference(_Model):
+class ParentReference(_Model, kw_only=True):
     group: str = GATEWAY_GROUP
     kind: str = "Gateway"
     namespace: str | None = None
@@ -317,7 +317,7 @@ class ParentReference(_Model):
     port: int | None = None
 
 
-class BackendRef(_Model):
+class BackendRef(_Model, kw_only=True):
     group: str = ""
     kind: str = "Service"
     name: Name
@@ -326,17 +326,17 @@ class BackendRef(_Model):
     weight: int | None = None
 
 
-class HTTPRouteRule(_Model):
+class HTTPRouteRule(_Model, kw_only=True):
     backend_refs: list[BackendRef] = []
 
 
-class HTTPRouteSpec(_Model):
+class HTTPRouteSpec(_Model, kw_only=True):
     parent_refs: list[ParentReference] = []
     hostnames: list[str] = []
     rules: list[HTTPRouteRule] = []
 
 
-class HTTPRoute(_Model):
+class HTTPRoute(_Model, kw_only=True):
     api_version: str
     kind: Literal["HTTPRoute"]
     metadata: ObjectMeta
@@ -346,49 +346,49 @@ class HTTPRoute(_Model):
 # ------------------------------- Gateway API Inference Extension (seed 003)
 
 
-class PoolObjectReference(_Model):
+class PoolObjectReference(_Model, kw_only=True):
     group: str = "inference.networking.k8s.io"
     kind: str = "InferencePool"
     name: Name
 
 
-class InferenceObjectiveSpec(_Model):
+class InferenceObjectiveSpec(_Model, kw_only=True):
     priority: int | None = None
     pool_ref: PoolObjectReference
 
 
-class InferenceObjective(_Model):
+class InferenceObjective(_Model, kw_only=True):
     api_version: str
     kind: Literal["InferenceObjective"]
     metadata: ObjectMeta
     spec: InferenceObjectiveSpec
 
 
-class ModelMatch(_Model):
+class ModelMatch(_Model, kw_only=True):
     type: Literal["Exact"] = "Exact"
     value: Annotated[str, Meta(min_length=1)]
 
 
-class RewriteMatch(_Model):
+class RewriteMatch(_Model, kw_only=True):
     model: ModelMatch | None = None
 
 
-class TargetModel(_Model):
+class TargetModel(_Model, kw_only=True):
     weight: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     model_rewrite: str
 
 
-class InferenceModelRewriteRule(_Model):
+class InferenceModelRewriteRule(_Model, kw_only=True):
     matches: list[RewriteMatch] = []
     targets: Annotated[list[TargetModel], Meta(min_length=1)]
 
 
-class InferenceModelRewriteSpec(_Model):
+class InferenceModelRewriteSpec(_Model, kw_only=True):
     pool_ref: PoolObjectReference
     rules: list[InferenceModelRewriteRule] = []
 
 
-class InferenceModelRewrite(_Model):
+class InferenceModelRewrite(_Model, kw_only=True):
     api_version: str
     kind: Literal["InferenceModelRewrite"]
     metadata: ObjectMeta

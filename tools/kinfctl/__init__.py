@@ -1,1 +1,1 @@
-"""Kinference."""
+"""kinfctl: the operator's command line (lint, get, explain, classify, events)."""

@@ -1,1 +1,445 @@
-"""Kinference."""
+"""The policy compiler: a pure library (no I/O beyond reading the files you
+name in :func:`compile_paths`).
+
+:func:`compile_documents` takes loaded manifests of any kinds and returns a
+:class:`CompileResult`: one :class:`~kinference_common.compiled.CompiledPool`
+per valid InferencePool, the status of every policy, pool, provider,
+InferenceObjective and InferenceModelRewrite exactly as the controllers write
+them, the manifest errors, and the warnings about documents that have no
+warnings field of their own. The policy-compiler service and ``kinfctl`` both
+call it, so ``kinfctl lint -o json`` prints what the cluster will show.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import defaultdict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from kinference_common import API_GROUP
+from kinference_common import resources as r
+from kinference_common.compiled import (
+    CompiledFlowControl,
+    CompiledPolicy,
+    CompiledPool,
+    CompiledRewrite,
+    RewriteTarget,
+)
+from kinference_common.compiler import validate
+from kinference_common.compiler.policy import (
+    POOL_DEPENDENT,
+    PoolContext,
+    compile_policy,
+    default_policy,
+)
+from kinference_common.compiler.pools import Inventory, provider_missing, resolve_pool
+from kinference_common.compiler.status import (
+    AcceptedStatus,
+    DocumentWarning,
+    ParentReference,
+    ParentStatus,
+    PolicyStatus,
+    PolicyWarning,
+    PoolStatus,
+    ProviderStatus,
+    condition,
+)
+from kinference_common.durations import parse_duration
+from kinference_common.manifests import (
+    Loaded,
+    LoadedObject,
+    ManifestError,
+    SkippedDocument,
+    load_paths,
+    unknown_fields,
+)
+
+__all__ = ["CompileResult", "compile_documents", "compile_paths", "ROUTER_CONTROLLER"]
+
+ROUTER_CONTROLLER = "kinference.buoyant.io/router"
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class CompileResult:
+    pools: dict[Key, CompiledPool] = field(default_factory=dict)
+    policy_status: dict[Key, PolicyStatus] = field(default_factory=dict)
+    pool_status: dict[Key, PoolStatus] = field(default_factory=dict)
+    provider_status: dict[Key, ProviderStatus] = field(default_factory=dict)
+    #: (group, namespace, name) -> status, for InferenceObjective / InferenceModelRewrite
+    objective_status: dict[tuple[str, str, str], AcceptedStatus] = field(default_factory=dict)
+    rewrite_status: dict[tuple[str, str, str], AcceptedStatus] = field(default_factory=dict)
+    errors: list[ManifestError] = field(default_factory=list)
+    document_warnings: list[DocumentWarning] = field(default_factory=list)
+    skipped: list[SkippedDocument] = field(default_factory=list)
+    #: every valid object, by kind then (namespace, name)
+    objects: dict[str, dict[Key, LoadedObject]] = field(default_factory=lambda: defaultdict(dict))
+
+    @property
+    def warning_count(self) -> int:
+        return sum(len(s.warnings) for s in self.policy_status.values()) + len(self.document_warnings)
+
+
+def compile_paths(paths: Iterable[str | os.PathLike[str]], **kwargs: Any) -> CompileResult:
+    """Load the manifests under ``paths`` and compile them."""
+    return compile_documents(load_paths(paths), **kwargs)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def compile_documents(
+    loaded: Iterable[Loaded],
+    *,
+    now: str | None = None,
+    watched_namespaces: Collection[str] | None = None,
+) -> CompileResult:
+    """Compile everything in ``loaded``. Never raises on bad input.
+
+    ``now`` stamps conditions' ``lastTransitionTime`` (default: the current
+    time); ``watched_namespaces`` limits what pools may refer to across
+    namespaces (the router's scope; None = every namespace).
+    """
+    now = now or _now()
+    res = CompileResult()
+    _index(res, loaded)
+    inv = Inventory(watched_namespaces=watched_namespaces)
+    for key, lo in res.objects["InferenceWorkerSet"].items():
+        inv.worker_sets[key] = lo.obj  # type: ignore[assignment]
+    for key, lo in res.objects["InferenceProvider"].items():
+        inv.providers[key] = lo.obj  # type: ignore[assignment]
+    for lo in res.objects["ReferenceGrant"].values():
+        inv.grants[lo.obj.metadata.namespace].append(lo.obj)  # type: ignore[arg-type]
+
+    _document_unknown_fields(res)
+    _provider_statuses(res, now)
+    objectives, rewrites = _gie(res, now)
+    parents = _route_parents(res)
+
+    # Which pools reference which policy (valid group/kind only).
+    referenced_by: dict[Key, list[str]] = defaultdict(list)
+    pool_refs: dict[Key, r.PolicyRef | None] = {}
+    for key, lo in sorted(res.objects["InferencePool"].items()):
+        pool: r.InferencePool = lo.obj  # type: ignore[assignment]
+        ref = pool.spec.policy_ref
+        if isinstance(ref, list):
+            if ref:
+                res.document_warnings.append(_doc_warning(
+                    lo, "PolicyRefList", "spec.policyRef",
+                    "policyRef is an object, not a list; the single entry is used. Write "
+                    f"`policyRef: {{name: {ref[0].name}}}`.",
+                ))
+            ref = ref[0] if ref else None
+        pool_refs[key] = ref
+        if ref is not None and ref.group == API_GROUP and ref.kind == "InferencePolicy":
+            if (key[0], ref.name) in res.objects["InferencePolicy"]:
+                referenced_by[(key[0], ref.name)].append(f"{key[0]}/{key[1]}")
+
+    # Each policy alone: its pool-independent warnings and rule statuses.
+    alone: dict[Key, Any] = {}
+    for key, lo in sorted(res.objects["InferencePolicy"].items()):
+        alone[key] = compile_policy(lo.obj, lo.raw)  # type: ignore[arg-type]
+    pool_warnings: dict[Key, list[PolicyWarning]] = defaultdict(list)
+
+    for key, lo in sorted(res.objects["InferencePool"].items()):
+        pool = lo.obj  # type: ignore[assignment]
+        resolved = resolve_pool(pool, inv)
+        for message in resolved.alias_conflicts:
+            res.document_warnings.append(_doc_warning(lo, "AliasConflict", "spec.destinations", message))
+        for provider, name, canonical in resolved.divergent_names:
+            res.document_warnings.append(_doc_warning(
+                lo, "DivergentModelName", "spec.destinations",
+                f"provider {provider} serves {name!r}, which worker sets call {canonical!r} (it is their "
+                f"alias), so status.models lists them apart. Set the provider's model name: {canonical} "
+                f"and upstreamName: {name}.",
+            ))
+        ref = pool_refs[key]
+        qualifiers: list[str] = []
+        if resolved.unresolved:
+            qualifiers.append("UnresolvedDestinations")
+        policy_obj: r.InferencePolicy | None = None
+        if ref is not None:
+            if ref.group != API_GROUP or ref.kind != "InferencePolicy":
+                qualifiers.append("PolicyRefWrongKind")
+            elif (key[0], ref.name) not in res.objects["InferencePolicy"]:
+                qualifiers.append("PolicyNotFound")
+            else:
+                policy_obj = res.objects["InferencePolicy"][(key[0], ref.name)].obj  # type: ignore[assignment]
+
+        if policy_obj is not None:
+            ctx = PoolContext(
+                namespace=key[0],
+                name=key[1],
+                aliases=resolved.aliases,
+                destinations={d.name: d.type for d in resolved.destinations},
+                provider_models=frozenset(
+                    m.name for d in resolved.destinations if d.type == "Provider" for m in d.models
+                ),
+            )
+            comp = compile_policy(policy_obj, None, ctx)
+            compiled_policy: CompiledPolicy = comp.policy
+            pkey = (policy_obj.metadata.namespace, policy_obj.metadata.name)
+            pool_warnings[pkey].extend(w for w in comp.warnings if w.code in POOL_DEPENDENT)
+        else:
+            compiled_policy = default_policy(key[0])
+
+        generation = pool.metadata.generation
+        primary = "Accepted" if resolved.destinations else "NoDestinations"
+        state = ",".join([primary, *qualifiers])
+        accepted = condition(
+            "Accepted", bool(resolved.destinations), primary,
+            f"{len(resolved.destinations)} destination(s) resolved" if resolved.destinations
+            else "no destination resolved: nothing to route to",
+            now, generation,
+        )
+        ref_problems = []
+        if "PolicyRefWrongKind" in qualifiers:
+            ref_problems.append(
+                f"policyRef names {ref.group}/{ref.kind}, not {API_GROUP}/InferencePolicy; "  # type: ignore[union-attr]
+                "the default policy is used"
+            )
+        if "PolicyNotFound" in qualifiers:
+            ref_problems.append(f"policyRef names {ref.name!r}, which is no InferencePolicy in {key[0]}; "  # type: ignore[union-attr]
+                                "the default policy is used (it never reaches a Provider)")
+        if resolved.unresolved:
+            ref_problems.append(
+                f"{len(resolved.unresolved)} destination(s) did not resolve: see unresolvedDestinations"
+            )
+        resolved_refs = condition(
+            "ResolvedRefs", not ref_problems,
+            next((q for q in ("PolicyRefWrongKind", "PolicyNotFound", "UnresolvedDestinations") if q in qualifiers),
+                 "ResolvedRefs"),
+            "; ".join(ref_problems) or "every reference resolved",
+            now, generation,
+        )
+        conditions = [accepted, resolved_refs]
+        res.pool_status[key] = PoolStatus(
+            destination_count=len(resolved.destinations),
+            models=resolved.models,
+            unresolved_destinations=resolved.unresolved,
+            parents=[
+                ParentStatus(parent_ref=p, controller_name=ROUTER_CONTROLLER, conditions=conditions)
+                for p in parents.get(key, [])
+            ],
+            conditions=conditions,
+            state=state,
+        )
+
+        flow = pool.spec.flow_control
+        compiled = CompiledPool(
+            namespace=key[0],
+            name=key[1],
+            destinations=resolved.destinations,
+            models=resolved.models,
+            aliases=resolved.aliases,
+            policy=compiled_policy,
+            rewrites=rewrites.get(key, []),
+            objectives=objectives.get(key, {}),
+            flow_control=CompiledFlowControl(
+                max_queue_wait_seconds=parse_duration(flow.max_queue_wait), max_queued=flow.max_queued
+            ) if flow else None,
+        )
+        digest = hashlib.sha256(msgspec.json.encode(compiled)).hexdigest()[:16]
+        res.pools[key] = msgspec.structs.replace(compiled, revision=digest)
+
+    for key, lo in sorted(res.objects["InferencePolicy"].items()):
+        comp = alone[key]
+        refs = sorted(referenced_by.get(key, []))
+        warnings = list(comp.warnings)
+        seen = {(w.code, w.rule, w.term, w.message) for w in warnings}
+        for w in pool_warnings.get(key, []):
+            if (w.code, w.rule, w.term, w.message) not in seen:
+                seen.add((w.code, w.rule, w.term, w.message))
+                warnings.append(w)
+        state = "Accepted" if refs else "NotReferenced"
+        res.policy_status[key] = PolicyStatus(
+            rule_count=len(comp.policy.rules),
+            referenced_by=refs,
+            rules=comp.rules,
+            warnings=warnings,
+            conditions=[condition(
+                "Accepted", bool(refs), state,
+                f"in force on {', '.join(refs)}" if refs
+                else "compiled, but no InferencePool names it in spec.policyRef",
+                now, lo.obj.metadata.generation,
+            )],
+            state=state,
+        )
+    return res
+
+
+# ------------------------------------------------------------------- indexing
+
+
+def _index(res: CompileResult, loaded: Iterable[Loaded]) -> None:
+    """Sort documents into errors, skipped and valid objects; check the
+    schema rules beyond types (validate.py); reject duplicates."""
+    for item in loaded:
+        if isinstance(item, ManifestError):
+            res.errors.append(item)
+            continue
+        if isinstance(item, SkippedDocument):
+            res.skipped.append(item)
+            continue
+        obj = item.obj
+        problems = validate.problems(obj)
+        if problems:
+            res.errors.extend(ManifestError(item.document, path, msg) for path, msg in problems)
+            continue
+        kind = obj.kind
+        if kind in ("InferenceObjective", "InferenceModelRewrite"):
+            key_kind = f"{kind}/{item.group}"
+        else:
+            key_kind = kind
+        key = (obj.metadata.namespace, obj.metadata.name)
+        table = res.objects[key_kind]
+        if key in table:
+            first = table[key].document
+            res.errors.append(ManifestError(
+                item.document, "metadata.name",
+                f"{kind} {key[0]}/{key[1]} is defined twice; the first definition ({first}) is used",
+            ))
+            continue
+        table[key] = item
+
+
+def _doc_warning(lo: LoadedObject, code: str, path: str, message: str) -> DocumentWarning:
+    return DocumentWarning(
+        code=code, kind=lo.obj.kind, namespace=lo.obj.metadata.namespace, name=lo.obj.metadata.name,
+        path=path, message=message, source=str(lo.document.source) + f"#{lo.document.index}",
+    )
+
+
+def _document_unknown_fields(res: CompileResult) -> None:
+    """Unknown fields in documents other than policies (whose go to the
+    policy's own status as UnknownField)."""
+    for kind, table in list(res.objects.items()):
+        if kind == "InferencePolicy":
+            continue
+        for lo in table.values():
+            for path in unknown_fields(lo.raw, type(lo.obj)):
+                res.document_warnings.append(_doc_warning(
+                    lo, "UnknownField", path,
+                    f"{path.rsplit('.', 1)[-1]!r} is not a field of {lo.obj.kind}; the API server drops it",
+                ))
+
+
+def _provider_statuses(res: CompileResult, now: str) -> None:
+    for key, lo in sorted(res.objects["InferenceProvider"].items()):
+        missing = provider_missing(lo.obj)  # type: ignore[arg-type]
+        res.provider_status[key] = ProviderStatus(conditions=[condition(
+            "Ready", not missing, "Incomplete" if missing else "Configured",
+            f"missing {', '.join(missing)}" if missing else "configuration complete",
+            now, lo.obj.metadata.generation,
+        )])
+
+
+def _route_parents(res: CompileResult) -> dict[Key, list[ParentReference]]:
+    """HTTPRoutes whose backendRefs name a pool: one parents[] entry per parentRef."""
+    out: dict[Key, list[ParentReference]] = defaultdict(list)
+    for (ns, _), lo in sorted(res.objects["HTTPRoute"].items()):
+        route: r.HTTPRoute = lo.obj  # type: ignore[assignment]
+        pools = {
+            (b.namespace or ns, b.name)
+            for rule in route.spec.rules
+            for b in rule.backend_refs
+            if b.group == API_GROUP and b.kind == "InferencePool"
+        }
+        for pool_key in sorted(pools):
+            for p in route.spec.parent_refs:
+                ref = ParentReference(
+                    group=p.group, kind=p.kind, namespace=p.namespace or ns, name=p.name,
+                    section_name=p.section_name,
+                )
+                if ref not in out[pool_key]:
+                    out[pool_key].append(ref)
+    return out
+
+
+# ---------------------------------------------- Inference Extension (seed 003)
+
+
+def _gie(
+    res: CompileResult, now: str
+) -> tuple[dict[Key, dict[str, int]], dict[Key, list[CompiledRewrite]]]:
+    """InferenceObjective and InferenceModelRewrite, in both API groups
+    (``llm-d.ai`` wins a name clash). Only objects whose poolRef names a pool
+    of our group are used and get a status; others are left alone."""
+    objectives: dict[Key, dict[str, int]] = defaultdict(dict)
+    rewrites: dict[Key, list[tuple[tuple[Any, ...], CompiledRewrite]]] = defaultdict(list)
+    pools = res.objects["InferencePool"]
+
+    for kind, status_table in (("InferenceObjective", res.objective_status),
+                               ("InferenceModelRewrite", res.rewrite_status)):
+        by_name: dict[Key, dict[str, LoadedObject]] = defaultdict(dict)
+        for group in r.GIE_GROUPS:
+            for key, lo in res.objects.get(f"{kind}/{group}", {}).items():
+                by_name[key][group] = lo
+        for key, variants in sorted(by_name.items()):
+            for group, lo in sorted(variants.items()):
+                obj = lo.obj
+                ref = obj.spec.pool_ref  # type: ignore[union-attr]
+                if ref.group != API_GROUP:
+                    continue  # another implementation's object: left alone
+                gen = obj.metadata.generation
+                skey = (group, key[0], key[1])
+                if group != "llm-d.ai" and "llm-d.ai" in variants and \
+                        variants["llm-d.ai"].obj.spec.pool_ref.group == API_GROUP:  # type: ignore[union-attr]
+                    status_table[skey] = AcceptedStatus(conditions=[condition(
+                        "Accepted", False, "Superseded",
+                        f"{kind} {key[0]}/{key[1]} also exists in llm-d.ai, which is used", now, gen)])
+                    continue
+                pool_key = (key[0], ref.name)
+                if ref.kind != "InferencePool" or pool_key not in pools:
+                    status_table[skey] = AcceptedStatus(conditions=[condition(
+                        "Accepted", False, "PoolNotFound",
+                        f"poolRef names {ref.kind} {ref.name}, which is no InferencePool in {key[0]}",
+                        now, gen)])
+                    continue
+                if isinstance(obj, r.InferenceObjective):
+                    objectives[pool_key][key[1]] = obj.spec.priority or 0
+                    status_table[skey] = AcceptedStatus(conditions=[condition(
+                        "Accepted", True, "Accepted", f"priority {obj.spec.priority or 0} on pool {ref.name}",
+                        now, gen)])
+                    continue
+                assert isinstance(obj, r.InferenceModelRewrite)
+                bad = [
+                    i for i, rule in enumerate(obj.spec.rules)
+                    if len({t.weight is None for t in rule.targets}) > 1
+                ]
+                if bad:
+                    status_table[skey] = AcceptedStatus(conditions=[condition(
+                        "Accepted", False, "InvalidWeights",
+                        f"rules[{bad[0]}] sets a weight on some targets but not all; if any target has a "
+                        "weight, all must. Nothing of this resource is applied.", now, gen)])
+                    continue
+                status_table[skey] = AcceptedStatus(conditions=[condition(
+                    "Accepted", True, "Accepted", f"{len(obj.spec.rules)} rule(s) on pool {ref.name}",
+                    now, gen)])
+                created = obj.metadata.creation_timestamp or "9999"
+                for i, rule in enumerate(obj.spec.rules):
+                    targets = [RewriteTarget(model=t.model_rewrite, weight=t.weight or 1) for t in rule.targets]
+                    source = f"{group} {key[0]}/{key[1]} rules[{i}]"
+                    models = [m.model.value for m in rule.matches if m.model is not None]
+                    if not models:
+                        rewrites[pool_key].append(
+                            ((1, created, key, i), CompiledRewrite(source=source, match_model=None, targets=targets)))
+                    for model in models:
+                        rewrites[pool_key].append(
+                            ((0, created, key, i), CompiledRewrite(source=source, match_model=model, targets=targets)))
+    ordered = {k: [rw for _, rw in sorted(v, key=lambda x: x[0])] for k, v in rewrites.items()}
+    return objectives, ordered
+
+
+def object_key(kind: str, group: str = API_GROUP) -> str:
+    """The key of :attr:`CompileResult.objects` for a kind."""
+    return f"{kind}/{group}" if kind in ("InferenceObjective", "InferenceModelRewrite") else kind
+

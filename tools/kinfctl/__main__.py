@@ -1,0 +1,3 @@
+from kinfctl.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""``kinfctl lint FILE|DIR...``: check manifests offline, as the cluster would.
+
+Reads every YAML/JSON document under the paths (``-`` reads standard input),
+compiles every policy against the pools in the same input, and prints each
+policy's and pool's computed status and every warning. ``-o json`` prints
+``{"policies": [...], "pools": [...], "errors": [...], ...}`` where each
+``status`` is exactly what the controllers write (the same code computes it).
+
+Exit codes: 0 every manifest valid (warnings never fail the lint); 1 a
+manifest (or the command line) is invalid; 2 with ``--strict`` when there are
+warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+import msgspec
+
+from kinference_common.compiler import CompileResult, compile_documents
+from kinference_common.manifests import Loaded, load_paths, load_text
+from kinfctl.main import EXIT_INVALID, EXIT_OK, CommandError
+from kinfctl.output import print_json
+
+EXIT_WARNINGS = 2
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "lint",
+        help="check manifests offline and print each policy's and pool's status",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("paths", nargs="+", metavar="FILE|DIR", help="manifest files or directories; - for stdin")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format (default text)")
+    p.add_argument("--strict", action="store_true", help="exit 2 when there are warnings")
+    p.set_defaults(run=run)
+
+
+def read_inputs(paths: list[str]) -> list[Loaded]:
+    """Documents from the paths, with ``-`` meaning standard input."""
+    loaded: list[Loaded] = []
+    files = [p for p in paths if p != "-"]
+    if "-" in paths:
+        loaded.extend(load_text(sys.stdin.read(), "<stdin>"))
+    loaded.extend(load_paths(files))
+    return loaded
+
+
+def run(args: argparse.Namespace) -> int:
+    res = compile_documents(read_inputs(args.paths))
+    if not (res.objects or res.errors):
+        raise CommandError("no Kinference manifests found in " + ", ".join(args.paths))
+    if args.output == "json":
+        print_json(lint_json(res))
+    else:
+        print_text(res, sys.stdout)
+    if res.errors:
+        return EXIT_INVALID
+    if args.strict and res.warning_count:
+        return EXIT_WARNINGS
+    return EXIT_OK
+
+
+def lint_json(res: CompileResult) -> dict[str, Any]:
+    def entries(table: dict[Any, Any]) -> list[dict[str, Any]]:
+        return [
+            {"namespace": k[-2], "name": k[-1], **({"group": k[0]} if len(k) == 3 else {}),
+             "status": msgspec.to_builtins(v)}
+            for k, v in sorted(table.items())
+        ]
+
+    return {
+        "policies": entries(res.policy_status),
+        "pools": entries(res.pool_status),
+        "errors": [e.to_dict() for e in res.errors],
+        "warnings": msgspec.to_builtins(res.document_warnings),
+        "providers": entries(res.provider_status),
+        "objectives": entries(res.objective_status),
+        "rewrites": entries(res.rewrite_status),
+        "skipped": [{"source": s.document.source, "document": s.document.index, "reason": s.reason}
+                    for s in res.skipped],
+    }
+
+
+def print_text(res: CompileResult, out: TextIO) -> None:
+    for (ns, name), st in sorted(res.policy_status.items()):
+        refs = f" (referenced by {', '.join(st.referenced_by)})" if st.referenced_by else ""
+        out.write(f"InferencePolicy {ns}/{name}: {st.state}, {st.rule_count} rule(s){refs}\n")
+        for rule in st.rules:
+            if rule.requires_classifiers:
+                out.write(
+                    f"  rule {rule.name}: asks {', '.join(rule.requires_classifiers)} "
+                    f"(adds up to {rule.worst_case_classifier_latency}); can see tags "
+                    f"{', '.join(rule.emittable_tags)}\n"
+                )
+                for c, mode in rule.classifier_failure_mode.items():
+                    out.write(f"    {c}: {mode}\n")
+            else:
+                out.write(f"  rule {rule.name}: no classifier\n")
+        for w in st.warnings:
+            out.write(f"  warning {w.code} at {w.term}: {w.message}\n")
+    for (ns, name), st in sorted(res.pool_status.items()):
+        pool = res.objects["InferencePool"][(ns, name)].obj
+        ref = pool.spec.policy_ref  # type: ignore[union-attr]
+        ref_name = (ref[0].name if ref else "") if isinstance(ref, list) else (ref.name if ref else "")
+        out.write(
+            f"InferencePool {ns}/{name}: {st.state}, {st.destination_count} destination(s), "
+            f"policy {ref_name or '(default)'}\n"
+        )
+        for u in st.unresolved_destinations:
+            what = u.name or (f"selector {u.selector}" if u.selector else "(unnamed)")
+            out.write(f"  unresolved {u.kind or '(no kind)'} {what}: {u.reason}: {u.message}\n")
+        for m in st.models:
+            window = ""
+            if m.context_window:
+                lo, hi = m.context_window["min"], m.context_window["max"]
+                window = f", context {lo}" if lo == hi else f", context {lo}..{hi}"
+            aliases = f" (aliases {', '.join(m.aliases)})" if m.aliases else ""
+            out.write(f"  model {m.name}{aliases}: served by {', '.join(m.served_by)}{window}\n")
+        for c in st.conditions:
+            if c.status != "True":
+                out.write(f"  condition {c.type}=False ({c.reason}): {c.message}\n")
+    for table, kind in ((res.objective_status, "InferenceObjective"), (res.rewrite_status, "InferenceModelRewrite")):
+        for (group, ns, name), st in sorted(table.items()):
+            for c in st.conditions:
+                if c.status != "True":
+                    out.write(f"{kind} {ns}/{name} ({group}): Accepted=False ({c.reason}): {c.message}\n")
+    for w in res.document_warnings:
+        out.write(f"warning {w.code}: {w.kind} {w.namespace}/{w.name} at {w.path}: {w.message}\n")
+    for e in res.errors:
+        out.write(f"error: {e}\n")
+    n_pol, n_pool = len(res.policy_status), len(res.pool_status)
+    out.write(
+        f"{n_pol} polic{'y' if n_pol == 1 else 'ies'}, {n_pool} pool(s): "
+        f"{len(res.errors)} error(s), {res.warning_count} warning(s)\n"
+    )
