@@ -169,11 +169,54 @@ def _path_of(msgspec_path: str | None) -> str:
     return msgspec_path[1:] if msgspec_path.startswith(".") else msgspec_path
 
 
-def _rephrase(message: str) -> str:
+_TYPE_WORDS = {
+    "float": "a number",
+    "int": "an integer",
+    "str": "a string",
+    "bool": "true or false",
+    "array": "a list",
+    "object": "a mapping",
+    "null": "null",
+}
+
+
+def _type_words(spec: str) -> str:
+    """`` `str | array | null` `` -> ``a string or a list`` (null is implied)."""
+    parts = [p.strip() for p in spec.split("|") if p.strip() != "null"]
+    return " or ".join(_TYPE_WORDS.get(p, p) for p in parts) or "null"
+
+
+def _allowed_values(struct_type: type, path: str) -> list[str]:
+    """The enum values of the field at ``path`` (e.g. ``spec.rules[0].route.onEmpty``)."""
+    t: Any = msgspec.inspect.type_info(struct_type)
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+        while isinstance(t, msgspec.inspect.UnionType):
+            t = next((m for m in t.types if not isinstance(m, msgspec.inspect.NoneType)), None)
+        if part.startswith("["):
+            t = getattr(t, "item_type", None)
+        elif isinstance(t, msgspec.inspect.StructType):
+            t = next((f.type for f in t.fields if f.encode_name == part), None)
+        else:
+            return []
+    values: list[str] = []
+    members = t.types if isinstance(t, msgspec.inspect.UnionType) else (t,)
+    for m in members:
+        if isinstance(m, msgspec.inspect.LiteralType):
+            values.extend(str(v) for v in m.values)
+    return values
+
+
+def _rephrase(message: str, struct_type: type, path: str) -> str:
     """msgspec's wording, made to read as the API server's."""
     message = message.replace("Object missing required field", "missing required field")
-    message = message.replace("Expected `", "expected `")
-    message = message.replace("Invalid enum value", "invalid value")
+    m = re.match(r"Expected `([^`]*)`, got `([^`]*)`", message)
+    if m:
+        message = f"expected {_type_words(m.group(1))}, got {_type_words(m.group(2))}"
+    if message.startswith("Invalid enum value"):
+        allowed = _allowed_values(struct_type, path)
+        message = message.replace("Invalid enum value", "invalid value")
+        if allowed:
+            message += f"; allowed: {', '.join(allowed)}"
     return message
 
 
@@ -212,7 +255,8 @@ def decode_document(doc: Any, ref: DocumentRef) -> Loaded:
     except msgspec.ValidationError as exc:
         m = _AT.match(str(exc))
         assert m is not None
-        return ManifestError(ref, _path_of(m.group("path")), _rephrase(m.group("msg")))
+        path = _path_of(m.group("path"))
+        return ManifestError(ref, path, _rephrase(m.group("msg"), struct_type, path))
     except (TypeError, ValueError, RecursionError) as exc:  # e.g. unhashable YAML keys
         return ManifestError(ref, "", f"cannot be read: {exc}")
     return LoadedObject(ref, obj, doc)

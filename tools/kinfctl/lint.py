@@ -78,6 +78,7 @@ def lint_json(res: CompileResult) -> dict[str, Any]:
         "pools": entries(res.pool_status),
         "errors": [e.to_dict() for e in res.errors],
         "warnings": msgspec.to_builtins(res.document_warnings),
+        "notes": msgspec.to_builtins(res.notes),
         "providers": entries(res.provider_status),
         "objectives": entries(res.objective_status),
         "rewrites": entries(res.rewrite_status),
@@ -131,6 +132,8 @@ def print_text(res: CompileResult, out: TextIO) -> None:
                     out.write(f"{kind} {ns}/{name} ({group}): Accepted=False ({c.reason}): {c.message}\n")
     for w in res.document_warnings:
         out.write(f"warning {w.code}: {w.kind} {w.namespace}/{w.name} at {w.path}: {w.message}\n")
+    for w in res.notes:
+        out.write(f"note {w.code}: {w.kind} {w.namespace}/{w.name}: {w.message}\n")
     for e in res.errors:
         out.write(f"error: {e}\n")
     n_pol, n_pool = len(res.policy_status), len(res.pool_status)

@@ -78,6 +78,9 @@ class CompileResult:
     rewrite_status: dict[tuple[str, str, str], AcceptedStatus] = field(default_factory=dict)
     errors: list[ManifestError] = field(default_factory=list)
     document_warnings: list[DocumentWarning] = field(default_factory=list)
+    #: observations that are not warnings (nothing is dropped or defaulted),
+    #: e.g. a pool lists a provider its policy never picks
+    notes: list[DocumentWarning] = field(default_factory=list)
     skipped: list[SkippedDocument] = field(default_factory=list)
     #: every valid object, by kind then (namespace, name)
     objects: dict[str, dict[Key, LoadedObject]] = field(default_factory=lambda: defaultdict(dict))
@@ -110,6 +113,14 @@ def compile_documents(
     """
     now = now or _now()
     res = CompileResult()
+    if watched_namespaces is not None:
+        # The controllers never see objects elsewhere: no status is written for
+        # them (seed 000: "RULES blank").
+        watched = set(watched_namespaces)
+        loaded = [
+            item for item in loaded
+            if not isinstance(item, LoadedObject) or item.obj.metadata.namespace in watched
+        ]
     _index(res, loaded)
     inv = Inventory(watched_namespaces=watched_namespaces)
     for key, lo in res.objects["InferenceWorkerSet"].items():
@@ -191,6 +202,15 @@ def compile_documents(
         else:
             compiled_policy = default_policy(key[0])
 
+        providers = [d.name for d in resolved.destinations if d.type == "Provider"]
+        if providers and not any(t.type == "Provider" for rule in compiled_policy.rules for t in rule.select):
+            which = f"policy {compiled_policy.name}" if compiled_policy.name else "the default policy"
+            res.notes.append(_doc_warning(
+                lo, "ProvidersNeverPicked", "spec.destinations",
+                f"{which} has no select tier of type Provider, so {', '.join(providers)} is never picked. "
+                "Attach a policy with a {type: Provider} tier, or remove the provider from the pool.",
+            ))
+
         generation = pool.metadata.generation
         primary = "Accepted" if resolved.destinations else "NoDestinations"
         state = ",".join([primary, *qualifiers])
@@ -254,11 +274,15 @@ def compile_documents(
         comp = alone[key]
         refs = sorted(referenced_by.get(key, []))
         warnings = list(comp.warnings)
+        # A pool-dependent warning the policy already has alone (e.g. a typed
+        # consider with no tier) is not repeated per pool.
+        alone_terms = {(w.code, w.rule, w.term) for w in warnings}
         seen = {(w.code, w.rule, w.term, w.message) for w in warnings}
         for w in pool_warnings.get(key, []):
-            if (w.code, w.rule, w.term, w.message) not in seen:
-                seen.add((w.code, w.rule, w.term, w.message))
-                warnings.append(w)
+            if (w.code, w.rule, w.term) in alone_terms or (w.code, w.rule, w.term, w.message) in seen:
+                continue
+            seen.add((w.code, w.rule, w.term, w.message))
+            warnings.append(w)
         state = "Accepted" if refs else "NotReferenced"
         res.policy_status[key] = PolicyStatus(
             rule_count=len(comp.policy.rules),

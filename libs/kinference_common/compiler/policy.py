@@ -20,7 +20,7 @@ ClassScopedSignal      exclusion (or tier ``backends`` term) dropped
 SignalNotForType       tier ``minimize`` defaulted to its type's TTFT signal
 UnknownDestination     name removed from ``order``/``names``
 UnreachableTier        an earlier tier covers the same type: never picks
-NoTierForConsidered    considered candidates of a kind no tier selects
+NoTierForConsidered    a consider entry explicit about a kind no tier selects
 OutOfRange             0..1 signal compared outside 0..1: term dropped
 UnknownField           field ignored
 UnknownModel           (added) a model name no destination of the pool serves
@@ -482,6 +482,11 @@ def _tier(
 
 
 def _check_considered_kinds(ctx: _Ctx, rule: CompiledRule, explicit: bool) -> None:
+    """``NoTierForConsidered``: a consider entry that is explicit about a kind
+    (``backend.type``, or ``backend.names`` naming destinations of it) admits
+    candidates no tier selects. An entry that only names models admits
+    whatever kinds serve them; it is how the guide narrows by model, and a
+    provider it happens to admit is simply not selected, so it is not flagged."""
     if not explicit or rule.consider is None:
         return
     selected = {t.type for t in rule.select}
@@ -489,15 +494,8 @@ def _check_considered_kinds(ctx: _Ctx, rule: CompiledRule, explicit: bool) -> No
     for c in rule.consider:
         if c.backend_type is not None:
             admitted.add(c.backend_type)
-        elif ctx.pool is not None:
-            kinds = {ctx.pool.destinations[n] for n in (c.backend_names or ctx.pool.destinations)}
-            if "Provider" in kinds and c.models is not None and not set(c.models) & ctx.pool.provider_models:
-                kinds.discard("Provider")
-            if "Local" in kinds and c.backend_names is None and not any(
-                k == "Local" for k in ctx.pool.destinations.values()
-            ):
-                kinds.discard("Local")
-            admitted |= kinds
+        elif c.backend_names and ctx.pool is not None:
+            admitted |= {ctx.pool.destinations[n] for n in c.backend_names if n in ctx.pool.destinations}
     for kind in sorted(admitted - selected):
         ctx.warn(
             "NoTierForConsidered", rule.name, f"{rule.term}.route.consider",

@@ -248,36 +248,39 @@ def _models(
             if m.context_window:
                 windows[m.name].append(m.context_window)
 
+    local = [d for d in destinations if d.type == "Local"]
+    local_canonical = {d.models[0].name for d in local}
+    worker_alias = {a: d.models[0].name for d in local for a in d.models[0].aliases if a != d.models[0].name}
+
+    # A provider serving a worker set's alias as if it were canonical: the
+    # two show as separate models (seed 002 diagnosis); say so once.
+    divergent: list[tuple[str, str, str]] = []
+    for d in destinations:
+        if d.type != "Provider":
+            continue
+        for m in d.models:
+            if m.name in worker_alias and m.name not in local_canonical:
+                divergent.append((d.name, m.name, worker_alias[m.name]))
+    divergent_names = {name for _, name, _ in divergent}
+
     aliases: dict[str, str] = {name: name for name in served_by}
     alias_of: dict[str, set[str]] = defaultdict(set)
     conflicts: list[str] = []
-    alias_owner: dict[str, str] = {}  # alias -> worker set name
-    for d in destinations:
-        if d.type != "Local":
-            continue
+    for d in local:
         m = d.models[0]
         for alias in m.aliases:
             if alias == m.name:
                 continue
             prev = aliases.get(alias)
             if prev is not None and prev != m.name:
-                what = "a canonical model name" if prev == alias else f"an alias of {prev!r}"
-                conflicts.append(
-                    f"alias {alias!r} of {d.name} is already {what}; requests for it go to {prev!r}"
-                )
+                if alias not in divergent_names:
+                    what = "a canonical model name" if prev == alias else f"an alias of {prev!r}"
+                    conflicts.append(
+                        f"alias {alias!r} of {d.name} is already {what}; requests for it go to {prev!r}"
+                    )
                 continue
             aliases[alias] = m.name
             alias_of[m.name].add(alias)
-            alias_owner[alias] = d.name
-
-    local_canonical = {d.models[0].name for d in destinations if d.type == "Local"}
-    divergent: list[tuple[str, str, str]] = []
-    for d in destinations:
-        if d.type != "Provider":
-            continue
-        for m in d.models:
-            if m.name in alias_owner and m.name not in local_canonical:
-                divergent.append((d.name, m.name, aliases[m.name]))
 
     models = [
         PoolModel(

@@ -1,0 +1,218 @@
+"""Every warning code of POLICY.md section 7 (and the ones added), each with
+the manifest that causes it, its term, and its effect on the compiled form."""
+
+from __future__ import annotations
+
+from kinference_common.compiled import CompiledPolicy
+
+from .conftest import FLEET, POOL_ALL, compile_text, policy_yaml
+
+
+def compile_policy(spec: str, with_pool: bool = True):  # type: ignore[no-untyped-def]
+    texts = [FLEET, policy_yaml("p", spec)]
+    if with_pool:
+        texts.append(POOL_ALL.replace("POLICY", "p"))
+    res = compile_text(*texts)
+    assert not res.errors, res.errors
+    status = res.policy_status[("default", "p")]
+    compiled: CompiledPolicy | None = res.pools[("default", "inference-all")].policy if with_pool else None
+    return status, compiled
+
+
+def rule(body: str, name: str = "r") -> str:
+    return f"  - name: {name}\n" + "\n".join("    " + l for l in body.strip("\n").splitlines()) + "\n"
+
+
+LOCAL = "route: {select: [{type: Local}]}"
+
+
+def test_duplicate_rule_name_dropped_and_not_counted() -> None:
+    st, pol = compile_policy("rules:\n" + rule("matches: [{tenant: a}]\n" + LOCAL) + rule(LOCAL))
+    [w] = st.warnings
+    assert (w.code, w.rule, w.term) == ("DuplicateRuleName", "r", "rules[1]")
+    assert st.rule_count == 1 and [r.name for r in st.rules] == ["r"]
+    assert len(pol.rules) == 1 and pol.rules[0].matches is not None
+
+
+def test_shadowed_rule_kept_and_flagged_but_not_after_fall_through() -> None:
+    st, pol = compile_policy("rules:\n" + rule(LOCAL, "all") + rule("matches: [{tenant: a}]\n" + LOCAL, "a"))
+    assert [w.code for w in st.warnings] == ["ShadowedRule"]
+    assert [r.shadowed for r in pol.rules] == [False, True]
+    ft = "route: {onEmpty: FallThrough, select: [{type: Local}]}"
+    st, pol = compile_policy("rules:\n" + rule(ft, "all") + rule("matches: [{tenant: a}]\n" + LOCAL, "a"))
+    assert st.warnings == [] and not pol.rules[1].shadowed
+
+
+def test_unknown_tag_removed_and_an_emptied_list_never_holds() -> None:
+    st, pol = compile_policy("rules:\n" + rule("matches: [{tag: [pii-confirmed, pii-maybe]}]\n" + LOCAL)
+                             + rule("matches: [{tag: toxic}]\n" + LOCAL, "t"))
+    assert [(w.code, w.rule) for w in st.warnings] == [("UnknownTag", "r"), ("UnknownTag", "t")]
+    assert "pii-maybe" in st.warnings[0].message and "toxic" in st.warnings[1].message
+    assert pol.rules[0].matches[0].tags == ["pii-confirmed"]
+    assert pol.rules[1].matches[0].tags == []  # never holds, not "no constraint"
+    assert pol.rules[1].matches is not None  # and the rule is not a catch-all
+
+
+def test_uncovered_failure_tag_in_matches_when_a_later_rule_bursts() -> None:
+    spec = ("rules:\n" + rule("matches: [{tag: pii-confirmed}]\n" + LOCAL, "pii-local")
+            + rule("route:\n  exclude: [{name: busy, drop: {backend: {type: Local}, queuedPrompts: {greaterThan: 4}}}]\n"
+                   "  select: [{type: Local}, {type: Provider}]", "burst"))
+    st, _ = compile_policy(spec)
+    [w] = st.warnings
+    assert (w.code, w.rule, w.term) == ("UncoveredFailureTag", "pii-local", "rules[0].matches[0].tag")
+    assert "burst" in w.message and "pii-unknown" in w.message
+    # listing the clean tag only is safe: a failed classifier is not clean
+    safe = spec.replace("pii-local", "x").replace("tag: pii-confirmed", "tag: pii-none")
+    st, _ = compile_policy(safe)
+    assert st.warnings == []
+
+
+def test_class_scoped_signal_in_exclusion_and_tier() -> None:
+    spec = "rules:\n" + rule(
+        "route:\n"
+        "  exclude: [{name: slow, drop: {estimatedTTFT: {greaterThan: 2s}}}]\n"
+        "  select:\n"
+        "    - {type: Local, backends: {errorRate: {greaterThan: 0.1}, kvCacheUsage: {lessThan: 0.5}}}\n"
+        "    - {type: Provider}\n")
+    st, pol = compile_policy(spec)
+    by_term = {w.term: w.code for w in st.warnings}
+    assert by_term["rules[0].route.exclude[0].drop.estimatedTTFT"] == "ClassScopedSignal"
+    assert by_term["rules[0].route.select[0].backends.errorRate"] == "ClassScopedSignal"
+    assert pol.rules[0].exclude == []
+    assert [s.signal for s in pol.rules[0].select[0].backends.signals] == ["kvCacheUsage"]
+
+
+def test_in_flight_is_not_class_scoped() -> None:
+    st, pol = compile_policy("rules:\n" + rule(
+        "route:\n  exclude: [{name: f, drop: {inFlight: {greaterThan: 10}}}]\n  select: [{type: Local}]"))
+    assert st.warnings == [] and pol.rules[0].exclude[0].live
+
+
+def test_signal_not_for_type_defaults_to_the_tiers_ttft() -> None:
+    st, pol = compile_policy("rules:\n" + rule(
+        "route:\n  exclude: [{name: busy, drop: {backend: {type: Local}, queuedPrompts: {greaterThan: 4}}}]\n"
+        "  select: [{type: Local, minimize: EstimatedTTFT}, {type: Provider, minimize: KVCacheUsage}]"))
+    assert [(w.code, w.term) for w in st.warnings] == [
+        ("SignalNotForType", "rules[0].route.select[0].minimize"),
+        ("SignalNotForType", "rules[0].route.select[1].minimize"),
+    ]
+    assert [t.minimize for t in pol.rules[0].select] == ["PredictedTTFT", "EstimatedTTFT"]
+
+
+def test_unknown_destination_removed_with_pool_named() -> None:
+    st, pol = compile_policy("rules:\n" + rule(
+        "route:\n  exclude: [{name: busy, drop: {backend: {type: Local}, queuedPrompts: {greaterThan: 4}}}]\n"
+        "  select: [{type: Local}, {type: Provider, order: [openai, databricks, gemma-4-12b]}]"))
+    assert [w.code for w in st.warnings] == ["UnknownDestination", "UnknownDestination"]
+    assert all("pool default/inference-all" in w.message for w in st.warnings)
+    assert "Local destination but this term selects Provider" in st.warnings[1].message
+    assert pol.rules[0].select[1].order == ["databricks"]
+
+
+def test_pool_dependent_warnings_need_a_pool() -> None:
+    spec = "rules:\n" + rule("route: {select: [{type: Provider, order: [nowhere]}]}")
+    st, _ = compile_policy(spec, with_pool=False)
+    assert st.warnings == []
+
+
+def test_unreachable_tier() -> None:
+    st, pol = compile_policy("rules:\n" + rule(
+        "route: {select: [{type: Local}, {type: Local, backends: {backend: {names: [gemma-4-12b]}}}]}"))
+    [w] = st.warnings
+    assert (w.code, w.term) == ("UnreachableTier", "rules[0].route.select[1]")
+    assert [t.unreachable for t in pol.rules[0].select] == [False, True]
+    # an earlier tier with a subset does not cover the type
+    st, _ = compile_policy("rules:\n" + rule(
+        "route: {select: [{type: Local, order: [gemma-4-12b]}, {type: Local}]}"))
+    assert st.warnings == []
+
+
+def test_no_tier_for_considered() -> None:
+    st, _ = compile_policy("rules:\n" + rule(
+        "route:\n  consider: [{models: {names: [qwen-2.5]}, backend: {type: Provider}}]\n  select: [{type: Local}]"))
+    assert [w.code for w in st.warnings] == ["NoTierForConsidered"]
+    # naming a provider destination is explicit about the kind (pool-dependent)
+    st, _ = compile_policy("rules:\n" + rule(
+        "route:\n  consider: [{backend: {names: [databricks]}}]\n  select: [{type: Local}]"))
+    assert [w.code for w in st.warnings] == ["NoTierForConsidered"]
+    assert "inference-all" in st.warnings[0].message
+    # a consider that only names models (the guide's way) is not flagged,
+    # even where a provider in the pool serves one of them
+    st, _ = compile_policy("rules:\n" + rule(
+        "route:\n  consider: [{models: {names: [qwen-2.5]}}]\n  select: [{type: Local}]"))
+    assert st.warnings == []
+    # the default consider never triggers it
+    st, _ = compile_policy("rules:\n" + rule(LOCAL))
+    assert st.warnings == []
+
+
+def test_out_of_range_drops_the_term_or_the_whole_exclusion() -> None:
+    st, pol = compile_policy("rules:\n" + rule(
+        "route:\n"
+        "  exclude:\n"
+        "    - {name: kv, drop: {backend: {type: Local}, kvCacheUsage: {greaterThan: 90}}}\n"
+        "    - {name: both, drop: {backend: {type: Local}, queuedPrompts: {greaterThan: 4}, gpuUtilization: {greaterThan: 95}}}\n"
+        "  select: [{type: Local}, {type: Provider}]"))
+    codes = [(w.code, w.term) for w in st.warnings]
+    assert ("OutOfRange", "rules[0].route.exclude[0].drop.kvCacheUsage") in codes
+    assert ("OutOfRange", "rules[0].route.exclude[1].drop.gpuUtilization") in codes
+    # "kv" would otherwise drop every Local candidate: it is dropped whole
+    assert [e.name for e in pol.rules[0].exclude] == ["both"]
+    assert [s.signal for s in pol.rules[0].exclude[0].drop.signals] == ["queuedPrompts"]
+
+
+def test_unknown_field_ignored() -> None:
+    st, pol = compile_policy("rules:\n" + rule("route: {select: [{type: Local, weight: 2}], retries: 3}")
+                             + "unmached: Reject\n")
+    assert sorted((w.code, w.term) for w in st.warnings) == [
+        ("UnknownField", "rules[0].route.retries"),
+        ("UnknownField", "rules[0].route.select[0].weight"),
+        ("UnknownField", "unmached"),
+    ]
+    assert pol.unmatched == "ServeLocal"
+
+
+def test_unknown_model_with_pool_named() -> None:
+    st, pol = compile_policy("rules:\n" + rule(
+        "matches: [{model: Qwen/Qwen2.5-32B-Instruct}, {model: llama}]\n" + LOCAL))
+    [w] = st.warnings
+    assert w.code == "UnknownModel" and "'llama'" in w.message and "inference-all" in w.message
+    # aliases are canonicalised with the pool's aliases
+    assert pol.rules[0].matches[0].models == ["qwen-2.5"]
+
+
+def test_unmatched_never_applies_and_empty_range() -> None:
+    st, _ = compile_policy("unmatched: Reject\nrules:\n" + rule(
+        "matches: [{promptTokens: {greaterThan: 1000, lessThan: 10}}]\n" + LOCAL, "a") + rule(LOCAL, "all"))
+    assert sorted(w.code for w in st.warnings) == ["EmptyRange", "UnmatchedNeverApplies"]
+
+
+def test_seed_burst_policy_compiles_to_the_executable_form() -> None:
+    from pathlib import Path
+
+    spec_text = (Path(__file__).parent / "seed_manifests" / "000-burst-policy.yaml").read_text()
+    res = compile_text(FLEET, spec_text, POOL_ALL.replace("POLICY", "my-policy"))
+    pol = res.pools[("default", "inference-all")].policy
+    [r] = pol.rules
+    assert r.matches is None and r.consider is None
+    assert [(e.name, e.live, e.drop.backend_type) for e in r.exclude] == [
+        ("drop-local-endpoints-with-big-queues", True, "Local"),
+        ("drop-local-endpoints-with-no-kv-headroom", True, "Local"),
+        ("ensure-pii-never-leaves-cluster", False, "Provider"),
+    ]
+    assert r.exclude[2].when.tags == ["pii-confirmed", "pii-unknown"]
+    assert r.exclude[1].drop.signals[0].range.greater_than == 0.9
+    assert [(t.type, t.minimize, t.order) for t in r.select] == [
+        ("Local", "PredictedTTFT", None), ("Provider", None, ["databricks"])]
+    assert r.requires_classifiers == ["pii"]
+    st = res.policy_status[("default", "my-policy")]
+    assert st.rules[0].worst_case_classifier_latency == "20ms"
+    assert st.rules[0].emittable_tags == ["pii-confirmed", "pii-none", "pii-unknown"]
+    assert st.rules[0].classifier_failure_mode["pii"].startswith("FailClosed: emits pii-unknown")
+
+
+def test_durations_compile_to_seconds() -> None:
+    st, pol = compile_policy("rules:\n" + rule(
+        "route:\n  exclude: [{name: slow, drop: {backend: {type: Local}, predictedTTFT: {greaterThan: 800ms}}}]\n"
+        "  select: [{type: Local}, {type: Provider}]"))
+    assert pol.rules[0].exclude[0].drop.signals[0].range.greater_than == 0.8
