@@ -1,0 +1,59 @@
+"""Connecting to NATS the way every Kinference service should.
+
+- Never give up: reconnect forever (including the first connection), since a
+  pod may start before NATS does and must survive NATS restarts.
+- Log one line per problem, never a traceback, and at most once every
+  ``quiet_seconds`` for repeated failures (the client retries twice a second).
+- Callbacks for disconnect/reconnect so services can resynchronise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import nats
+import structlog
+
+log = structlog.get_logger("nats")
+
+Callback = Callable[[], Awaitable[None]]
+
+
+async def connect(
+    url: str,
+    *,
+    name: str,
+    on_disconnect: Callback | None = None,
+    on_reconnect: Callback | None = None,
+    quiet_seconds: float = 10.0,
+) -> nats.NATS:
+    last_logged: dict[str, float] = {}
+
+    async def error_cb(exc: Exception) -> None:
+        key = type(exc).__name__
+        now = time.monotonic()
+        if now - last_logged.get(key, -1e9) >= quiet_seconds:
+            last_logged[key] = now
+            log.warning("nats unavailable, retrying", url=url, error=str(exc) or key)
+
+    async def disconnected_cb() -> None:
+        log.warning("nats disconnected", url=url)
+        if on_disconnect is not None:
+            await on_disconnect()
+
+    async def reconnected_cb() -> None:
+        log.info("nats reconnected", url=url)
+        if on_reconnect is not None:
+            await on_reconnect()
+
+    return await nats.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=2,
+        error_cb=error_cb,
+        disconnected_cb=disconnected_cb,
+        reconnected_cb=reconnected_cb,
+    )

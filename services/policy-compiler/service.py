@@ -1,0 +1,193 @@
+"""The reconcile loop: level-triggered, like a Kubernetes controller.
+
+Every ``interval`` the source is polled; on a change, and at least every
+``resync`` seconds anyway, everything is recompiled from the documents in
+force and the differences are published and written. Nothing assumes an
+event arrived: a missed change is picked up by the next pass.
+
+Publishing failures (NATS down) are temporary: the loop logs, keeps the
+statuses current, and publishes on the next pass once NATS is back (the
+client reconnects by itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from kinference_common import bus
+from kinference_common.compiler import CompileResult, compile_documents
+from kinference_policy_compiler.publisher import ConfigPublisher
+from kinference_policy_compiler.source import DirectorySource, ManifestSource
+from kinference_policy_compiler.statuses import StatusDirectory
+
+log = structlog.get_logger("policy-compiler")
+
+
+@dataclass
+class Settings:
+    manifests: Path
+    nats_url: str = "nats://127.0.0.1:4222"
+    status_dir: Path | None = None
+    interval: float = 0.5
+    resync: float = 30.0
+    http_host: str = "127.0.0.1"
+    #: health and metrics; 0 = any free port, None = no HTTP server
+    http_port: int | None = None
+    watched_namespaces: Collection[str] | None = None
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.warnings = Gauge("kinference_policy_warnings", "Warnings in a policy's status",
+                              ["namespace", "policy"], registry=self.registry)
+        self.reconcile = Histogram("kinference_reconcile_seconds", "Time to compile and publish",
+                                   ["kind"], registry=self.registry)
+        self.errors = Gauge("kinference_manifest_errors", "Manifest errors in the current input",
+                            registry=self.registry)
+        self.pools = Gauge("kinference_compiled_pools", "Compiled pools in force", registry=self.registry)
+
+
+class PolicyCompilerService:
+    def __init__(self, settings: Settings, source: ManifestSource | None = None) -> None:
+        self.settings = settings
+        self.source = source or DirectorySource(settings.manifests)
+        self.metrics = Metrics()
+        self.statuses = StatusDirectory(settings.status_dir) if settings.status_dir else None
+        self.last_result: CompileResult | None = None
+        self.reconciles = 0
+        self._nc: nats.NATS | None = None
+        self._publisher: ConfigPublisher | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self._wake = asyncio.Event()
+        self._unpublished = True
+        self.http_port: int | None = None
+
+    async def start(self) -> None:
+        self._nc = await bus.connect(self.settings.nats_url, name="kinference-policy-compiler",
+                                     on_reconnect=self._on_reconnect)
+        self._publisher = ConfigPublisher(self._nc)
+        await self._publisher.start()
+        await self._start_http()
+        self.source.poll()
+        self.reconcile()  # compile once before publishing, so start() returns with state
+        await self._publish()
+        self._task = asyncio.create_task(self._loop(), name="policy-compiler-loop")
+        log.info("started", manifests=str(self.settings.manifests), nats=self.settings.nats_url)
+
+    async def _start_http(self) -> None:
+        if self.settings.http_port is None:
+            return
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port)
+        await site.start()
+        self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._nc is not None:
+            try:
+                await self._nc.drain()
+            except Exception:  # already closed or never connected
+                pass
+        log.info("stopped")
+
+    def wake(self) -> None:
+        """Reconcile now (tests, SIGHUP)."""
+        self._wake.set()
+
+    # ------------------------------------------------------------------ loop
+
+    async def _loop(self) -> None:
+        last_full = time.monotonic()
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            changed = self.source.poll()
+            if changed or time.monotonic() - last_full >= self.settings.resync:
+                last_full = time.monotonic()
+                self.reconcile()
+                self._unpublished = True
+            if self._unpublished:
+                await self._publish()
+
+    def reconcile(self) -> CompileResult:
+        """Compile the documents in force and write statuses (no NATS)."""
+        started = time.perf_counter()
+        res = compile_documents(self.source.documents(), watched_namespaces=self.settings.watched_namespaces)
+        errors = [*self.source.errors(), *res.errors]
+        if self.statuses is not None:
+            self.statuses.write(res, errors)
+        self.metrics.warnings.clear()
+        for (ns, name), st in res.policy_status.items():
+            self.metrics.warnings.labels(ns, name).set(len(st.warnings))
+        self.metrics.errors.set(len(errors))
+        self.metrics.pools.set(len(res.pools))
+        self.metrics.reconcile.labels("all").observe(time.perf_counter() - started)
+        for e in errors:
+            log.warning("manifest error", document=str(e.document), path=e.path, error=e.message)
+        kept = getattr(self.source, "kept_at_last_good", lambda: [])()
+        if kept:
+            log.warning("keeping last good version", files=kept)
+        self.last_result = res
+        self.reconciles += 1
+        log.info("reconciled", pools=len(res.pools), policies=len(res.policy_status), errors=len(errors),
+                 warnings=res.warning_count)
+        return res
+
+    async def _publish(self) -> None:
+        if self._publisher is None or self.last_result is None:
+            return
+        if self._nc is None or not self._nc.is_connected:
+            return
+        try:
+            published, deleted = await self._publisher.publish(self.last_result.pools)
+        except Exception as exc:  # temporary: NATS went away mid-publish
+            log.warning("publish failed, will retry", error=str(exc))
+            return
+        self._unpublished = False
+        if published or deleted:
+            log.info("published", pools=published, deleted=deleted)
+
+    async def _on_reconnect(self) -> None:
+        self._unpublished = True
+        self.wake()
+
+    # ------------------------------------------------------------------ http
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        ok = self.last_result is not None and self._nc is not None and self._nc.is_connected
+        return web.Response(status=200 if ok else 503, text="ready\n" if ok else "not ready\n")
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -1,0 +1,88 @@
+"""Writing statuses where an operator can read them in local mode: one YAML
+file per object under the status directory,
+``<dir>/<Kind>/<namespace>/<name>.yaml`` holding ``{status: ...}``, plus
+``<dir>/errors.yaml`` listing manifest errors. Files are replaced atomically;
+files of objects that no longer exist are removed. ``lastTransitionTime`` is
+kept for conditions whose status did not change (Kubernetes conventions).
+In Kubernetes mode the same statuses go to each object's status subresource.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from kinference_common.compiler import CompileResult
+from kinference_common.compiler.status import Condition, carry_transition_times
+from kinference_common.manifests import ManifestError
+
+
+def _statuses(res: CompileResult) -> dict[tuple[str, str, str], Any]:
+    out: dict[tuple[str, str, str], Any] = {}
+    for (ns, name), st in res.policy_status.items():
+        out[("InferencePolicy", ns, name)] = st
+    for (ns, name), st in res.pool_status.items():
+        out[("InferencePool", ns, name)] = st
+    for (ns, name), st in res.provider_status.items():
+        out[("InferenceProvider", ns, name)] = st
+    for (group, ns, name), st in res.objective_status.items():
+        out[(f"InferenceObjective.{group}", ns, name)] = st
+    for (group, ns, name), st in res.rewrite_status.items():
+        out[(f"InferenceModelRewrite.{group}", ns, name)] = st
+    return out
+
+
+def _carry(old: Any, new: Any) -> Any:
+    if old is None or not hasattr(new, "conditions"):
+        return new
+    conditions = carry_transition_times(old.conditions, new.conditions)
+    changes: dict[str, Any] = {"conditions": conditions}
+    if hasattr(new, "parents") and new.parents:
+        changes["parents"] = [msgspec.structs.replace(p, conditions=conditions) for p in new.parents]
+    return msgspec.structs.replace(new, **changes)
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        yaml.safe_dump(data, f, sort_keys=False, allow_unicode=True)
+    os.replace(tmp, path)
+
+
+class StatusDirectory:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._last: dict[tuple[str, str, str], Any] = {}
+        self._written: dict[tuple[str, str, str], bytes] = {}
+
+    def write(self, res: CompileResult, errors: list[ManifestError]) -> int:
+        """Write changed statuses; return how many files changed."""
+        current = {k: _carry(self._last.get(k), v) for k, v in _statuses(res).items()}
+        changed = 0
+        for key, st in sorted(current.items()):
+            body = {"status": msgspec.to_builtins(st)}
+            encoded = msgspec.json.encode(body)
+            if self._written.get(key) == encoded:
+                continue
+            kind, ns, name = key
+            _write(self.root / kind / ns / f"{name}.yaml", body)
+            self._written[key] = encoded
+            changed += 1
+        for key in sorted(set(self._written) - set(current)):
+            kind, ns, name = key
+            (self.root / kind / ns / f"{name}.yaml").unlink(missing_ok=True)
+            del self._written[key]
+            changed += 1
+        _write(self.root / "errors.yaml", {"errors": [e.to_dict() for e in errors],
+                                           "warnings": msgspec.to_builtins(res.document_warnings)})
+        self._last = current
+        return changed
+
+
+__all__ = ["StatusDirectory", "Condition"]
