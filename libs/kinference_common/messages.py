@@ -26,7 +26,7 @@ class _Msg(Struct, kw_only=True, omit_defaults=False, rename="camel"):
 # ------------------------------------------------------------------ telemetry
 
 
-class EndpointState(_Msg):
+class EndpointState(_Msg, kw_only=True):
     """One engine endpoint (a vLLM pod), as the collector last saw it.
 
     ``kinference.telemetry.endpoint.<ns>.<workerset>.<pod>`` and KV
@@ -76,7 +76,7 @@ class EndpointState(_Msg):
     last_error: str | None = None
 
 
-class ProviderState(_Msg):
+class ProviderState(_Msg, kw_only=True):
     """``kinference.telemetry.provider.<ns>.<provider>``; KV key ``provider.<ns>.<provider>``."""
 
     namespace: str
@@ -85,11 +85,12 @@ class ProviderState(_Msg):
     estimated_ttft_seconds: float | None = None
     #: share of failed requests over the last minute, 0..1; None = no requests
     error_rate: float | None = None
+    #: requests observed over the errorRate window (the last minute)
     observations: int = 0
     updated_at: float = 0.0
 
 
-class Observation(_Msg):
+class Observation(_Msg, kw_only=True):
     """What a router saw of one request: ``kinference.observations.<ns>.<pool>``."""
 
     decision_id: str
@@ -105,12 +106,15 @@ class Observation(_Msg):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     at: float = 0.0
+    #: for outcome "timeout": the timeout that fired, seconds (the collector
+    #: counts a timeout as a TTFT sample at this value when ttft_seconds is None)
+    timeout_seconds: float | None = None
 
 
 # ----------------------------------------------------------------- classifiers
 
 
-class ClassifyRequest(_Msg):
+class ClassifyRequest(_Msg, kw_only=True):
     """``kinference.classify.<classifier>`` request (request/reply)."""
 
     #: the texts to classify: every message's text parts, or the prompt(s)
@@ -119,9 +123,15 @@ class ClassifyRequest(_Msg):
     #: rather than overrun it
     deadline_ms: float | None = None
     request_id: str = ""
+    #: role of each text ("user", "system", "tool"...; "" for a legacy prompt),
+    #: parallel to ``texts``; the injection classifier skips system/developer
+    roles: list[str] = msgspec.field(default_factory=list)
+    #: parts the caller could not turn into text (images, audio, token ids):
+    #: a classifier that finds nothing answers "unknown" rather than "none"
+    unreadable: int = 0
 
 
-class ClassifyReply(_Msg):
+class ClassifyReply(_Msg, kw_only=True):
     classifier: str
     #: exactly one tag of the classifier's (see kinference_common.classifiers)
     tags: list[str]
@@ -129,6 +139,10 @@ class ClassifyReply(_Msg):
     outcome: Literal["ok", "oversize", "error", "deadline"] = "ok"
     micros: float = 0.0
     request_id: str = ""
+    #: entity kinds behind the tag (e.g. ["email"]); never text of the prompt
+    findings: list[str] = msgspec.field(default_factory=list)
+    #: why a failure tag was used, for logs and traces (e.g. "no responders")
+    detail: str = ""
 
 
 # ------------------------------------------------------------------- encoding

@@ -1,0 +1,108 @@
+"""``kinference-telemetry-collector``: scrape engines and DCGM, publish state on NATS."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+import structlog
+
+from .derive import DeriveConfig
+from .discovery import StaticDiscovery
+from .providers import ProviderConfig
+from .service import CollectorConfig, ServiceConfig, run_service
+
+
+def _positive(text: str) -> float:
+    v = float(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return v
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kinference-telemetry-collector",
+        description="Scrape vLLM /metrics and DCGM exporters, derive per-endpoint state, "
+        "aggregate provider observations, and publish it all on NATS (subjects and KV).",
+    )
+    p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+                   help="NATS server (default: $NATS_URL or %(default)s)")
+    p.add_argument("--endpoints-file", help="YAML/JSON endpoint list (re-read when it changes)")
+    p.add_argument("--dcgm", action="append", default=[], metavar="HOST:PORT",
+                   help="a DCGM exporter to scrape (repeatable)")
+    p.add_argument("--interval", type=_positive, default=0.1, help="seconds between scrapes of an endpoint (default 0.1)")
+    p.add_argument("--timeout", type=_positive, default=0.5, help="per-scrape timeout, seconds (default 0.5)")
+    p.add_argument("--stale-after", type=_positive, default=1.0,
+                   help="an endpoint with no successful scrape for this long is not ready (default 1.0)")
+    p.add_argument("--window", type=_positive, default=10.0,
+                   help="seconds covered by windowed signals: hit rate, mean TTFT, prefill throughput (default 10)")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest page accepted (default 8 MiB)")
+    p.add_argument("--dcgm-interval", type=_positive, default=1.0, help="seconds between DCGM scrapes (default 1)")
+    p.add_argument("--min-publish-interval", type=_positive, default=1.0,
+                   help="republish unchanged state at least this often, seconds (default 1)")
+    p.add_argument("--models-interval", type=_positive, default=300.0,
+                   help="re-read /v1/models (context window) this often, seconds (default 300)")
+    p.add_argument("--provider-tau", type=_positive, default=60.0,
+                   help="decay time constant of providers' EstimatedTTFT, seconds (default 60)")
+    p.add_argument("--http-host", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=9090, help="/metrics and /healthz; 0 = off (default 9090)")
+    p.add_argument("--log-format", choices=("json", "console"), default="json")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def configure_logging(fmt: str, level: str) -> None:
+    renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    configure_logging(args.log_format, args.log_level)
+    if not args.endpoints_file and not args.dcgm:
+        structlog.get_logger("kinference.collector").warning("no_targets",
+                                                             hint="pass --endpoints-file and/or --dcgm")
+    config = ServiceConfig(
+        nats_url=args.nats_url,
+        http_host=args.http_host,
+        http_port=args.http_port,
+        collector=CollectorConfig(
+            interval=args.interval,
+            timeout=args.timeout,
+            max_body_bytes=args.max_body_bytes,
+            dcgm_interval=args.dcgm_interval,
+            min_publish_interval=args.min_publish_interval,
+            derive=DeriveConfig(window=args.window, stale_after=args.stale_after,
+                                models_interval=args.models_interval),
+            providers=ProviderConfig(tau=args.provider_tau),
+        ),
+    )
+    discovery = StaticDiscovery(args.endpoints_file, args.dcgm)
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        runner = asyncio.run
+    try:
+        return runner(run_service(config, discovery))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""Specialised Prometheus text-format parsers for vLLM and DCGM exporter pages.
+
+A general parser (``prometheus_client.parser``) builds every family, sample
+and label dict of a page; a vLLM page is mostly histogram buckets the
+collector never reads. These parsers hand one compiled regular expression the
+whole body: it only stops, in C, on the lines of the families we read, so a
+60 KB page costs a few dozen Python-level steps rather than a thousand.
+
+Both parsers are total: any byte string in, a result out (missing families
+are ``None``), never an exception. They take ``bytes`` so no decode is spent
+on the buckets. Series whose value is not a finite number are skipped.
+
+vLLM: every series carries ``engine`` (and ``model_name``); counts are summed
+over series, KV-cache use is averaged. Old and new names are both read
+(TELEMETRY.md): ``gpu_cache_usage_perc`` / ``kv_cache_usage_perc``,
+``gpu_prefix_cache_*`` / ``prefix_cache_*``; the new name wins when a page
+holds both. ``_created`` series and ``_bucket`` lines are never matched.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+# ------------------------------------------------------------------ labels
+
+_LABEL = re.compile(rb'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\\n]|\\.)*+)"')
+
+
+def parse_labels(raw: bytes | None) -> dict[str, str]:
+    """``a="1",b="x\\"y"`` -> ``{"a": "1", "b": 'x"y'}`` (escapes undone)."""
+    if not raw:
+        return {}
+    out: dict[str, str] = {}
+    for m in _LABEL.finditer(raw):
+        v = m.group(2)
+        if b"\\" in v:
+            v = v.replace(b"\\n", b"\n").replace(b'\\"', b'"').replace(b"\\\\", b"\\")
+        out[m.group(1).decode("ascii")] = v.decode("utf-8", "replace")
+    return out
+
+
+def _value(raw: bytes) -> float | None:
+    try:
+        v = float(raw)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+# -------------------------------------------------------------------- vLLM
+
+# slot indices of VllmSample's accumulated values
+_RUNNING, _WAITING, _KV_NEW, _KV_OLD, _PQ_NEW, _PH_NEW, _PQ_OLD, _PH_OLD = range(8)
+(_PREEMPT, _PROMPT, _PROMPT_LOCAL, _TTFT_SUM, _TTFT_COUNT, _QUEUE_SUM, _QUEUE_COUNT,
+ _PREFILL_SUM, _PREFILL_COUNT, _KVC_SUM, _KVC_COUNT, _GEN) = range(8, 20)
+_NSLOTS = 20
+_CACHE_CONFIG = -1
+_PROMPT_BY_SOURCE = -2
+
+_VLLM_NAMES: dict[bytes, int] = {
+    b"num_requests_running": _RUNNING,
+    b"num_requests_waiting": _WAITING,
+    b"kv_cache_usage_perc": _KV_NEW,
+    b"gpu_cache_usage_perc": _KV_OLD,
+    b"prefix_cache_queries_total": _PQ_NEW,
+    b"prefix_cache_queries": _PQ_NEW,
+    b"prefix_cache_hits_total": _PH_NEW,
+    b"prefix_cache_hits": _PH_NEW,
+    b"gpu_prefix_cache_queries_total": _PQ_OLD,
+    b"gpu_prefix_cache_queries": _PQ_OLD,
+    b"gpu_prefix_cache_hits_total": _PH_OLD,
+    b"gpu_prefix_cache_hits": _PH_OLD,
+    b"num_preemptions_total": _PREEMPT,
+    b"num_preemptions": _PREEMPT,
+    b"prompt_tokens_total": _PROMPT,
+    b"prompt_tokens": _PROMPT,
+    b"prompt_tokens_by_source_total": _PROMPT_BY_SOURCE,
+    b"prompt_tokens_by_source": _PROMPT_BY_SOURCE,
+    b"generation_tokens_total": _GEN,
+    b"generation_tokens": _GEN,
+    b"time_to_first_token_seconds_sum": _TTFT_SUM,
+    b"time_to_first_token_seconds_count": _TTFT_COUNT,
+    b"request_queue_time_seconds_sum": _QUEUE_SUM,
+    b"request_queue_time_seconds_count": _QUEUE_COUNT,
+    b"request_prefill_time_seconds_sum": _PREFILL_SUM,
+    b"request_prefill_time_seconds_count": _PREFILL_COUNT,
+    b"request_prefill_kv_computed_tokens_sum": _KVC_SUM,
+    b"request_prefill_kv_computed_tokens_count": _KVC_COUNT,
+    b"cache_config_info": _CACHE_CONFIG,
+}
+
+
+
+def _trie(words: list[bytes]) -> bytes:
+    """An alternation of ``words`` as a prefix tree (``a(?:b|c)``), which the
+    regex engine rejects a non-matching line with in a few steps."""
+    root: dict[int, dict] = {}  # type: ignore[type-arg]
+    for w in words:
+        node = root
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[-1] = {}
+
+    def build(node: dict) -> bytes:  # type: ignore[type-arg]
+        alts = [re.escape(bytes([ch])) + build(node[ch]) for ch in sorted(k for k in node if k >= 0)]
+        if not alts:
+            return b""
+        group = b"(?:" + b"|".join(alts) + b")"
+        return group + b"?" if -1 in node else group
+
+    return build(root)
+
+
+# The lookahead requires the name to end there (``{`` or blank), which
+# rejects ``_bucket``, ``_created`` and ``num_requests_waiting_by_reason``.
+_SERIES_TAIL = (
+    rb")(?=[{ \t])[ \t]*+(?:\{((?:[^\"}\n]|\"(?:[^\"\\\n]|\\.)*+\")*+)\})?+[ \t]*+([^ \t\r\n]{1,64})"
+)
+_VLLM_LINE = re.compile(
+    rb"\nvllm:("
+    + _trie(list(_VLLM_NAMES))
+    + _SERIES_TAIL
+)
+
+
+@dataclass(slots=True)
+class VllmSample:
+    """What one vLLM page said, summed over ``engine`` series. None = absent."""
+
+    running: float | None = None
+    waiting: float | None = None
+    #: average over engines; new name preferred
+    kv_cache_usage: float | None = None
+    block_size: int | None = None
+    #: sum over engines of num_gpu_blocks * block_size (or kv_cache_size_tokens)
+    kv_capacity_tokens: int | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    preemptions: float | None = None
+    prompt_tokens: float | None = None
+    #: prompt_tokens_by_source{source="local_compute"}
+    prompt_local_compute: float | None = None
+    generation_tokens: float | None = None
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
+    queue_sum: float | None = None
+    queue_count: float | None = None
+    prefill_sum: float | None = None
+    prefill_count: float | None = None
+    kv_computed_sum: float | None = None
+    kv_computed_count: float | None = None
+    #: how many series were read (for tests and sanity)
+    series: int = 0
+
+    @property
+    def looks_like_vllm(self) -> bool:
+        """A page that is a vLLM page at all: its core gauges are there."""
+        return self.running is not None and self.waiting is not None
+
+
+def parse_vllm(body: bytes) -> VllmSample:
+    """Parse a vLLM ``/metrics`` body; never raises."""
+    sums = [0.0] * _NSLOTS
+    counts = [0] * _NSLOTS
+    block_size: int | None = None
+    capacity = 0
+    have_capacity = False
+    local = 0.0
+    have_local = False
+    n = 0
+    names = _VLLM_NAMES
+    for m in _VLLM_LINE.finditer(b"\n" + body):
+        v = _value(m.group(3))
+        if v is None:
+            continue
+        slot = names[m.group(1)]
+        n += 1
+        if slot >= 0:
+            sums[slot] += v
+            counts[slot] += 1
+        elif slot == _CACHE_CONFIG:
+            labels = parse_labels(m.group(2))
+            bs = _int(labels.get("block_size"))
+            blocks = _int(labels.get("num_gpu_blocks"))
+            if bs is not None:
+                block_size = bs
+            if bs is not None and blocks is not None:
+                capacity += bs * blocks
+                have_capacity = True
+            else:
+                tokens = _int(labels.get("kv_cache_size_tokens"))
+                if tokens is not None:
+                    capacity += tokens
+                    have_capacity = True
+        else:  # prompt tokens by source
+            if parse_labels(m.group(2)).get("source") == "local_compute":
+                local += v
+                have_local = True
+
+    def total(slot: int) -> float | None:
+        return sums[slot] if counts[slot] else None
+
+    def mean(slot: int) -> float | None:
+        return sums[slot] / counts[slot] if counts[slot] else None
+
+    kv = mean(_KV_NEW)
+    if kv is None:
+        kv = mean(_KV_OLD)
+    pq, ph = total(_PQ_NEW), total(_PH_NEW)
+    if pq is None:
+        pq, ph = total(_PQ_OLD), total(_PH_OLD)
+    return VllmSample(
+        running=total(_RUNNING),
+        waiting=total(_WAITING),
+        kv_cache_usage=kv,
+        block_size=block_size,
+        kv_capacity_tokens=capacity if have_capacity else None,
+        prefix_queries=pq,
+        prefix_hits=ph,
+        preemptions=total(_PREEMPT),
+        prompt_tokens=total(_PROMPT),
+        prompt_local_compute=local if have_local else None,
+        generation_tokens=total(_GEN),
+        ttft_sum=total(_TTFT_SUM),
+        ttft_count=total(_TTFT_COUNT),
+        queue_sum=total(_QUEUE_SUM),
+        queue_count=total(_QUEUE_COUNT),
+        prefill_sum=total(_PREFILL_SUM),
+        prefill_count=total(_PREFILL_COUNT),
+        kv_computed_sum=total(_KVC_SUM),
+        kv_computed_count=total(_KVC_COUNT),
+        series=n,
+    )
+
+
+def _int(s: str | None) -> int | None:
+    if s is None:
+        return None
+    try:
+        v = int(float(s))
+    except (ValueError, OverflowError):
+        return None
+    return v if 0 < v < 1 << 40 else None
+
+
+# -------------------------------------------------------------------- DCGM
+
+_DCGM_FIELDS = (b"GPU_UTIL", b"FB_USED", b"FB_FREE", b"FB_RESERVED", b"XID_ERRORS")
+_DCGM_LINE = re.compile(
+    rb"\nDCGM_FI_DEV_(" + b"|".join(_DCGM_FIELDS) + _SERIES_TAIL
+)
+_NAMESPACE_LABELS = ("namespace", "pod_namespace", "exported_namespace")
+_POD_LABELS = ("pod", "pod_name", "exported_pod")
+#: the most GPUs one page may describe (a hostile page cannot grow memory)
+MAX_GPUS = 4096
+
+
+def is_dcgm_blank(v: float) -> bool:
+    """DCGM's "blank" sentinels (no value): int64 and int32 blanks, fp64 blank."""
+    return v >= 9.0e18 or 2147483632.0 <= v <= 2147483647.0 or 1.4e14 <= v <= 1.41e14
+
+
+@dataclass(slots=True)
+class GpuSample:
+    """One GPU of a DCGM page. Memory in MiB; None = absent or blank."""
+
+    key: str
+    namespace: str = ""
+    pod: str = ""
+    hostname: str = ""
+    util_percent: float | None = None
+    fb_used: float | None = None
+    fb_free: float | None = None
+    fb_reserved: float | None = None
+    xid: int | None = None
+
+    @property
+    def memory_usage(self) -> float | None:
+        if self.fb_used is None or self.fb_free is None:
+            return None
+        total = self.fb_used + self.fb_free + (self.fb_reserved or 0.0)
+        return min(1.0, max(0.0, self.fb_used / total)) if total > 0 else None
+
+
+def _label_ci(labels: dict[str, str], names: tuple[str, ...]) -> str:
+    for n in names:
+        v = labels.get(n)
+        if v:
+            return v
+    return ""
+
+
+def parse_dcgm(body: bytes) -> list[GpuSample]:
+    """Parse a DCGM exporter page into one sample per GPU; never raises.
+
+    Label spellings vary by release (TELEMETRY.md): ``Hostname``/``hostname``
+    (matched without case), ``UUID``/``uuid``, ``pod``/``pod_name``/
+    ``exported_pod``, ``namespace``/``pod_namespace``. A GPU is keyed by host
+    and UUID (or index, or MIG instance).
+    """
+    gpus: dict[str, GpuSample] = {}
+    for m in _DCGM_LINE.finditer(b"\n" + body):
+        v = _value(m.group(3))
+        if v is None or is_dcgm_blank(v):
+            continue
+        raw = parse_labels(m.group(2))
+        labels = {k.lower(): val for k, val in raw.items()}
+        host = labels.get("hostname", "")
+        ident = labels.get("uuid") or labels.get("gpu") or labels.get("device") or ""
+        mig = labels.get("gpu_i_id", "")
+        key = f"{host}/{ident}/{mig}"
+        g = gpus.get(key)
+        if g is None:
+            if len(gpus) >= MAX_GPUS:
+                continue
+            g = gpus[key] = GpuSample(key=key, hostname=host)
+        ns = _label_ci(labels, _NAMESPACE_LABELS)
+        pod = _label_ci(labels, _POD_LABELS)
+        if pod:
+            g.pod, g.namespace = pod, ns
+        field = m.group(1)
+        if field == b"GPU_UTIL":
+            g.util_percent = v
+        elif field == b"FB_USED":
+            g.fb_used = v
+        elif field == b"FB_FREE":
+            g.fb_free = v
+        elif field == b"FB_RESERVED":
+            g.fb_reserved = v
+        else:
+            g.xid = int(v) if 0 <= v < 1 << 31 else None
+    return list(gpus.values())

@@ -1,0 +1,203 @@
+"""Publishing state: what changed at once, everything at a minimum rate.
+
+Each endpoint and provider state goes to its subject (live updates) and to
+its key in the ``kinference-telemetry`` KV bucket (so a starting router builds
+its snapshot from KV, then stays current from the subjects). A state is sent
+when it differs from the last one sent (ignoring ``scrapedAt``/``updatedAt``,
+which move on every scrape) or when ``min_interval`` has passed since, so a
+consumer can also tell a quiet endpoint from a dead collector.
+
+The :class:`Publisher` never blocks the scrape loops: ``offer_*`` only
+records the latest state per key; one flusher task sends them. A state that
+could not be sent (NATS away) stays pending and is retried; only the newest
+state of a key is ever kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+import structlog
+
+from kinference_common import subjects
+from kinference_common.messages import EndpointState, ProviderState, encode
+
+log = structlog.get_logger("kinference.collector.publish")
+
+
+class Bus(Protocol):
+    """Where states go. :class:`NatsBus` in production; tests and benches may use others."""
+
+    async def put(self, subject: str, key: str, data: bytes) -> None: ...
+
+    async def delete(self, subject: str, key: str, data: bytes) -> None: ...
+
+
+class NatsBus:
+    """Subject publish plus KV put, on a connected nats-py client."""
+
+    def __init__(self, nc: object, bucket: str = subjects.TELEMETRY_BUCKET) -> None:
+        self._nc = nc
+        self._bucket = bucket
+        self._kv: object | None = None
+
+    async def start(self) -> None:
+        """Open the KV bucket, creating it when missing."""
+        js = self._nc.jetstream()  # type: ignore[attr-defined]
+        try:
+            self._kv = await js.key_value(self._bucket)
+        except Exception:  # nats.js.errors.BucketNotFoundError, or the stream missing
+            self._kv = await js.create_key_value(bucket=self._bucket, history=1)
+
+    async def put(self, subject: str, key: str, data: bytes) -> None:
+        if self._kv is None:
+            await self.start()
+        await self._nc.publish(subject, data)  # type: ignore[attr-defined]
+        await self._kv.put(key, data)  # type: ignore[union-attr]
+
+    async def delete(self, subject: str, key: str, data: bytes) -> None:
+        if self._kv is None:
+            await self.start()
+        await self._nc.publish(subject, data)  # type: ignore[attr-defined]
+        await self._kv.delete(key)  # type: ignore[union-attr]
+
+
+class NullBus:
+    """Drops everything (benchmarks of scraping alone); counts puts."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+
+    async def put(self, subject: str, key: str, data: bytes) -> None:
+        self.puts += 1
+
+    async def delete(self, subject: str, key: str, data: bytes) -> None:
+        pass
+
+
+class _Entry:
+    __slots__ = ("subject", "data", "fingerprint", "sent_fingerprint", "sent_at", "pending", "deleted")
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        self.data = b""
+        self.fingerprint = b""
+        self.sent_fingerprint: bytes | None = None
+        self.sent_at = float("-inf")
+        self.pending = False
+        self.deleted = False
+
+
+class Publisher:
+    """Change-or-rate publishing of endpoint and provider states."""
+
+    def __init__(self, bus: Bus, min_interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._bus = bus
+        self.min_interval = min_interval
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._wake = asyncio.Event()
+        self.published = 0
+        self.failures = 0
+        self._failing = False  # logs once per outage, not once per key and pass
+
+    # ----------------------------------------------------------------- offers
+
+    def offer_endpoint(self, st: EndpointState) -> None:
+        key = subjects.endpoint_key(st.namespace, st.worker_set, st.pod)
+        subject = subjects.endpoint_subject(st.namespace, st.worker_set, st.pod)
+        data = encode(st)
+        fp = encode(msgspec.structs.replace(st, scraped_at=0.0))
+        self._offer(key, subject, data, fp)
+
+    def offer_provider(self, st: ProviderState) -> None:
+        key = subjects.provider_key(st.namespace, st.name)
+        subject = subjects.provider_subject(st.namespace, st.name)
+        data = encode(st)
+        fp = encode(msgspec.structs.replace(st, updated_at=0.0))
+        self._offer(key, subject, data, fp)
+
+    def remove_endpoint(self, st: EndpointState) -> None:
+        """The endpoint is gone: a last (not ready) state on its subject, its KV key deleted."""
+        key = subjects.endpoint_key(st.namespace, st.worker_set, st.pod)
+        e = self._entries.get(key)
+        if e is None:
+            return
+        e.data = encode(msgspec.structs.replace(st, ready=False))
+        e.deleted = True
+        e.pending = True
+        self._wake.set()
+
+    def _offer(self, key: str, subject: str, data: bytes, fp: bytes) -> None:
+        e = self._entries.get(key)
+        if e is None:
+            e = self._entries[key] = _Entry(subject)
+        e.data, e.fingerprint, e.deleted = data, fp, False
+        if fp != e.sent_fingerprint or self._clock() - e.sent_at >= self.min_interval:
+            if not e.pending:
+                e.pending = True
+                self._wake.set()
+
+    # ------------------------------------------------------------------ flush
+
+    def due(self, now: float) -> list[str]:
+        """Keys to send now: changed ones, and those not sent for ``min_interval``."""
+        return [k for k, e in self._entries.items()
+                if e.pending or now - e.sent_at >= self.min_interval]
+
+    async def flush(self) -> int:
+        """Send every due state once; returns how many were sent."""
+        now = self._clock()
+        keys = self.due(now)
+        if not keys:
+            return 0
+        sent = await asyncio.gather(*(self._send(k, now) for k in keys))
+        return sum(sent)
+
+    async def _send(self, key: str, now: float) -> bool:
+        e = self._entries.get(key)
+        if e is None:
+            return False
+        data, fp, deleted = e.data, e.fingerprint, e.deleted
+        e.pending = False
+        try:
+            if deleted:
+                await self._bus.delete(e.subject, key, data)
+            else:
+                await self._bus.put(e.subject, key, data)
+        except Exception as exc:  # NATS away, timeouts: retry on the next pass
+            self.failures += 1
+            e.pending = True
+            if not self._failing:
+                self._failing = True
+                log.warning("publish_failed", key=key, error=f"{type(exc).__name__}: {exc}"[:200])
+            return False
+        if self._failing:
+            self._failing = False
+            log.info("publish_recovered")
+        if deleted:
+            if self._entries.get(key) is e and e.deleted:
+                del self._entries[key]
+        else:
+            e.sent_fingerprint, e.sent_at = fp, now
+        self.published += 1
+        return True
+
+    async def run(self, stop: asyncio.Event, retry_delay: float = 0.2) -> None:
+        """Flush whenever something is offered, and at least every ``min_interval / 4``."""
+        tick = max(0.01, self.min_interval / 4)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=tick)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            failures = self.failures
+            await self.flush()
+            if self.failures > failures:
+                await asyncio.sleep(retry_delay)

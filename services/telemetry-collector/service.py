@@ -1,0 +1,405 @@
+"""The collector: scrape loops, DCGM attachment, provider aggregation, publishing.
+
+:class:`Collector` owns one :class:`aiohttp.ClientSession` and one task per
+target. Each target's task scrapes, sleeps the rest of the interval, and
+scrapes again, so scrapes of one target never overlap and a slow target
+delays only itself. Parsing and derivation are the pure functions of
+:mod:`.promparse` and :mod:`.derive`; every failure of one target is caught in
+its own task and counted against that target alone.
+
+:func:`run_service` wires it to NATS and the HTTP server for ``__main__``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import msgspec
+import structlog
+from aiohttp import web
+
+from kinference_common import subjects
+from kinference_common.messages import Observation
+
+from .derive import DeriveConfig, EndpointTracker, GpuStats, gpu_stats_by_pod, merge_gpu_stats
+from .discovery import Discovery, Target
+from .metrics import ENDPOINT_STATES, CollectorMetrics, http_app
+from .promparse import parse_dcgm, parse_vllm
+from .providers import ProviderAggregator, ProviderConfig
+from .publish import Bus, NatsBus, Publisher
+from .scrape import ScrapeError, context_window, describe, fetch, new_session
+
+log = structlog.get_logger("kinference.collector")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorConfig:
+    #: seconds between the starts of two scrapes of one endpoint
+    interval: float = 0.1
+    #: per-scrape timeout (connect, headers and body)
+    timeout: float = 0.5
+    max_body_bytes: int = 8 << 20
+    dcgm_interval: float = 1.0
+    dcgm_timeout: float = 2.0
+    #: GPU data older than this is dropped (DCGM collects every 30 s by default)
+    dcgm_stale_after: float = 90.0
+    discovery_interval: float = 1.0
+    min_publish_interval: float = 1.0
+    housekeeping_interval: float = 0.5
+    derive: DeriveConfig = field(default_factory=DeriveConfig)
+    providers: ProviderConfig = field(default_factory=ProviderConfig)
+
+
+@dataclass(slots=True)
+class _Dcgm:
+    target: Target
+    last_success: float | None = None
+    stats: dict[tuple[str, str], GpuStats] = field(default_factory=dict)
+    errors: int = 0
+
+
+class Collector:
+    """Scrapes, derives and offers states to a :class:`Publisher`."""
+
+    def __init__(
+        self,
+        config: CollectorConfig,
+        discovery: Discovery,
+        publisher: Publisher,
+        metrics: CollectorMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.discovery = discovery
+        self.publisher = publisher
+        self.metrics = metrics or CollectorMetrics()
+        self.providers = ProviderAggregator(config.providers)
+        self._clock = clock
+        self.trackers: dict[tuple[str, str, str, str], EndpointTracker] = {}
+        self._dcgm: dict[tuple[str, str, str, str], _Dcgm] = {}
+        self._gpu_index: dict[tuple[str, str], GpuStats] = {}
+        self._tasks: dict[tuple[str, str, str, str], asyncio.Task[None]] = {}
+        self._aux: set[asyncio.Task[None]] = set()
+        self._background: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._stop = asyncio.Event()
+        self._obs_decoder = msgspec.json.Decoder(Observation)
+        self.scrapes = 0
+        self.running = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._session = new_session()
+        self._stop.clear()
+        self.running = True
+        await self.refresh_targets()
+        self._background = [
+            asyncio.create_task(self._discovery_loop(), name="collector-discovery"),
+            asyncio.create_task(self._housekeeping_loop(), name="collector-housekeeping"),
+            asyncio.create_task(self.publisher.run(self._stop), name="collector-publisher"),
+        ]
+        log.info("collector_started", targets=len(self._tasks), interval=self.config.interval)
+
+    async def stop(self, flush_timeout: float = 2.0) -> None:
+        """Stop scraping, send what is pending (bounded), close the session."""
+        if not self.running:
+            return
+        self.running = False
+        self._stop.set()
+        tasks = [*self._tasks.values(), *self._aux, *self._background]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._aux.clear()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(flush_timeout):
+                await self.publisher.flush()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        log.info("collector_stopped")
+
+    # ------------------------------------------------------------ discovery
+
+    async def refresh_targets(self) -> None:
+        try:
+            targets = await self.discovery.endpoints()
+        except Exception as exc:  # keep the current targets
+            log.warning("discovery_failed", error=describe(exc))
+            return
+        self.apply_targets(targets)
+
+    def apply_targets(self, targets: list[Target]) -> None:
+        """Start tasks for new targets, stop removed ones, update changed ones."""
+        wanted = {t.key: t for t in targets}
+        now = self._clock()
+        for key in list(self._tasks):
+            if key not in wanted:
+                self._tasks.pop(key).cancel()
+                tr = self.trackers.pop(key, None)
+                if tr is not None:
+                    self.publisher.remove_endpoint(tr.state(now))
+                    log.info("endpoint_removed", pod=tr.target.pod, namespace=tr.target.namespace)
+                self._dcgm.pop(key, None)
+        for key, t in wanted.items():
+            if t.kind == "dcgm":
+                if key not in self._tasks:
+                    d = self._dcgm[key] = _Dcgm(t)
+                    self._tasks[key] = asyncio.create_task(self._dcgm_loop(d), name=f"dcgm {t.address}")
+                continue
+            tr = self.trackers.get(key)
+            if tr is not None and tr.target.address == t.address:
+                tr.target = t  # readiness or model changed: no new scrape state
+                continue
+            if key in self._tasks:
+                self._tasks.pop(key).cancel()
+            tr = self.trackers[key] = EndpointTracker(t, self.config.derive)
+            self._tasks[key] = asyncio.create_task(self._vllm_loop(tr), name=f"scrape {t.pod}")
+            log.info("endpoint_added", pod=t.pod, namespace=t.namespace, address=t.address)
+
+    async def _discovery_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.discovery_interval)
+            await self.refresh_targets()
+
+    # ------------------------------------------------------------- scraping
+
+    async def _vllm_loop(self, tr: EndpointTracker) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.config.interval
+        while True:
+            started = loop.time()
+            await self.scrape_endpoint(tr)
+            await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+
+    async def scrape_endpoint(self, tr: EndpointTracker) -> None:
+        """One scrape of one endpoint: fetch, parse, derive, offer. Never raises."""
+        assert self._session is not None
+        t0 = time.perf_counter()
+        try:
+            body = await fetch(self._session, tr.target.base_url + "/metrics",
+                               self.config.timeout, self.config.max_body_bytes)
+            sample = parse_vllm(body)
+            if not sample.looks_like_vllm:
+                raise ScrapeError("no vLLM metrics on the page")
+            tr.observe(sample, self._clock())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            tr.fail(describe(exc), self._clock())
+            self.metrics.scrape_errors_vllm.inc()
+            if tr.scrape_errors == 1:
+                log.warning("scrape_failed", pod=tr.target.pod, namespace=tr.target.namespace,
+                            error=tr.last_error)
+        self.scrapes += 1
+        self.metrics.scrape_seconds_vllm.observe(time.perf_counter() - t0)
+        now = self._clock()
+        if tr.last_success is not None and now >= tr.models_due:
+            tr.models_due = float("inf")  # one fetch at a time
+            task = asyncio.create_task(self._fetch_models(tr))
+            self._aux.add(task)
+            task.add_done_callback(self._aux.discard)
+        self.emit(tr, now)
+
+    def emit(self, tr: EndpointTracker, now: float) -> None:
+        t = tr.target
+        self.publisher.offer_endpoint(tr.state(now, self._gpu_index.get((t.namespace, t.pod))))
+
+    async def _fetch_models(self, tr: EndpointTracker) -> None:
+        assert self._session is not None
+        cw: int | None = None
+        try:
+            body = await fetch(self._session, tr.target.base_url + "/v1/models",
+                               max(self.config.timeout, 1.0), 1 << 20)
+            cw = context_window(body, tr.target.model)
+        except ScrapeError:
+            pass
+        tr.set_context_window(cw, self._clock())
+
+    async def _dcgm_loop(self, d: _Dcgm) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await self.scrape_dcgm(d)
+            await asyncio.sleep(max(0.0, self.config.dcgm_interval - (loop.time() - started)))
+
+    async def scrape_dcgm(self, d: _Dcgm) -> None:
+        assert self._session is not None
+        t0 = time.perf_counter()
+        try:
+            body = await fetch(self._session, d.target.base_url + "/metrics",
+                               self.config.dcgm_timeout, self.config.max_body_bytes)
+            gpus = parse_dcgm(body)
+            if not gpus:
+                raise ScrapeError("no DCGM metrics on the page")
+            d.stats = gpu_stats_by_pod(gpus)
+            d.last_success = self._clock()
+            d.errors = 0
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            d.errors += 1
+            self.metrics.scrape_errors_dcgm.inc()
+            if d.errors == 1:
+                log.warning("dcgm_scrape_failed", address=d.target.address, error=describe(exc))
+        self.metrics.scrape_seconds_dcgm.observe(time.perf_counter() - t0)
+        self._rebuild_gpu_index()
+
+    def _rebuild_gpu_index(self) -> None:
+        now = self._clock()
+        index: dict[tuple[str, str], GpuStats] = {}
+        for d in self._dcgm.values():
+            if d.last_success is None or now - d.last_success > self.config.dcgm_stale_after:
+                continue
+            for key, st in d.stats.items():
+                index[key] = merge_gpu_stats(index[key], st) if key in index else st
+        self._gpu_index = index
+
+    # ------------------------------------------------------------ providers
+
+    def on_observation(self, data: bytes) -> None:
+        """One message of ``kinference.observations.>``; bad ones are counted and dropped."""
+        try:
+            obs = self._obs_decoder.decode(data)
+        except msgspec.DecodeError:
+            self.metrics.observations.labels("invalid").inc()
+            return
+        self.metrics.observations.labels("ok").inc()
+        now = self._clock()
+        key = self.providers.observe(obs, now)
+        if key is not None:
+            self.publisher.offer_provider(self.providers.state(key, now))
+
+    # ---------------------------------------------------------- housekeeping
+
+    def housekeeping(self) -> None:
+        """Provider windows slide and endpoint counts move even with no new data."""
+        now = self._clock()
+        self.providers.prune(now)
+        for key in self.providers.keys():
+            self.publisher.offer_provider(self.providers.state(key, now))
+        if self._dcgm:
+            self._rebuild_gpu_index()
+        # readiness turns false on time even when a target's scrapes are slower
+        # than the staleness bound (unchanged states are not re-sent)
+        for tr in self.trackers.values():
+            self.emit(tr, now)
+        self.update_gauges()
+
+    def update_gauges(self) -> None:
+        """``kinference_endpoints{state}`` from the trackers, now."""
+        now = self._clock()
+        counts = dict.fromkeys(ENDPOINT_STATES, 0)
+        for tr in self.trackers.values():
+            counts[tr.health(now)] += 1
+        for s, n in counts.items():
+            self.metrics.endpoints.labels(s).set(n)
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.housekeeping_interval)
+            try:
+                self.housekeeping()
+            except Exception:  # pragma: no cover - a bug; keep the collector alive
+                log.exception("housekeeping_failed")
+
+
+# --------------------------------------------------------------- the service
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    nats_url: str = "nats://127.0.0.1:4222"
+    http_host: str = "0.0.0.0"
+    #: 0 = no HTTP server
+    http_port: int = 9090
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+
+
+async def connect_nats(url: str, stop: asyncio.Event) -> object | None:
+    """Connect (retrying until ``stop``); reconnects forever once connected."""
+    import nats
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats_error", error=describe(exc))
+
+    async def on_disconnected() -> None:
+        log.warning("nats_disconnected")
+
+    async def on_reconnected() -> None:
+        log.info("nats_reconnected")
+
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            return await nats.connect(
+                url, name="kinference-telemetry-collector", max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5, connect_timeout=2, error_cb=on_error,
+                disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
+            )
+        except Exception as exc:
+            log.warning("nats_connect_failed", url=url, error=describe(exc), retry_in=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            delay = min(delay * 2, 5.0)
+    return None
+
+
+async def run_service(config: ServiceConfig, discovery: Discovery,
+                      stop: asyncio.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop``); then drain and close everything."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    metrics = CollectorMetrics()
+    collector: Collector | None = None
+    runner: web.AppRunner | None = None
+    if config.http_port:
+        runner = web.AppRunner(
+            http_app(metrics, lambda: collector is not None and collector.running,
+                     before_render=lambda: collector.update_gauges() if collector is not None else None),
+            access_log=None,
+        )
+        await runner.setup()
+        await web.TCPSite(runner, config.http_host, config.http_port).start()
+        log.info("http_listening", host=config.http_host, port=config.http_port)
+    nc = await connect_nats(config.nats_url, stop)
+    if nc is None:
+        if runner is not None:
+            await runner.cleanup()
+        return 0
+    bus: Bus = NatsBus(nc)
+    try:
+        await bus.start()  # type: ignore[attr-defined]
+    except Exception as exc:
+        log.warning("kv_bucket_unavailable", error=describe(exc))  # retried on the first put
+    publisher = Publisher(bus, config.collector.min_publish_interval)
+    collector = Collector(config.collector, discovery, publisher, metrics)
+
+    async def on_msg(msg: object) -> None:
+        collector.on_observation(msg.data)  # type: ignore[attr-defined, union-attr]
+
+    sub = await nc.subscribe(f"{subjects.OBSERVATIONS_PREFIX}.>", cb=on_msg)  # type: ignore[attr-defined]
+    await collector.start()
+    try:
+        await stop.wait()
+        log.info("draining")
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        await collector.stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.drain(), timeout=5)  # type: ignore[attr-defined]
+        if runner is not None:
+            await runner.cleanup()
+    return 0

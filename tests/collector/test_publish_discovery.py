@@ -1,0 +1,133 @@
+"""Change-or-rate publishing (a recording bus, explicit clock) and endpoint files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from kinference_collector.__main__ import main, parser
+from kinference_collector.discovery import DiscoveryError, StaticDiscovery, Target, parse_endpoint_file
+from kinference_collector.publish import Publisher
+from kinference_common.messages import EndpointState, ProviderState
+
+
+class RecordingBus:
+    def __init__(self) -> None:
+        self.puts: list[tuple[str, str, dict]] = []  # type: ignore[type-arg]
+        self.deletes: list[tuple[str, str]] = []
+        self.fail = False
+
+    async def put(self, subject: str, key: str, data: bytes) -> None:
+        if self.fail:
+            raise ConnectionError("nats away")
+        self.puts.append((subject, key, msgspec.json.decode(data)))
+
+    async def delete(self, subject: str, key: str, data: bytes) -> None:
+        self.deletes.append((subject, key))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def ep(queued: int, scraped_at: float = 0.0) -> EndpointState:
+    return EndpointState(namespace="ns", worker_set="w.x", pod="p-0", address="a:1", queued=queued,
+                         scraped_at=scraped_at, ready=True)
+
+
+async def test_only_changes_and_minimum_rate() -> None:
+    bus, clock = RecordingBus(), Clock()
+    pub = Publisher(bus, min_interval=1.0, clock=clock)
+    pub.offer_endpoint(ep(1, 0.0))
+    assert await pub.flush() == 1
+    subject, key, body = bus.puts[0]
+    assert subject == "kinference.telemetry.endpoint.ns.w_x.p-0"
+    assert key == "endpoint.ns.w_x.p-0"
+    assert body["queued"] == 1 and body["workerSet"] == "w.x" and body["schemaVersion"] == 1
+    clock.t = 0.1
+    pub.offer_endpoint(ep(1, 0.1))  # only scrapedAt moved
+    assert await pub.flush() == 0
+    clock.t = 0.2
+    pub.offer_endpoint(ep(2, 0.2))
+    assert await pub.flush() == 1 and bus.puts[-1][2]["queued"] == 2
+    clock.t = 1.0
+    pub.offer_endpoint(ep(2, 1.0))
+    assert await pub.flush() == 0
+    clock.t = 1.25  # a second since the last send: republished with the newest scrapedAt
+    assert await pub.flush() == 1 and bus.puts[-1][2]["scrapedAt"] == 1.0
+
+
+async def test_failed_sends_are_retried_with_newest_state() -> None:
+    bus, clock = RecordingBus(), Clock()
+    pub = Publisher(bus, min_interval=10.0, clock=clock)
+    bus.fail = True
+    pub.offer_endpoint(ep(1))
+    assert await pub.flush() == 0 and pub.failures == 1
+    pub.offer_endpoint(ep(5))
+    bus.fail = False
+    assert await pub.flush() == 1
+    assert [b["queued"] for _, _, b in bus.puts] == [5]
+
+
+async def test_provider_and_removal() -> None:
+    bus, clock = RecordingBus(), Clock()
+    pub = Publisher(bus, min_interval=10.0, clock=clock)
+    pub.offer_provider(ProviderState(namespace="ns", name="openai", estimated_ttft_seconds=0.5, updated_at=1))
+    pub.offer_endpoint(ep(1))
+    await pub.flush()
+    assert {k for _, k, _ in bus.puts} == {"provider.ns.openai", "endpoint.ns.w_x.p-0"}
+    pub.remove_endpoint(ep(1))
+    await pub.flush()
+    assert bus.deletes == [("kinference.telemetry.endpoint.ns.w_x.p-0", "endpoint.ns.w_x.p-0")]
+    clock.t = 100
+    await pub.flush()  # a removed endpoint is not republished
+    assert [k for _, k, _ in bus.puts].count("endpoint.ns.w_x.p-0") == 1
+
+
+def test_endpoint_file_forms() -> None:
+    yaml_list = """
+- {namespace: team, workerSet: llama, pod: llama-0, address: "10.0.0.1:8000", model: m, ready: true}
+- {workerSet: llama, pod: llama-1, address: "10.0.0.2:8000"}
+"""
+    ts = parse_endpoint_file(yaml_list)
+    assert ts[0] == Target(namespace="team", worker_set="llama", pod="llama-0", address="10.0.0.1:8000", model="m")
+    assert ts[1].namespace == "default" and ts[1].ready
+    doc = '{"endpoints": [{"workerSet": "w", "pod": "p", "address": "h:1", "ready": false}], "dcgm": [{"address": "h:9400"}]}'
+    ts = parse_endpoint_file(doc)
+    assert [t.kind for t in ts] == ["vllm", "dcgm"] and not ts[0].ready
+    assert ts[1].base_url == "http://h:9400"
+    with pytest.raises(DiscoveryError):
+        parse_endpoint_file("- {pod: p}")
+    with pytest.raises(DiscoveryError):
+        parse_endpoint_file("{{{")
+
+
+async def test_static_discovery_rereads_and_keeps_last_good(tmp_path: Path) -> None:
+    f = tmp_path / "endpoints.yaml"
+    f.write_text("- {workerSet: w, pod: p0, address: 'h:1'}\n")
+    d = StaticDiscovery(str(f), dcgm=["h:9400"])
+    assert [t.pod for t in await d.endpoints()] == ["p0", ""]
+    f.write_text("- {workerSet: w, pod: p1, address: 'h:2'}\n- {workerSet: w, pod: p2, address: 'h:3'}\n")
+    import os
+    os.utime(f, ns=(1, 1))  # a different mtime for certain
+    assert [t.pod for t in await d.endpoints()] == ["p1", "p2", ""]
+    f.write_text("not: [valid")
+    os.utime(f, ns=(2, 2))
+    assert [t.pod for t in await d.endpoints()] == ["p1", "p2", ""]
+
+
+def test_cli_help_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--nats-url", "--endpoints-file", "--interval", "--timeout", "--http-port", "--dcgm"):
+        assert flag in out
+    args = parser().parse_args(["--interval", "0.05", "--timeout", "0.2", "--dcgm", "a:1", "--dcgm", "b:2"])
+    assert args.interval == 0.05 and args.timeout == 0.2 and args.dcgm == ["a:1", "b:2"]
