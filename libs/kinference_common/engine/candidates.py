@@ -1,0 +1,221 @@
+"""Candidates (POLICY.md section 2), built once per snapshot from telemetry.
+
+A candidate is one place a request could go:
+
+- **Local**: one endpoint (vLLM pod) of a worker set of the pool, from its
+  :class:`~kinference_common.messages.EndpointState`;
+- **Provider**: one provider of the pool *per model it serves*, from its
+  :class:`~kinference_common.messages.ProviderState`.
+
+Everything about a candidate that does not depend on the request is computed
+here, once per telemetry change: its signals, its built-in status (not ready,
+ejected, stale) and the request-independent parts of its PredictedTTFT.
+Candidates are plain ``__slots__`` objects: the decision reads their
+attributes in tight loops.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+
+from kinference_common.compiled import CompiledPool, Destination
+from kinference_common.messages import EndpointState, ProviderState
+
+from .ttft import TTFTModel
+
+
+def endpoint_key(namespace: str, worker_set: str, pod: str) -> str:
+    """The ledger, ejection and prefix-index key of an endpoint."""
+    return f"{namespace}/{worker_set}/{pod}"
+
+
+def provider_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+class Candidate:
+    """One place a request could be sent, with its request-independent state."""
+
+    __slots__ = (
+        "index", "id", "type", "is_local", "backend", "dest_name", "endpoint", "model",
+        "served_name", "context_window", "ledger_key", "stale", "builtin",
+        # signals; None = unknown
+        "queued", "running", "kv", "gpu_util", "gpu_mem", "est_ttft", "error_rate",
+        # PredictedTTFT parts (see ttft.py)
+        "t0", "theta", "per_token", "kv_free", "hit_rate", "base_queue_tokens",
+        "state",
+    )
+
+    index: int
+    id: str
+    type: str
+    is_local: bool
+    backend: str
+    dest_name: str
+    endpoint: str | None
+    model: str
+    served_name: str
+    context_window: int | None
+    ledger_key: str
+    stale: bool
+    builtin: str | None
+    queued: int | None
+    running: int | None
+    kv: float | None
+    gpu_util: float | None
+    gpu_mem: float | None
+    est_ttft: float | None
+    error_rate: float | None
+    t0: float
+    theta: float
+    per_token: float
+    kv_free: float | None
+    hit_rate: float | None
+    base_queue_tokens: float
+    state: EndpointState | ProviderState | None
+
+    def __repr__(self) -> str:
+        return f"Candidate({self.id})"
+
+
+def _local(
+    dest: Destination,
+    ep: EndpointState,
+    *,
+    now: float,
+    stale_after: float,
+    ejected: frozenset[str] | set[str],
+    theta_fallback: float,
+    model: TTFTModel,
+) -> Candidate:
+    served = dest.models[0]
+    c = Candidate()
+    c.type, c.is_local = "Local", True
+    c.dest_name = dest.name
+    c.backend = f"Local/{dest.name}"
+    c.endpoint = ep.pod
+    c.id = f"Local/{dest.name}/{ep.pod}"
+    c.model = served.name
+    c.served_name = served.served_name or served.name
+    c.context_window = ep.context_window or served.context_window
+    c.ledger_key = endpoint_key(ep.namespace, ep.worker_set, ep.pod)
+    c.state = ep
+    c.stale = now - ep.scraped_at > stale_after
+    if not ep.ready:
+        c.builtin = "notReady"
+    elif c.ledger_key in ejected:
+        c.builtin = "ejected"
+    else:
+        c.builtin = None
+    if c.stale:
+        c.queued = c.running = None
+        c.kv = c.gpu_util = c.gpu_mem = None
+        c.hit_rate = None
+        c.kv_free = None
+    else:
+        c.queued, c.running, c.kv = ep.queued, ep.running, ep.kv_cache_usage
+        c.gpu_util, c.gpu_mem = ep.gpu_utilization, ep.gpu_memory_usage
+        c.hit_rate = ep.prefix_cache_hit_rate
+        if ep.kv_cache_usage is not None and ep.kv_capacity_tokens:
+            c.kv_free = max(0.0, (1.0 - ep.kv_cache_usage) * ep.kv_capacity_tokens)
+        else:
+            c.kv_free = None
+    c.est_ttft = c.error_rate = None
+    theta = ep.prefill_tokens_per_second
+    c.theta = theta if theta and theta > 0 else theta_fallback
+    c.t0 = (
+        ep.fixed_overhead_seconds
+        if ep.fixed_overhead_seconds is not None and ep.fixed_overhead_seconds >= 0
+        else model.default_overhead_seconds
+    )
+    running = c.running or 0
+    c.per_token = (1.0 + model.running_slowdown * running) / c.theta
+    c.base_queue_tokens = (c.queued or 0) * model.queued_prompt_tokens
+    return c
+
+
+def _provider(
+    dest: Destination, served_index: int, state: ProviderState | None, *, now: float,
+    provider_stale_after: float, ejected: frozenset[str] | set[str] = frozenset(),
+) -> Candidate:
+    served = dest.models[served_index]
+    c = Candidate()
+    c.type, c.is_local = "Provider", False
+    c.dest_name = dest.name
+    c.backend = f"Provider/{dest.name}"
+    c.endpoint = None
+    c.id = c.backend if len(dest.models) == 1 else f"{c.backend}:{served.name}"
+    c.model = served.name
+    c.served_name = served.served_name or served.name
+    c.context_window = served.context_window
+    c.ledger_key = provider_key(dest.namespace, dest.name)
+    c.state = state
+    c.stale = False
+    # a provider cooling down after a 429 (Retry-After) is "ejected" like an endpoint
+    c.builtin = "ejected" if c.ledger_key in ejected else None
+    c.queued = c.running = None
+    c.kv = c.gpu_util = c.gpu_mem = None
+    fresh = state is not None and (
+        provider_stale_after <= 0 or not state.updated_at or now - state.updated_at <= provider_stale_after
+    )
+    c.est_ttft = state.estimated_ttft_seconds if fresh and state is not None else None
+    c.error_rate = state.error_rate if fresh and state is not None else None
+    c.t0 = 0.0
+    c.theta = 0.0
+    c.per_token = 0.0
+    c.kv_free = None
+    c.hit_rate = None
+    c.base_queue_tokens = 0.0
+    return c
+
+
+def build_candidates(
+    pool: CompiledPool,
+    endpoints: Iterable[EndpointState],
+    providers: Iterable[ProviderState],
+    *,
+    now: float,
+    stale_after: float,
+    provider_stale_after: float,
+    ejected: frozenset[str] | set[str],
+    model: TTFTModel,
+) -> list[Candidate]:
+    """Every candidate of the pool, in stable order (destination name, then
+    endpoint name, then model), with ``index`` set to that order."""
+    local_dests = {(d.namespace, d.name): d for d in pool.destinations if d.type == "Local" and d.models}
+    by_dest: dict[tuple[str, str], list[EndpointState]] = {}
+    for ep in endpoints:
+        key = (ep.namespace, ep.worker_set)
+        if key in local_dests:
+            by_dest.setdefault(key, []).append(ep)
+    prov_states = {(p.namespace, p.name): p for p in providers}
+
+    known = [
+        ep.prefill_tokens_per_second
+        for eps in by_dest.values()
+        for ep in eps
+        if ep.prefill_tokens_per_second and ep.prefill_tokens_per_second > 0
+    ]
+    pool_theta = statistics.median(known) if known else model.default_prefill_tps
+
+    out: list[Candidate] = []
+    for key, eps in by_dest.items():
+        dest = local_dests[key]
+        ws_known = [e.prefill_tokens_per_second for e in eps
+                    if e.prefill_tokens_per_second and e.prefill_tokens_per_second > 0]
+        theta_fallback = statistics.median(ws_known) if ws_known else pool_theta
+        for ep in eps:
+            out.append(_local(dest, ep, now=now, stale_after=stale_after, ejected=ejected,
+                              theta_fallback=theta_fallback, model=model))
+    for dest in pool.destinations:
+        if dest.type != "Provider":
+            continue
+        state = prov_states.get((dest.namespace, dest.name))
+        for i in range(len(dest.models)):
+            out.append(_provider(dest, i, state, now=now, provider_stale_after=provider_stale_after,
+                                 ejected=ejected))
+    out.sort(key=lambda c: (c.dest_name, c.endpoint or "", c.model))
+    for i, c in enumerate(out):
+        c.index = i
+    return out

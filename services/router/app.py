@@ -1,0 +1,491 @@
+"""The router's HTTP side: the OpenAI-compatible data port and the admin port.
+
+One request, in order (ARCHITECTURE.md, "The hot path"):
+
+1. authenticate -> tenant (401 before any other work); read and parse the
+   body once;
+2. InferenceModelRewrite, objective -> priority, prompt-token estimate and
+   prompt block hashes;
+3. ask the classifiers the applicable rules need, in parallel, each with its
+   deadline (no answer = its failure tag);
+4. decide on the snapshot (the pure engine call);
+5. proxy to the pick, streaming as chunks arrive; a connection failure before
+   any byte was sent tries the next best candidate (bounded);
+6. publish the decision event and the observation without waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+import nats
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kinference_common import subjects
+from kinference_classifier.client import classify  # TODO(integration): move to kinference_common
+from kinference_common.engine import Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
+from kinference_common.engine.request import apply_rewrite
+from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
+from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
+from kinference_common.messages import Observation, encode
+from kinference_router.body import BadRequest, ParsedBody, parse
+from kinference_router.events import EventPublisher
+from kinference_router.state import SnapshotKeeper
+from kinference_router.tenants import Authenticator
+from kinference_router.upstream import ProviderLimiter, SecretError, SecretFiles, UpstreamHealth
+
+log = structlog.get_logger("router")
+
+OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
+#: hop-by-hop and client-specific headers never forwarded upstream
+_DROP_HEADERS = frozenset({
+    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
+    "proxy-authorization", "authorization", "x-kinference-tenant", "accept-encoding",
+})
+
+
+@dataclass
+class RouterSettings:
+    namespace: str = "default"
+    pool: str = "inference-all"
+    max_body_bytes: int = 4 * 1024 * 1024
+    #: bounded retries on connection failure before any byte was sent
+    max_attempts: int = 3
+    connect_timeout: float = 2.0
+    first_byte_timeout: float = 120.0
+    #: the collector's freshness bound: older telemetry is stale
+    stale_after: float = 5.0
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("kinference_requests_total", "Requests by outcome",
+                                ["pool", "rule", "outcome", "backend_type"], registry=r)
+        self.decision = Histogram("kinference_decision_seconds", "Decision time (engine call only)",
+                                  buckets=(5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2),
+                                  registry=r)
+        self.classifier = Histogram("kinference_classifier_seconds", "Classifier round trip",
+                                    ["classifier", "outcome"], registry=r)
+        self.ttft = Histogram("kinference_upstream_ttft_seconds", "Time to first byte from upstream",
+                              ["backend"], registry=r)
+        self.inflight = Gauge("kinference_inflight", "Requests open upstream", ["backend"], registry=r)
+        self.queue_depth = Gauge("kinference_queue_depth", "Requests waiting in flow control",
+                                 ["pool", "priority"], registry=r)
+        self.dropped_events = Counter("kinference_events_dropped_total",
+                                      "Decision events and observations not published", registry=r)
+        self.unknown_objectives = Counter("kinference_unknown_objectives_total",
+                                          "Requests naming an InferenceObjective the pool does not have",
+                                          registry=r)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
+
+
+def error_response(err: ApiError, decision_id: str, extra: dict[str, str] | None = None) -> web.Response:
+    body = {"error": {"message": err.message, "type": _ERROR_TYPES.get(err.status, "server_error"),
+                      "code": err.code, "decision_id": decision_id}}
+    headers = {"x-kinference-decision-id": decision_id, **(extra or {})}
+    if err.retry_after is not None:
+        headers["Retry-After"] = str(max(1, int(err.retry_after + 0.999)))
+    return web.Response(status=err.status, body=msgspec.json.encode(body), content_type="application/json",
+                        headers=headers)
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                502: "upstream_error", 503: "overloaded_error", 504: "timeout_error"}
+
+
+@dataclass
+class Router:
+    settings: RouterSettings
+    auth: Authenticator
+    secrets: SecretFiles
+    nc: nats.NATS | None = None
+    rng: random.Random = field(default_factory=random.Random)
+    metrics: RouterMetrics = field(default_factory=RouterMetrics)
+    ledger: InFlightLedger = field(default_factory=InFlightLedger)
+    prefix: PrefixIndex = field(default_factory=PrefixIndex)
+    health: UpstreamHealth = field(default_factory=UpstreamHealth)
+    limiter: ProviderLimiter = field(default_factory=ProviderLimiter)
+
+    def __post_init__(self) -> None:
+        self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
+                                     stale_after=self.settings.stale_after, ejected=self.health.excluded)
+        self.events = EventPublisher(self.nc, self.metrics.dropped_events)
+        self.session: aiohttp.ClientSession | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
+            timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=False,
+        )
+        self.events.start()
+        if self.nc is not None:
+            await self.keeper.start(self.nc)
+
+    async def stop(self) -> None:
+        await self.keeper.stop()
+        await self.events.stop()
+        if self.session is not None:
+            await self.session.close()
+
+    # -------------------------------------------------------------- routes
+
+    def data_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_page)
+        return app
+
+    def admin_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app.router.add_post("/debug/explain", self.explain)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_page)
+        return app
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        ready = self.keeper.snapshot is not None
+        return web.Response(status=200 if ready else 503, text="ready\n" if ready else "no configuration yet\n")
+
+    async def metrics_page(self, _: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def models(self, _: web.Request) -> web.Response:
+        snap = self.keeper.snapshot
+        data = []
+        if snap is not None:
+            for m in snap.pool.models:
+                data.append({"id": m.name, "object": "model", "owned_by": "kinference",
+                             "aliases": m.aliases, "served_by": m.served_by,
+                             **({"max_model_len": m.context_window["max"]} if m.context_window else {})})
+        return web.json_response({"object": "list", "data": data})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, chat=False)
+
+    # ------------------------------------------------------------ the path
+
+    async def _read(self, request: web.Request, chat: bool) -> ParsedBody:
+        if request.content_length is not None and request.content_length > self.settings.max_body_bytes:
+            raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes")
+        try:
+            data = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes") from None
+        try:
+            return parse(data, chat=chat)
+        except BadRequest as exc:
+            raise ApiError(400, "bad_request", str(exc)) from None
+
+    def _engine_request(self, request: web.Request, body: ParsedBody, tenant: str) -> Request:
+        snap = self.keeper.snapshot
+        assert snap is not None
+        rewritten = apply_rewrite(snap.pool, body.model, self.rng) or body.model
+        objective = next((request.headers[h] for h in OBJECTIVE_HEADERS if h in request.headers), None)
+        priority = 0
+        if objective is not None:
+            if objective in snap.pool.objectives:
+                priority = snap.pool.objectives[objective]
+            else:
+                self.metrics.unknown_objectives.inc()
+        text = "\n".join(body.texts)
+        return Request(
+            model=rewritten,
+            requested_model=body.model,
+            tenant=tenant,
+            objective=objective,
+            priority=priority,
+            prompt_tokens=estimate_prompt_tokens(body.texts),
+            max_tokens=body.max_tokens,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            block_hashes=block_hashes(text),
+        )
+
+    async def _classify(self, names: list[str], texts: list[str]) -> tuple[frozenset[str], list[ClassifierTrace]]:
+        from kinference_common.classifiers import BUILTIN_CLASSIFIERS
+
+        async def one(name: str) -> tuple[str, Any, float]:
+            started = time.perf_counter()
+            reply = await classify(self.nc, name, texts, BUILTIN_CLASSIFIERS[name].deadline_seconds)
+            return name, reply, time.perf_counter() - started
+
+        results = await asyncio.gather(*(one(n) for n in names))
+        tags: set[str] = set()
+        traces = []
+        for name, reply, seconds in results:
+            tags.update(reply.tags)
+            self.metrics.classifier.labels(name, reply.outcome).observe(seconds)
+            traces.append(ClassifierTrace(name=name, ms=round(seconds * 1e3, 3), outcome=reply.outcome))
+        return frozenset(tags), traces
+
+    async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        decision_id = uuid.uuid4().hex
+        pool_label = f"{self.settings.namespace}/{self.settings.pool}"
+        bound = structlog.contextvars.bound_contextvars(decision_id=decision_id)
+        bound.__enter__()
+        try:
+            tenant = self.auth.tenant(request.headers)
+            if tenant is None:
+                raise ApiError(401, "unauthorized", "missing or unknown API key")
+            body = await self._read(request, chat)
+            if self.keeper.snapshot is None:
+                raise ApiError(503, "no_capacity", "the router has no configuration yet", retry_after=1)
+            req = self._engine_request(request, body, tenant)
+            needed = self.keeper.snapshot.classifiers_for(req)
+            traces: list[ClassifierTrace] = []
+            if needed:
+                tags, traces = await self._classify(needed, body.texts)
+                req = msgspec.structs.replace(req, tags=tags)
+            return await self._route(request, body, req, decision_id, traces, pool_label)
+        except ApiError as err:
+            self.metrics.requests.labels(pool_label, "", err.code, "").inc()
+            return error_response(err, decision_id)
+        finally:
+            bound.__exit__(None, None, None)
+
+    def _decide(self, req: Request, snap: Snapshot) -> Decision:
+        started = time.perf_counter()
+        d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=self.rng)
+        self.metrics.decision.observe(time.perf_counter() - started)
+        return d
+
+    def _publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace]) -> None:
+        try:
+            data = encode_trace(build_trace(d, decision_id=decision_id, classifiers=traces))
+        except Exception as exc:  # a trace must never fail a request
+            log.warning("decision event not built", error=str(exc))
+            return
+        self.events.publish(subjects.decisions_subject(self.settings.namespace, self.settings.pool), data)
+
+    async def _route(self, request: web.Request, body: ParsedBody, req: Request, decision_id: str,
+                     traces: list[ClassifierTrace], pool_label: str) -> web.StreamResponse:
+        tried: set[str] = set()
+        for attempt in range(self.settings.max_attempts):
+            # after a refused connection, decide again without what failed
+            snap = self.keeper.snapshot_excluding(tried) if attempt else self.keeper.snapshot
+            if snap is None:
+                break
+            d = self._decide(req, snap)
+            self._publish_decision(d, decision_id, traces)
+            rule = d.rule or ""
+            if not d.routed:
+                code = d.code or "policy_rejected"
+                status = {"model_not_found": 404, "no_capacity": 503}.get(code, 403)
+                self.metrics.requests.labels(pool_label, rule, code, "").inc()
+                raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None)
+            cand = d.candidate
+            tried.add(cand.ledger_key)
+            result = await self._send(request, body, req, d, snap, decision_id)
+            if result is not None:
+                return result
+        raise ApiError(502, "upstream_error", "every candidate tried refused the connection")
+
+    async def _send(self, request: web.Request, body: ParsedBody, req: Request, d: Decision, snap: Snapshot,
+                    decision_id: str) -> web.StreamResponse | None:
+        """Proxy to the pick. None means "connection refused before any byte
+        was sent": the caller may try the next best candidate."""
+        assert self.session is not None
+        cand = d.candidate
+        dest = next(x for x in snap.pool.destinations if x.name == cand.dest_name and x.type == cand.type)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS}
+        headers["Content-Type"] = "application/json"
+        path = "/chat/completions" if request.path.endswith("/chat/completions") else "/completions"
+        connect_timeout, first_byte = self.settings.connect_timeout, self.settings.first_byte_timeout
+        if cand.is_local:
+            state = cand.state
+            url = f"http://{state.address}/v1{path}"  # type: ignore[union-attr]
+        else:
+            provider = dest.provider
+            assert provider is not None
+            if not self.limiter.acquire(cand.ledger_key, provider):
+                raise ApiError(429, "rate_limited", f"provider {dest.name} is at its configured limit",
+                               retry_after=1)
+            try:
+                headers["Authorization"] = f"Bearer {self.secrets.read(dest.namespace, provider.secret_ref)}"
+            except SecretError as exc:
+                self.limiter.release(cand.ledger_key)
+                raise ApiError(502, "upstream_error", f"provider {dest.name}: {exc}") from None
+            url = provider.url.rstrip("/") + path
+            connect_timeout = provider.connect_timeout_seconds or connect_timeout
+            first_byte = provider.first_token_timeout_seconds or first_byte
+        data = body.encode(cand.served_name)
+        route_headers = {"x-kinference-decision-id": decision_id, "x-kinference-rule": d.rule or "unmatched",
+                         "x-kinference-backend": cand.backend}
+        send = self.ledger.sent(cand.ledger_key, req.prompt_tokens or 0, time.time())
+        if req.block_hashes and cand.is_local:
+            self.prefix.record(cand.ledger_key, req.block_hashes)
+        backend_type = cand.type
+        inflight = self.metrics.inflight.labels(cand.backend)
+        inflight.inc()
+        obs = Observation(decision_id=decision_id, namespace=self.settings.namespace, pool=self.settings.pool,
+                          backend_type=backend_type, backend_name=cand.dest_name, endpoint=cand.endpoint,
+                          model=cand.served_name, at=time.time())
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=first_byte)
+            try:
+                upstream = await self.session.post(url, data=data, headers=headers, timeout=timeout)
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                # nothing was sent: count it against the endpoint, let the caller try the next
+                if self.health.connect_failed(cand.ledger_key):
+                    log.warning("endpoint ejected", backend=cand.backend, endpoint=cand.endpoint)
+                log.info("upstream connection failed", backend=cand.backend, error=type(exc).__name__)
+                return None
+            except TimeoutError:
+                outcome = "timeout"
+                obs.timeout_seconds = first_byte
+                raise ApiError(504, "upstream_timeout", f"{cand.backend} did not answer in time") from None
+            except aiohttp.ClientError as exc:
+                raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
+            async with upstream:
+                self.health.succeeded(cand.ledger_key)
+                obs.status = upstream.status
+                if upstream.status == 429 and not cand.is_local:
+                    seconds = self.health.cool_down(cand.ledger_key, upstream.headers.get("Retry-After"))
+                    self.keeper.mark_dirty()
+                    outcome = "rate_limited"
+                    raise ApiError(429, "rate_limited", f"provider {dest.name} is rate limiting", retry_after=seconds)
+                if upstream.status >= 500:
+                    raise ApiError(502, "upstream_error", f"{cand.backend} answered {upstream.status}")
+                ctype = upstream.headers.get("Content-Type", "application/json")
+                if body.stream and upstream.status == 200:
+                    resp = web.StreamResponse(status=200, headers={**route_headers, "Content-Type": ctype,
+                                                                   "Cache-Control": "no-cache"})
+                    await resp.prepare(request)
+                    first = True
+                    tail = b""
+                    try:
+                        async for chunk in upstream.content.iter_any():
+                            if first:
+                                first = False
+                                self._first_token(send, obs, started, cand.backend)
+                            await resp.write(chunk)
+                            tail = (tail + chunk)[-4096:]
+                    except (TimeoutError, aiohttp.ClientPayloadError) as exc:
+                        # headers are sent: the stream just ends
+                        outcome = "timeout" if isinstance(exc, TimeoutError) else "error"
+                        obs.timeout_seconds = first_byte if outcome == "timeout" else None
+                        return resp
+                    await resp.write_eof()
+                    self._usage_from_stream(tail, obs)
+                else:
+                    try:
+                        payload = await upstream.read()
+                    except TimeoutError:
+                        outcome = "timeout"
+                        obs.timeout_seconds = first_byte
+                        raise ApiError(504, "upstream_timeout", f"{cand.backend} stopped answering") from None
+                    except aiohttp.ClientPayloadError as exc:
+                        raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
+                    self._first_token(send, obs, started, cand.backend)
+                    self._usage(payload, obs)
+                    resp = web.Response(status=upstream.status, body=payload,
+                                        headers={**route_headers, "Content-Type": ctype})
+                outcome = "ok" if upstream.status < 400 else "error"
+                self.metrics.requests.labels(f"{self.settings.namespace}/{self.settings.pool}", d.rule or "unmatched",
+                                             "routed", backend_type).inc()
+                return resp
+        except asyncio.CancelledError:
+            outcome = "cancelled"  # the client went away: leaving `async with` closes the upstream
+            raise
+        except ConnectionResetError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self.ledger.finished(send)
+            inflight.dec()
+            if not cand.is_local:
+                self.limiter.release(cand.ledger_key)
+            obs.outcome = outcome  # type: ignore[assignment]
+            self.events.publish(subjects.observations_subject(self.settings.namespace, self.settings.pool),
+                                encode(obs))
+
+    def _first_token(self, send: Any, obs: Observation, started: float, backend: str) -> None:
+        ttft = time.perf_counter() - started
+        self.ledger.first_token(send)
+        obs.ttft_seconds = ttft
+        self.metrics.ttft.labels(backend).observe(ttft)
+
+    @staticmethod
+    def _usage(payload: bytes, obs: Observation) -> None:
+        try:
+            usage = msgspec.json.decode(payload).get("usage") or {}
+            obs.prompt_tokens = usage.get("prompt_tokens")
+            obs.completion_tokens = usage.get("completion_tokens")
+        except (msgspec.DecodeError, AttributeError):
+            pass
+
+    @classmethod
+    def _usage_from_stream(cls, tail: bytes, obs: Observation) -> None:
+        idx = tail.rfind(b'"usage"')
+        if idx < 0:
+            return
+        start = tail.rfind(b"data: ", 0, idx)
+        end = tail.find(b"\n", idx)
+        if start >= 0:
+            cls._usage(tail[start + 6:end if end > 0 else None], obs)
+
+    # ---------------------------------------------------------------- admin
+
+    async def explain(self, request: web.Request) -> web.Response:
+        """``POST /debug/explain``: a request body plus optional ``tenant``,
+        ``tags``, ``headers``; the trace on the live snapshot, nothing sent."""
+        try:
+            raw = msgspec.json.decode(await request.read())
+        except msgspec.DecodeError as exc:
+            return web.json_response({"error": f"not JSON: {exc}"}, status=400)
+        if not isinstance(raw, dict):
+            return web.json_response({"error": "expected a JSON object"}, status=400)
+        snap = self.keeper.snapshot
+        if snap is None:
+            return web.json_response({"error": "no configuration yet"}, status=503)
+        inner = raw.get("body", raw)
+        chat = "messages" in inner
+        try:
+            body = parse(msgspec.json.encode({k: v for k, v in inner.items()
+                                              if k not in ("tenant", "tags", "headers")}), chat=chat)
+        except BadRequest as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
+        fake = _HeaderOnly(headers)
+        req = self._engine_request(fake, body, str(raw.get("tenant") or "anonymous"))  # type: ignore[arg-type]
+        tags = raw.get("tags")
+        if tags is not None:
+            req = msgspec.structs.replace(req, tags=frozenset(map(str, tags)))
+        d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=random.Random(0))
+        return web.Response(body=encode_trace(build_trace(d, decision_id="explain")), content_type="application/json")
+
+
+class _HeaderOnly:
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = headers

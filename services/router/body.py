@@ -1,0 +1,99 @@
+"""The request body, parsed once.
+
+The raw JSON is decoded once (msgspec, into plain Python objects, so it can be
+forwarded with only ``model`` changed), then the fields the router needs are
+checked with the types OpenAI's API gives them. Anything else in the body is
+forwarded untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+class BadRequest(ValueError):
+    """The body is not what the endpoint takes; the message says why."""
+
+
+class _Part(msgspec.Struct):
+    type: str = "text"
+    text: str | None = None
+
+
+class _Message(msgspec.Struct):
+    role: str = "user"
+    content: str | list[_Part] | None = None
+
+
+class _Fields(msgspec.Struct):
+    model: str
+    messages: list[_Message] | None = None
+    prompt: str | list[str] | None = None
+    stream: bool = False
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+
+
+class ParsedBody:
+    __slots__ = ("raw", "fields", "texts")
+
+    def __init__(self, raw: dict[str, Any], fields: _Fields, texts: list[str]) -> None:
+        self.raw = raw
+        self.fields = fields
+        #: every text of the prompt: each message's text content (all roles,
+        #: text parts of multi-part content) or the legacy prompt(s)
+        self.texts = texts
+
+    @property
+    def model(self) -> str:
+        return self.fields.model
+
+    @property
+    def stream(self) -> bool:
+        return self.fields.stream
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.fields.max_completion_tokens or self.fields.max_tokens
+
+    def encode(self, model: str | None = None) -> bytes:
+        """The body to forward, with ``model`` replaced when given."""
+        if model is not None and model != self.fields.model:
+            return _encoder.encode({**self.raw, "model": model})
+        return _encoder.encode(self.raw)
+
+
+def parse(data: bytes, *, chat: bool) -> ParsedBody:
+    try:
+        raw = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise BadRequest("body must be a JSON object")
+    if "model" not in raw:
+        raise BadRequest("body lacks `model`")
+    try:
+        fields = msgspec.convert(raw, _Fields)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(str(exc).replace("$.", "")) from None
+    if not fields.model:
+        raise BadRequest("`model` is empty")
+    texts: list[str] = []
+    if chat:
+        if not fields.messages:
+            raise BadRequest("`messages` must be a non-empty list")
+        for m in fields.messages:
+            if isinstance(m.content, str):
+                texts.append(m.content)
+            elif m.content:
+                texts.extend(p.text for p in m.content if p.text)
+    else:
+        if fields.prompt is None:
+            raise BadRequest("body lacks `prompt`")
+        texts = [fields.prompt] if isinstance(fields.prompt, str) else list(fields.prompt)
+    return ParsedBody(raw, fields, texts)

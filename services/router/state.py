@@ -1,0 +1,206 @@
+"""The router's view of the world, kept current from NATS.
+
+At start the compiled pool and the telemetry come from the KV buckets (the
+current state at once); afterwards the subjects carry changes. On reconnect
+the buckets are read again. When NATS is away nothing changes here: the
+router keeps deciding on the last snapshot, and telemetry turns stale by age
+(the engine falls back to this router's own ledger for stale endpoints).
+
+The engine's :class:`~kinference_common.engine.Snapshot` is rebuilt off the
+request path: at most every ``rebuild_interval`` when something changed, and
+at least every ``max_age`` so that ages (staleness) move on even when nothing
+arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import msgspec
+import nats
+import structlog
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+
+from kinference_common import subjects
+from kinference_common.compiled import CompiledPool, decode_pool
+from kinference_common.engine import InFlightLedger, Snapshot
+from kinference_common.messages import EndpointState, ProviderState
+
+log = structlog.get_logger("router.state")
+
+_endpoint_decoder = msgspec.json.Decoder(EndpointState)
+_provider_decoder = msgspec.json.Decoder(ProviderState)
+
+
+class SnapshotKeeper:
+    def __init__(
+        self,
+        namespace: str,
+        pool: str,
+        ledger: InFlightLedger,
+        *,
+        stale_after: float = 5.0,
+        rebuild_interval: float = 0.05,
+        max_age: float = 0.5,
+        clock: Callable[[], float] = time.time,
+        ejected: Callable[[], set[str]] = set,
+    ) -> None:
+        self.namespace, self.pool_name = namespace, pool
+        self.ledger = ledger
+        self.stale_after = stale_after
+        self.rebuild_interval, self.max_age = rebuild_interval, max_age
+        self.clock = clock
+        self.ejected = ejected
+        self.pool: CompiledPool | None = None
+        self.endpoints: dict[str, EndpointState] = {}
+        self.providers: dict[str, ProviderState] = {}
+        self.snapshot: Snapshot | None = None
+        self._dirty = False
+        self._built_at = 0.0
+        self._nc: nats.NATS | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._subs: list[object] = []
+        self.updates = 0
+
+    # ------------------------------------------------------------- inputs
+
+    def set_pool(self, pool: CompiledPool | None) -> None:
+        if pool is None or self.pool is None or pool.revision != self.pool.revision:
+            self.pool = pool
+            self.rebuild()
+
+    def set_endpoint(self, state: EndpointState) -> None:
+        key = f"{state.namespace}/{state.worker_set}/{state.pod}"
+        self.endpoints[key] = state
+        if state.scraped_at:
+            self.ledger.observed(key, state.scraped_at)
+        self._dirty = True
+        self.updates += 1
+
+    def set_provider(self, state: ProviderState) -> None:
+        self.providers[f"{state.namespace}/{state.name}"] = state
+        self._dirty = True
+        self.updates += 1
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    def snapshot_excluding(self, keys: set[str]) -> Snapshot | None:
+        """A one-off snapshot without ``keys`` (candidates this request already
+        failed to reach); the shared snapshot is left alone."""
+        if self.pool is None:
+            return None
+        return Snapshot(
+            self.pool, self.endpoints.values(), self.providers.values(), now=self.clock(),
+            stale_after=self.stale_after, ejected=frozenset(self.ejected() | keys),
+        )
+
+    def rebuild(self) -> None:
+        self._dirty = False
+        self._built_at = time.monotonic()
+        if self.pool is None:
+            self.snapshot = None
+            return
+        self.snapshot = Snapshot(
+            self.pool, self.endpoints.values(), self.providers.values(), now=self.clock(),
+            stale_after=self.stale_after, ejected=frozenset(self.ejected()),
+        )
+
+    # --------------------------------------------------------------- NATS
+
+    async def start(self, nc: nats.NATS) -> None:
+        self._nc = nc
+        await self._subscribe()
+        await self.resync()
+        self._task = asyncio.create_task(self._rebuild_loop(), name="snapshot-rebuild")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _subscribe(self) -> None:
+        assert self._nc is not None
+        nc = self._nc
+        config = subjects.config_subject(self.namespace, self.pool_name)
+
+        async def on_config(msg: nats.aio.msg.Msg) -> None:
+            self._apply_config(msg.data)
+
+        async def on_endpoint(msg: nats.aio.msg.Msg) -> None:
+            self._apply(msg.data, _endpoint_decoder, self.set_endpoint)
+
+        async def on_provider(msg: nats.aio.msg.Msg) -> None:
+            self._apply(msg.data, _provider_decoder, self.set_provider)
+
+        self._subs = [
+            await nc.subscribe(config, cb=on_config),
+            await nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=on_endpoint),
+            await nc.subscribe(f"{subjects.TELEMETRY_PROVIDER_PREFIX}.>", cb=on_provider),
+        ]
+
+    def _apply_config(self, data: bytes) -> None:
+        if not data:  # the pool was deleted
+            log.warning("pool removed from configuration", pool=f"{self.namespace}/{self.pool_name}")
+            self.set_pool(None)
+            return
+        try:
+            self.set_pool(decode_pool(data))
+        except msgspec.DecodeError as exc:
+            log.warning("unreadable compiled pool ignored", error=str(exc))
+
+    @staticmethod
+    def _apply(data: bytes, decoder: msgspec.json.Decoder, apply: Callable[[object], None]) -> None:  # type: ignore[type-arg]
+        try:
+            apply(decoder.decode(data))
+        except msgspec.DecodeError:
+            log.warning("unreadable telemetry message ignored")
+
+    async def resync(self) -> None:
+        """Read the current state from the KV buckets (start, reconnect)."""
+        if self._nc is None or not self._nc.is_connected:
+            return
+        js = self._nc.jetstream()
+        try:
+            kv = await js.key_value(subjects.CONFIG_BUCKET)
+            entry = await kv.get(subjects.config_key(self.namespace, self.pool_name))
+            if entry.value:
+                self._apply_config(entry.value)
+        except (BucketNotFoundError, KeyNotFoundError):
+            log.info("no configuration yet", pool=f"{self.namespace}/{self.pool_name}")
+        except Exception as exc:  # NATS went away mid-resync: the next reconnect retries
+            log.warning("configuration resync failed", error=str(exc))
+        try:
+            kv = await js.key_value(subjects.TELEMETRY_BUCKET)
+            try:
+                keys = await kv.keys()
+            except NoKeysError:
+                keys = []
+            for key in keys:
+                try:
+                    entry = await kv.get(key)
+                except KeyNotFoundError:
+                    continue
+                if not entry.value:
+                    continue
+                if key.startswith("endpoint."):
+                    self._apply(entry.value, _endpoint_decoder, self.set_endpoint)
+                elif key.startswith("provider."):
+                    self._apply(entry.value, _provider_decoder, self.set_provider)
+        except BucketNotFoundError:
+            pass
+        except Exception as exc:
+            log.warning("telemetry resync failed", error=str(exc))
+        self.rebuild()
+
+    async def _rebuild_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.rebuild_interval)
+            age = time.monotonic() - self._built_at
+            if self._dirty or age >= self.max_age:
+                try:
+                    self.rebuild()
+                except Exception as exc:  # never let one bad state stop routing updates
+                    log.error("snapshot rebuild failed", error=str(exc))

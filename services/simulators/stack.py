@@ -1,0 +1,306 @@
+"""``make run``: the whole stack on this machine, as local processes, with
+simulated GPUs.
+
+Started, in order, each waited for until it answers:
+
+====================  ============================================  ===========
+process               what                                          port
+====================  ============================================  ===========
+nats-server           JetStream, the bus                            4222
+policy-compiler       compiles ``deploy/examples`` (status: .run)   8090
+classifier            pii and injection tags                        8083
+vllm sim qwen-0/1     worker set qwen-2-5-32b                       8001, 8002
+vllm sim qwen-spot-0  worker set qwen-2-5-32b-spot                  8003
+dcgm sim              GPUs of the three pods                        9400
+provider sim          stands in for Databricks (API key checked)    8300
+telemetry-collector   scrapes the sims, publishes state             9090
+router                the OpenAI-compatible endpoint                8080 (admin 8081)
+====================  ============================================  ===========
+
+``--port-offset N`` shifts every port (to run two stacks, or in tests).
+Each process logs to ``.run/logs/<name>.log``; statuses are in
+``.run/status``. Ctrl-C (or SIGTERM) stops everything: SIGTERM to each
+process in reverse order, SIGKILL to what has not exited after a few seconds.
+``--smoke`` starts the stack, sends one chat completion through the router,
+prints the answer and stops (exit 0 when the request succeeded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from kinference_common.natsserver import find_binary
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "deploy" / "examples"
+PROVIDER_KEY = "sk-local-databricks"  # the provider simulator's key, written to the secrets dir
+SERVED = "Qwen/Qwen2.5-32B-Instruct"
+
+PODS = [  # (worker set, pod, port)
+    ("qwen-2-5-32b", "qwen-0", 8001),
+    ("qwen-2-5-32b", "qwen-1", 8002),
+    ("qwen-2-5-32b-spot", "qwen-spot-0", 8003),
+]
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    ready_url: str | None = None  # HTTP GET that must answer 200
+    ready_port: int | None = None  # or a TCP port that must accept
+    process: asyncio.subprocess.Process | None = None
+    log: Path | None = None
+
+
+@dataclass
+class Stack:
+    run_dir: Path
+    offset: int = 0
+    procs: list[Proc] = field(default_factory=list)
+
+    def port(self, base: int) -> int:
+        return base + self.offset
+
+    def plan(self, speed_profile: str, time_scale: float) -> list[Proc]:
+        py = sys.executable
+        nats_url = f"nats://127.0.0.1:{self.port(4222)}"
+        status = self.run_dir / "status"
+        secrets = self.run_dir / "secrets"
+        nats_bin = find_binary()
+        if nats_bin is None:
+            raise SystemExit("make run: nats-server not found; run `make install` first")
+        procs = [
+            Proc("nats-server", [nats_bin, "-a", "127.0.0.1", "-p", str(self.port(4222)), "-js",
+                                 "-sd", str(self.run_dir / "nats")], ready_port=self.port(4222)),
+            Proc("policy-compiler", [py, "-m", "kinference_policy_compiler", "--manifests", str(self.run_dir / "manifests"),
+                                     "--status-dir", str(status), "--nats-url", nats_url,
+                                     "--http-port", str(self.port(8090)), "--log-format", "json"],
+                 ready_url=f"http://127.0.0.1:{self.port(8090)}/readyz"),
+            Proc("classifier", [py, "-m", "kinference_classifier", "--nats-url", nats_url, "--health-host", "127.0.0.1",
+                                "--health-port", str(self.port(8083)), "--log-format", "json"],
+                 ready_url=f"http://127.0.0.1:{self.port(8083)}/readyz"),
+        ]
+        for i, (_ws, pod, port) in enumerate(PODS):
+            procs.append(Proc(f"vllm-{pod}", [
+                py, "-m", "kinference_simulators.vllm", "--host", "127.0.0.1", "--port", str(self.port(port)),
+                "--model", SERVED, "--max-model-len", "32768", "--speed-profile", speed_profile,
+                "--time-scale", str(time_scale), "--seed", str(i + 1), "--pod-name", pod,
+            ], ready_url=f"http://127.0.0.1:{self.port(port)}/health"))
+        gpus = []
+        for _ws, pod, port in PODS:
+            gpus += ["--gpu", f"default/{pod}=http://127.0.0.1:{self.port(port)}"]
+        procs.append(Proc("dcgm", [py, "-m", "kinference_simulators.dcgm", "--host", "127.0.0.1",
+                                   "--port", str(self.port(9400)), *gpus],
+                          ready_url=f"http://127.0.0.1:{self.port(9400)}/metrics"))
+        procs.append(Proc("provider", [py, "-m", "kinference_simulators.provider", "--host", "127.0.0.1",
+                                       "--port", str(self.port(8300)), "--api-key", PROVIDER_KEY,
+                                       "--model", "databricks-qwen25-32b", "--ttft-ms", "400",
+                                       "--log-file", str(self.run_dir / "provider-requests.jsonl")],
+                          ready_port=self.port(8300)))
+        procs.append(Proc("telemetry-collector", [
+            py, "-m", "kinference_collector", "--nats-url", nats_url,
+            "--endpoints-file", str(self.run_dir / "endpoints.yaml"),
+            "--dcgm", f"127.0.0.1:{self.port(9400)}", "--http-host", "127.0.0.1",
+            "--http-port", str(self.port(9090)), "--log-format", "json",
+        ], ready_url=f"http://127.0.0.1:{self.port(9090)}/healthz"))
+        procs.append(Proc("router", [
+            py, "-m", "kinference_router", "--pool", "default/inference-all", "--nats-url", nats_url,
+            "--port", str(self.port(8080)), "--admin-port", str(self.port(8081)), "--auth", "none",
+            "--secrets-dir", str(secrets), "--log-format", "json",
+        ], ready_url=f"http://127.0.0.1:{self.port(8080)}/readyz"))
+        return procs
+
+    def prepare(self) -> None:
+        """Fresh run directory: manifests (the examples, with ports shifted),
+        the collector's endpoint list, the provider's API key."""
+        if self.run_dir.exists():
+            shutil.rmtree(self.run_dir)
+        (self.run_dir / "logs").mkdir(parents=True)
+        manifests = self.run_dir / "manifests"
+        manifests.mkdir()
+        for f in sorted(EXAMPLES.glob("*.yaml")):
+            text = f.read_text()
+            if self.offset:
+                text = text.replace("127.0.0.1:8300", f"127.0.0.1:{self.port(8300)}")
+            (manifests / f.name).write_text(text)
+        endpoints = [{"namespace": "default", "workerSet": ws, "pod": pod, "address": f"127.0.0.1:{self.port(port)}",
+                      "model": "qwen-2.5", "ready": True} for ws, pod, port in PODS]
+        (self.run_dir / "endpoints.yaml").write_text(yaml.safe_dump({"endpoints": endpoints}, sort_keys=False))
+        secret = self.run_dir / "secrets" / "default" / "databricks-token"
+        secret.mkdir(parents=True)
+        (secret / "token").write_text(PROVIDER_KEY)
+
+    async def start(self, speed_profile: str, time_scale: float, timeout: float = 60.0) -> None:
+        busy = [p for p in self._ports() if _port_open(p)]
+        if busy:
+            raise SystemExit(f"make run: ports already in use: {', '.join(map(str, busy))} "
+                             "(another stack running? try --port-offset 100)")
+        for proc in self.plan(speed_profile, time_scale):
+            proc.log = self.run_dir / "logs" / f"{proc.name}.log"
+            out = open(proc.log, "ab")  # noqa: SIM115 - handed to the child
+            proc.process = await asyncio.create_subprocess_exec(
+                *proc.argv, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL, cwd=str(REPO),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            out.close()
+            self.procs.append(proc)
+            await self._wait_ready(proc, timeout)
+            print(f"  started {proc.name:<22} pid {proc.process.pid}", flush=True)
+
+    def _ports(self) -> list[int]:
+        return [self.port(p) for p in (4222, 8090, 8083, 8001, 8002, 8003, 9400, 8300, 9090, 8080, 8081)]
+
+    async def _wait_ready(self, proc: Proc, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert proc.process is not None
+            if proc.process.returncode is not None:
+                raise SystemExit(f"make run: {proc.name} exited with code {proc.process.returncode}; "
+                                 f"see {proc.log}:\n{_tail(proc.log)}")
+            if proc.ready_port is not None and _port_open(proc.ready_port):
+                return
+            if proc.ready_url is not None and await asyncio.to_thread(_http_ok, proc.ready_url):
+                return
+            await asyncio.sleep(0.1)
+        raise SystemExit(f"make run: {proc.name} was not ready within {timeout:.0f}s; see {proc.log}:\n"
+                         f"{_tail(proc.log)}")
+
+    async def stop(self, grace: float = 5.0) -> None:
+        for proc in reversed(self.procs):
+            p = proc.process
+            if p is not None and p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(p.wait(), grace)
+                except TimeoutError:
+                    p.kill()
+                    await p.wait()
+        self.procs.clear()
+
+    def exited(self) -> Proc | None:
+        return next((p for p in self.procs if p.process is not None and p.process.returncode is not None), None)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - localhost only
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def _tail(path: Path | None, lines: int = 15) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def smoke_request(port: int) -> dict[str, object]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps({"model": "qwen-2.5", "max_tokens": 16,
+                         "messages": [{"role": "user", "content": "Say hello to Kinference."}]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - localhost only
+        return {"status": r.status, "backend": r.headers.get("x-kinference-backend"),
+                "rule": r.headers.get("x-kinference-rule"), "body": json.loads(r.read())}
+
+
+def banner(stack: Stack) -> str:
+    port, admin, nats_port = stack.port(8080), stack.port(8081), stack.port(4222)
+    return f"""
+Kinference is running.
+
+  Router (OpenAI API)   http://127.0.0.1:{port}/v1        pool default/inference-all, auth off (tenant anonymous)
+  Admin (explain)       http://127.0.0.1:{admin}/debug/explain
+  Statuses              {stack.run_dir / 'status'}
+  Logs                  {stack.run_dir / 'logs'}/
+
+Try:
+  curl -s http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{{"model": "qwen-2.5", "messages": [{{"role": "user", "content": "Hello!"}}]}}' -i
+
+Watch decisions:
+  .venv/bin/kinfctl events --nats-url nats://127.0.0.1:{nats_port}
+  nats sub 'kinference.>' --server nats://127.0.0.1:{nats_port}     (with the NATS CLI)
+
+Press Ctrl-C to stop everything.
+"""
+
+
+async def amain(args: argparse.Namespace) -> int:
+    stack = Stack(Path(args.run_dir).resolve(), args.port_offset)
+    stack.prepare()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print("Starting Kinference locally (simulated GPUs)...", flush=True)
+    try:
+        starting = asyncio.create_task(stack.start(args.speed_profile, args.time_scale))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return 130
+        stopping.cancel()
+        starting.result()
+        if args.smoke:
+            result = await asyncio.to_thread(smoke_request, stack.port(8080))
+            print(json.dumps(result, indent=2), flush=True)
+            return 0 if result["status"] == 200 else 1
+        print(banner(stack), flush=True)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except TimeoutError:
+                dead = stack.exited()
+                if dead is not None:
+                    print(f"{dead.name} exited (code {dead.process.returncode}); stopping. "  # type: ignore[union-attr]
+                          f"See {dead.log}:\n{_tail(dead.log)}", file=sys.stderr)
+                    return 1
+        return 0
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    finally:
+        print("Stopping...", flush=True)
+        await stack.stop()
+        print("Stopped.", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make run", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--run-dir", default=str(REPO / ".run"), help="state, logs and statuses (default .run)")
+    p.add_argument("--port-offset", type=int, default=int(os.environ.get("KINFERENCE_PORT_OFFSET", "0")),
+                   help="add this to every port (env KINFERENCE_PORT_OFFSET)")
+    p.add_argument("--speed-profile", default="h100", help="GPU speed profile of the engine simulators")
+    p.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per real second")
+    p.add_argument("--smoke", action="store_true", help="start, send one request, stop")
+    return asyncio.run(amain(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,303 @@
+"""The router against a real nats-server, real upstream HTTP servers (small
+aiohttp stand-ins for vLLM pods and a provider, which record what they
+receive) and, where tags matter, the real classifier service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import nats
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from kinference_classifier.service import ClassifierService
+from kinference_common import subjects
+from kinference_common.compiler import compile_documents
+from kinference_common.manifests import load_paths, load_text
+from kinference_common.messages import EndpointState, encode
+from kinference_common.natsserver import NatsServer
+from kinference_policy_compiler.publisher import ConfigPublisher
+from kinference_router.app import Router, RouterSettings
+from kinference_router.tenants import Authenticator
+from kinference_router.upstream import SecretFiles
+
+REPO = Path(__file__).resolve().parents[2]
+PII_PROMPT = "Please email the contract to jane.doe@example.com and call me back."
+CLEAN_PROMPT = "Write a haiku about autumn leaves."
+
+
+@dataclass
+class Upstream:
+    """An OpenAI-compatible stand-in that records every request."""
+
+    name: str
+    api_key: str | None = None
+    status: int = 200
+    retry_after: str | None = None
+    received: list[dict[str, Any]] = field(default_factory=list)
+    server: TestServer | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.chat)
+        return app
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append({"body": body, "auth": request.headers.get("Authorization")})
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": {"message": "bad key"}}, status=401)
+        if self.status != 200:
+            headers = {"Retry-After": self.retry_after} if self.retry_after else {}
+            return web.json_response({"error": {"message": "nope"}}, status=self.status, headers=headers)
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for word in ("Hello", " from", f" {self.name}"):
+                chunk = {"choices": [{"delta": {"content": word}, "index": 0}], "model": body["model"]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(0.01)
+            usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
+            await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+            await resp.write_eof()
+            return resp
+        return web.json_response({"id": "x", "model": body["model"], "object": "chat.completion",
+                                  "choices": [{"message": {"role": "assistant", "content": f"hi from {self.name}"}}],
+                                  "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        return f"127.0.0.1:{self.server.port}"
+
+
+@dataclass
+class Env:
+    nats: NatsServer
+    nc: nats.NATS
+    pods: dict[str, Upstream]
+    provider: Upstream
+    router: Router
+    client: TestClient
+    tmp: Path
+
+    async def telemetry(self, pod: str, **signals: Any) -> None:
+        ws = "qwen-2-5-32b-spot" if pod == "qwen-spot-0" else "qwen-2-5-32b"
+        values = {"queued": 0, "running": 0, "kv_cache_usage": 0.1, "prefill_tokens_per_second": 10000.0,
+                  **signals}
+        state = EndpointState(namespace="default", worker_set=ws, pod=pod, address=self.pods[pod].address,
+                              model="qwen-2.5", ready=True, scraped_at=time.time(), **values)
+        await self.nc.publish(subjects.endpoint_subject("default", ws, pod), encode(state))
+        await self.nc.flush()
+
+    async def settle(self) -> None:
+        await asyncio.sleep(0.15)  # subjects delivered, snapshot rebuilt (every 50 ms)
+
+    async def saturate(self) -> None:
+        for pod in self.pods:
+            await self.telemetry(pod, queued=10)
+        await self.settle()
+
+    async def chat(self, content: str, **extra: Any) -> aiohttp.ClientResponse:
+        body = {"model": "qwen-2.5", "messages": [{"role": "user", "content": content}], **extra}
+        return await self.client.post("/v1/chat/completions", json=body)
+
+
+@pytest.fixture
+async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Env]:
+    pods = {p: Upstream(p) for p in ("qwen-0", "qwen-1", "qwen-spot-0")}
+    provider = Upstream("databricks", api_key="sk-test")
+    for up in (*pods.values(), provider):
+        up.server = TestServer(up.app())
+        await up.server.start_server()
+    # the example manifests, with the provider pointing at the stand-in
+    docs = []
+    for f in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
+        docs += load_text(f.read_text().replace("http://127.0.0.1:8300/v1", f"http://{provider.address}/v1"),
+                          str(f))
+    res = compile_documents(docs)
+    assert not res.errors
+    nc = await nats.connect(nats_server.url)
+    publisher = ConfigPublisher(nc)
+    await publisher.start()
+    await publisher.publish(res.pools)
+    secret = tmp_path / "secrets" / "default" / "databricks-token"
+    secret.mkdir(parents=True)
+    (secret / "token").write_text("sk-test\n")
+    router = Router(RouterSettings(), Authenticator("none"), SecretFiles(tmp_path / "secrets"), nc=nc)
+    await router.start()
+    client = TestClient(TestServer(router.data_app()))
+    await client.start_server()
+    e = Env(nats_server, nc, pods, provider, router, client, tmp_path)
+    for pod in pods:
+        await e.telemetry(pod)
+    await e.settle()
+    try:
+        yield e
+    finally:
+        await client.close()
+        await router.stop()
+        for up in (*pods.values(), provider):
+            await up.server.close()  # type: ignore[union-attr]
+        await nc.close()
+
+
+@pytest.fixture
+async def classifier(nats_server: NatsServer) -> AsyncIterator[ClassifierService]:
+    svc = ClassifierService(nats_url=nats_server.url, health_host="127.0.0.1", health_port=0)
+    await svc.start()
+    try:
+        yield svc
+    finally:
+        await svc.stop()
+
+
+def total(env: Env) -> int:
+    return sum(len(p.received) for p in env.pods.values())
+
+
+async def test_routes_locally_with_headers_and_model_renamed(env: Env, classifier: ClassifierService) -> None:
+    r = await env.chat(CLEAN_PROMPT)
+    assert r.status == 200, await r.text()
+    assert r.headers["x-kinference-backend"].startswith("Local/qwen-2-5-32b")
+    assert r.headers["x-kinference-rule"] == "local-first-then-provider-unless-pii"
+    assert len(r.headers["x-kinference-decision-id"]) == 32
+    got = next(p.received[-1] for p in env.pods.values() if p.received)
+    assert got["body"]["model"] == "Qwen/Qwen2.5-32B-Instruct"  # the worker set's servedName
+    assert got["auth"] is None  # nothing of the client's credentials goes upstream
+    assert env.provider.received == []
+
+
+async def test_streaming_passes_chunks_through(env: Env, classifier: ClassifierService) -> None:
+    r = await env.chat(CLEAN_PROMPT, stream=True)
+    assert r.status == 200
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    text = (await r.read()).decode()
+    assert text.count("data: ") == 5 and text.rstrip().endswith("data: [DONE]")
+
+
+async def test_bursts_only_clean_traffic_when_local_is_saturated(env: Env, classifier: ClassifierService) -> None:
+    await env.saturate()
+    r = await env.chat(CLEAN_PROMPT)
+    assert r.status == 200, await r.text()
+    assert r.headers["x-kinference-backend"] == "Provider/databricks"
+    assert env.provider.received[-1]["body"]["model"] == "databricks-qwen25-32b"
+    assert env.provider.received[-1]["auth"] == "Bearer sk-test"  # injected from the secret file
+    before = len(env.provider.received)
+    r = await env.chat(PII_PROMPT)
+    assert r.status == 503
+    err = await r.json()
+    assert err["error"]["code"] == "no_capacity" and r.headers["Retry-After"]
+    assert len(env.provider.received) == before  # PII never reached the provider
+
+
+async def test_classifier_down_keeps_everything_local(env: Env) -> None:
+    # no classifier service: pii fails to pii-unknown, which the policy keeps local
+    await env.saturate()
+    for prompt in (CLEAN_PROMPT, PII_PROMPT):
+        r = await env.chat(prompt)
+        assert r.status == 503
+    assert env.provider.received == []
+    await asyncio.gather(*(env.telemetry(p) for p in env.pods))
+    await env.settle()
+    r = await env.chat(CLEAN_PROMPT)
+    assert r.status == 200 and r.headers["x-kinference-backend"].startswith("Local/")
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"not json", 400, "bad_request"),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', 400, "bad_request"),
+        (b'{"model": 3, "messages": []}', 400, "bad_request"),
+        (b'{"model": "llama-9", "messages": [{"role": "user", "content": "x"}]}', 404, "model_not_found"),
+    ],
+)
+async def test_bad_requests_get_documented_4xx(env: Env, body: bytes, status: int, code: str) -> None:
+    r = await env.client.post("/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    assert r.status == status
+    err = (await r.json())["error"]
+    assert err["code"] == code and err["decision_id"] and err["message"]
+
+
+async def test_payload_too_large(env: Env) -> None:
+    r = await env.client.post("/v1/chat/completions", data=b"x" * (5 * 1024 * 1024),
+                              headers={"Content-Type": "application/json"})
+    assert r.status == 413 and (await r.json())["error"]["code"] == "payload_too_large"
+
+
+async def test_api_key_mode(env: Env, tmp_path: Path) -> None:
+    keys = tmp_path / "tenants.yaml"
+    keys.write_text("tenants:\n  - name: alice\n    apiKeys: [sk-alice]\n")
+    env.router.auth = Authenticator.from_file("apiKey", keys)
+    r = await env.chat(CLEAN_PROMPT)
+    assert r.status == 401 and (await r.json())["error"]["code"] == "unauthorized"
+    r = await env.client.post("/v1/chat/completions", headers={"Authorization": "Bearer sk-wrong"},
+                              json={"model": "qwen-2.5", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status == 401
+    assert total(env) == 0  # rejected before any other work
+
+
+async def test_connect_failure_tries_the_next_endpoint_then_ejects(env: Env, classifier: ClassifierService) -> None:
+    dead = env.pods["qwen-0"]
+    await dead.server.close()  # type: ignore[union-attr]
+    # make the dead pod the best candidate so it is tried first
+    await env.telemetry("qwen-1", queued=3)
+    await env.telemetry("qwen-spot-0", queued=3)
+    await env.settle()
+    for _ in range(4):
+        r = await env.chat(CLEAN_PROMPT)
+        assert r.status == 200  # answered by a live pod after the refused connection
+    assert len(env.pods["qwen-1"].received) + len(env.pods["qwen-spot-0"].received) == 4
+    # three refused connections in a row eject the endpoint (with backoff)
+    assert "default/qwen-2-5-32b/qwen-0" in env.router.health.excluded()
+
+
+async def test_provider_429_starts_a_cooldown(env: Env, classifier: ClassifierService) -> None:
+    await env.saturate()
+    env.provider.status, env.provider.retry_after = 429, "30"
+    r = await env.chat(CLEAN_PROMPT)
+    assert r.status == 429 and (await r.json())["error"]["code"] == "rate_limited"
+    env.provider.status = 200
+    sent = len(env.provider.received)
+    await env.settle()
+    r = await env.chat(CLEAN_PROMPT)
+    assert r.status == 503  # the provider is cooling down and local is saturated
+    assert len(env.provider.received) == sent
+
+
+async def test_keeps_serving_when_nats_goes_away(env: Env) -> None:
+    env.nats.kill()
+    await asyncio.sleep(0.2)
+    for _ in range(3):
+        r = await env.chat(CLEAN_PROMPT)
+        assert r.status == 200  # classifier unreachable: pii-unknown, local only
+        assert r.headers["x-kinference-backend"].startswith("Local/")
+
+
+async def test_models_readyz_and_decision_events(env: Env, classifier: ClassifierService) -> None:
+    r = await env.client.get("/v1/models")
+    models = (await r.json())["data"]
+    assert [m["id"] for m in models] == ["qwen-2.5"]
+    assert (await env.client.get("/readyz")).status == 200
+    events: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_msg(msg: Any) -> None:
+        await events.put(msg.data)
+
+    await env.nc.subscribe(subjects.decisions_subject("default", "inference-all"), cb=on_msg)
+    await env.nc.flush()
+    r = await env.chat(CLEAN_PROMPT)
+    event = json.loads(await asyncio.wait_for(events.get(), 5))
+    assert event["decision_id"] == r.headers["x-kinference-decision-id"]
+    assert event["outcome"]["type"] == "Routed" and "pii-none" in event["tags"]
+    assert event["classifiers"][0]["name"] == "pii"

@@ -1,0 +1,101 @@
+"""``kinfctl events [--pool NS/NAME]``: follow decision events on NATS, one
+line each (``-o json`` for the raw events, one JSON object per line).
+
+A line reads: time, decision id, pool, tenant, model (``requested->sent``),
+rule, outcome (the backend and endpoint it was routed to, or the rejection
+code), tags, and the decision's own time in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from typing import Any
+
+import msgspec
+
+from kinference_common import subjects
+from kinference_common.engine.trace import DecisionTrace
+from kinfctl.main import EXIT_OK, CommandError
+
+_decoder = msgspec.json.Decoder(DecisionTrace)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("events", help="follow routing decisions as they happen (NATS)",
+                       description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
+    p.add_argument("--pool", metavar="NS/NAME", help="only this pool (default: every pool)")
+    p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.add_argument("--count", type=int, default=0, metavar="N", help="exit after N events (default: follow)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for NATS to answer (default 5)")
+    p.set_defaults(run=run)
+
+
+def format_line(trace: DecisionTrace, now: float | None = None) -> str:
+    clock = time.strftime("%H:%M:%S", time.localtime(now or time.time()))
+    o = trace.outcome
+    sent = o.model if o.model and o.model != trace.model.requested else None
+    model = trace.model.requested + (f"->{sent}" if sent else "")
+    if o.type == "Routed":
+        where = f"{o.backend}" + (f" {o.endpoint}" if o.endpoint else "")
+    else:
+        where = f"Rejected {o.code or ''}".rstrip()
+    rule = o.rule or "unmatched"
+    tags = ",".join(trace.tags) or "-"
+    return (f"{clock} {trace.decision_id[:12]} {trace.pool} tenant={trace.tenant} model={model} "
+            f"rule={rule} {where} tags={tags} {trace.decide_us:.0f}us")
+
+
+async def follow(args: argparse.Namespace) -> int:
+    import nats
+
+    subject = (subjects.decisions_subject(*args.pool.split("/", 1)) if args.pool
+               else f"{subjects.DECISIONS_PREFIX}.>")
+    try:
+        # fail fast if NATS is not there at all ...
+        nc = await nats.connect(args.nats_url, connect_timeout=args.timeout, max_reconnect_attempts=1,
+                                reconnect_time_wait=0.2, error_cb=_quiet)
+    except Exception as exc:
+        raise CommandError(f"cannot reach NATS at {args.nats_url}: {exc or type(exc).__name__}") from None
+    # ... but once following, ride out NATS restarts
+    nc.options["max_reconnect_attempts"] = -1
+    done = asyncio.Event()
+    seen = 0
+
+    async def on_msg(msg: Any) -> None:
+        nonlocal seen
+        if args.output == "json":
+            sys.stdout.write(msg.data.decode(errors="replace") + "\n")
+        else:
+            try:
+                sys.stdout.write(format_line(_decoder.decode(msg.data)) + "\n")
+            except msgspec.DecodeError:
+                sys.stdout.write(f"(unreadable event on {msg.subject})\n")
+        sys.stdout.flush()
+        seen += 1
+        if args.count and seen >= args.count:
+            done.set()
+
+    await nc.subscribe(subject, cb=on_msg)
+    await nc.flush()
+    print(f"following {subject} on {args.nats_url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, done.set)
+    await done.wait()
+    await nc.close()
+    return EXIT_OK
+
+
+async def _quiet(_: Exception) -> None:
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pool and "/" not in args.pool:
+        raise CommandError("--pool must be NAMESPACE/NAME")
+    return asyncio.run(follow(args))
