@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 
 import structlog
+
+from kinference_common import logs
 
 from .derive import DeriveConfig
 from .discovery import StaticDiscovery
@@ -50,29 +51,13 @@ def parser() -> argparse.ArgumentParser:
                    help="decay time constant of providers' EstimatedTTFT, seconds (default 60)")
     p.add_argument("--http-host", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=9090, help="/metrics and /healthz; 0 = off (default 9090)")
-    p.add_argument("--log-format", choices=("json", "console"), default="json")
-    p.add_argument("--log-level", default="info")
+    logs.add_arguments(p)
     return p
-
-
-def configure_logging(fmt: str, level: str) -> None:
-    renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer()
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    configure_logging(args.log_format, args.log_level)
+    logs.configure(args.log_level, args.log_format)
     if not args.endpoints_file and not args.dcgm:
         structlog.get_logger("kinference.collector").warning("no_targets",
                                                              hint="pass --endpoints-file and/or --dcgm")
