@@ -129,8 +129,9 @@ def test_get_prints_the_seeds_printer_columns(good: Path) -> None:
     assert p.stdout.splitlines()[0].split() == ["NAME", "MODEL", "READY", "AGE"]
 
 
-def test_get_without_f_says_what_to_do() -> None:
-    p = kinfctl("get", "pools")
+def test_get_without_f_or_cluster_says_what_to_do(tmp_path: Path) -> None:
+    p = subprocess.run([*KINFCTL, "get", "pools"], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert p.returncode == 1 and "-f MANIFESTS" in p.stderr and "Traceback" not in p.stderr
 
 

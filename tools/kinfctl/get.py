@@ -1,28 +1,35 @@
-"""``kinfctl get pools|policies|workersets|providers -f MANIFESTS``: list
-resources with the printer columns of the seeds (kubectl's layout).
+"""``kinfctl get pools|policies|workersets|providers``: list resources with
+the printer columns of the seeds (kubectl's layout).
 
-With ``-f`` the statuses are computed offline by the compiler, exactly as the
-controllers would write them. Reading a live cluster needs the Kubernetes
-integration, which is not built yet: without ``-f`` the command says so.
+With ``-f MANIFESTS`` the statuses are computed offline by the compiler,
+exactly as the controllers would write them. Without ``-f`` the objects and
+their statuses are read from the cluster of the current kubeconfig context
+(``--kubeconfig``, ``--context``; in a pod, the service account), as
+``kubectl get`` would show them: a column whose status field was never
+written stays blank (seed 000: "RULES blank").
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
 from typing import Any
 
 import msgspec
 
-from kinference_common.compiler import CompileResult, compile_documents
+from kinference_common import API_GROUP, API_VERSION
+from kinference_common.compiler import compile_documents
 from kinfctl.lint import read_inputs
 from kinfctl.main import EXIT_INVALID, EXIT_OK, CommandError
 from kinfctl.output import age, print_json, table
 
+#: resource -> (kind, plural)
 RESOURCES = {
-    "policies": "InferencePolicy",
-    "pools": "InferencePool",
-    "workersets": "InferenceWorkerSet",
-    "providers": "InferenceProvider",
+    "policies": ("InferencePolicy", "inferencepolicies"),
+    "pools": ("InferencePool", "inferencepools"),
+    "workersets": ("InferenceWorkerSet", "inferenceworkersets"),
+    "providers": ("InferenceProvider", "inferenceproviders"),
 }
 ALIASES = {
     **{a: "policies" for a in ("policy", "policies", "infpol", "infpols", "inferencepolicy", "inferencepolicies")},
@@ -31,18 +38,23 @@ ALIASES = {
     **{a: "providers" for a in ("provider", "providers", "infprov", "inferenceprovider", "inferenceproviders")},
 }
 
+Item = tuple[dict[str, Any], dict[str, Any]]  # (object, status)
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "get",
         help="list pools, policies, worker sets or providers with their printer columns",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("resource", help="pools|policies|workersets|providers (or kubectl short names)")
     p.add_argument("-f", "--filename", action="append", metavar="FILE|DIR", help="read manifests offline")
-    p.add_argument("-n", "--namespace", help="only this namespace")
-    p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace (the default with -f)")
+    p.add_argument("-n", "--namespace", help="only this namespace (cluster default: the context's)")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(run=run)
 
 
@@ -50,73 +62,112 @@ def run(args: argparse.Namespace) -> int:
     resource = ALIASES.get(args.resource.lower())
     if resource is None:
         raise CommandError(f"unknown resource {args.resource!r}; use pools, policies, workersets or providers")
-    if not args.filename:
-        raise CommandError(
-            "reading a live cluster is not available in this build; pass -f MANIFESTS to read manifests offline"
-        )
+    code = EXIT_OK
+    if args.filename:
+        items, code = _offline(args, resource)
+    else:
+        items = asyncio.run(_from_cluster(args, resource))
+    if args.namespace:
+        items = [i for i in items if _ns(i[0]) == args.namespace]
+    items.sort(key=lambda i: (_ns(i[0]), i[0].get("metadata", {}).get("name", "")))
+    if args.output == "json":
+        print_json([{**obj, **({"status": st} if st else {})} for obj, st in items])
+        return code
+    if not items:
+        where = f" in {args.namespace} namespace" if args.namespace else ""
+        print(f"No resources found{where}.")
+        return code
+    headers, rows = columns(resource, items)
+    if len({_ns(o) for o, _ in items}) > 1 or args.all_namespaces:
+        headers = ["NAMESPACE", *headers]
+        rows = [[_ns(o), *row] for (o, _), row in zip(items, rows, strict=True)]
+    table(headers, rows)
+    return code
+
+
+def _ns(obj: dict[str, Any]) -> str:
+    return str(obj.get("metadata", {}).get("namespace") or "default")
+
+
+def _offline(args: argparse.Namespace, resource: str) -> tuple[list[Item], int]:
     res = compile_documents(read_inputs(args.filename))
     for e in res.errors:
-        print(f"kinfctl: error: {e}", file=__import__("sys").stderr)
-    items = sorted(res.objects[RESOURCES[resource]].items())
-    if args.namespace:
-        items = [(k, v) for k, v in items if k[0] == args.namespace]
-    show_ns = not args.namespace and len({k[0] for k, _ in items}) > 1
-    if args.output == "json":
-        print_json([_object_json(res, resource, k, lo) for k, lo in items])
-    else:
-        headers, rows = _rows(res, resource, items)
-        if show_ns:
-            headers = ["NAMESPACE", *headers]
-            rows = [[k[0], *row] for (k, _), row in zip(items, rows, strict=True)]
-        if rows:
-            table(headers, rows)
-        else:
-            print("No resources found" + (f" in {args.namespace} namespace." if args.namespace else "."))
-    return EXIT_INVALID if res.errors else EXIT_OK
+        print(f"kinfctl: error: {e}", file=sys.stderr)
+    kind = RESOURCES[resource][0]
+    statuses = {"policies": res.policy_status, "pools": res.pool_status, "providers": res.provider_status}
+    items = []
+    for key, lo in res.objects[kind].items():
+        st = statuses.get(resource, {}).get(key)
+        items.append((dict(lo.raw), msgspec.to_builtins(st) if st is not None else dict(lo.raw.get("status") or {})))
+    return items, EXIT_INVALID if res.errors else EXIT_OK
 
 
-def _status(res: CompileResult, resource: str, key: tuple[str, str]) -> Any:
-    return {
-        "policies": res.policy_status,
-        "pools": res.pool_status,
-        "providers": res.provider_status,
-    }.get(resource, {}).get(key)
+async def _from_cluster(args: argparse.Namespace, resource: str) -> list[Item]:
+    from kubernetes_asyncio import client, config
+    from kubernetes_asyncio.client.exceptions import ApiException
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    try:
+        try:
+            await config.load_kube_config(config_file=args.kubeconfig, context=args.context)
+            _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
+            default_ns = (active.get("context") or {}).get("namespace") or "default"
+        except (ConfigException, FileNotFoundError, TypeError):
+            if args.kubeconfig:
+                raise
+            config.load_incluster_config()
+            default_ns = "default"
+    except (ConfigException, FileNotFoundError, TypeError) as exc:
+        raise CommandError(f"no cluster to read ({exc}); pass -f MANIFESTS to read manifests offline") from None
+    plural = RESOURCES[resource][1]
+    async with client.ApiClient() as api:
+        objects = client.CustomObjectsApi(api)
+        try:
+            if args.all_namespaces:
+                listed = await objects.list_cluster_custom_object(API_GROUP, API_VERSION, plural)
+            else:
+                ns = args.namespace or default_ns
+                listed = await objects.list_namespaced_custom_object(API_GROUP, API_VERSION, ns, plural)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise CommandError(f"the cluster does not serve {plural}.{API_GROUP}: install the CRDs "
+                                   "(kubectl apply -f deploy/k8s/crds)") from None
+            raise CommandError(f"the cluster refused to list {plural}: {exc.status} {exc.reason}") from None
+        except Exception as exc:  # connection refused, TLS, DNS
+            raise CommandError(f"cannot reach the cluster: {exc}") from None
+    return [(item, item.get("status") or {}) for item in listed.get("items", [])]
 
 
-def _object_json(res: CompileResult, resource: str, key: tuple[str, str], lo: Any) -> dict[str, Any]:
-    obj = dict(lo.raw)
-    status = _status(res, resource, key)
-    if status is not None:
-        obj["status"] = msgspec.to_builtins(status)
-    return obj
+def _cell(value: Any) -> str:
+    return "" if value is None else str(value)
 
 
-def _rows(res: CompileResult, resource: str, items: list[Any]) -> tuple[list[str], list[list[str]]]:
+def columns(resource: str, items: list[Item]) -> tuple[list[str], list[list[str]]]:
+    """The printer columns of the CRDs (deploy/k8s/crds), from object and status."""
     rows: list[list[str]] = []
-    if resource == "policies":
-        for key, lo in items:
-            st = res.policy_status[key]
-            rows.append([key[1], str(st.rule_count), st.state, lo.obj.spec.unmatched,
-                         age(lo.obj.metadata.creation_timestamp)])
-        return ["NAME", "RULES", "STATE", "UNMATCHED", "AGE"], rows
-    if resource == "pools":
-        for key, lo in items:
-            st = res.pool_status[key]
-            ref = lo.obj.spec.policy_ref
+    for obj, st in items:
+        meta, spec = obj.get("metadata", {}), obj.get("spec") or {}
+        name, created = meta.get("name", ""), age(meta.get("creationTimestamp"))
+        if resource == "policies":
+            rows.append([name, _cell(st.get("ruleCount")), _cell(st.get("state")),
+                         spec.get("unmatched", "ServeLocal"), created])
+        elif resource == "pools":
+            ref = spec.get("policyRef")
             if isinstance(ref, list):
                 ref = ref[0] if ref else None
-            rows.append([key[1], ref.name if ref else "", str(st.destination_count), st.state,
-                         age(lo.obj.metadata.creation_timestamp)])
-        return ["NAME", "POLICY", "DESTINATIONS", "STATE", "AGE"], rows
-    if resource == "workersets":
-        for key, lo in items:
-            ready = (lo.raw.get("status") or {}).get("readyEndpoints")
-            rows.append([key[1], lo.obj.spec.model.name, "<unknown>" if ready is None else str(ready),
-                         age(lo.obj.metadata.creation_timestamp)])
-        return ["NAME", "MODEL", "READY", "AGE"], rows
-    for key, lo in items:
-        st = res.provider_status[key]
-        ready = next((c.status for c in st.conditions if c.type == "Ready"), "Unknown")
-        models = ",".join(m.name for m in (lo.obj.spec.models or []))
-        rows.append([key[1], lo.obj.spec.url or "", models, ready, age(lo.obj.metadata.creation_timestamp)])
-    return ["NAME", "URL", "MODELS", "READY", "AGE"], rows
+            policy = ref.get("name", "") if isinstance(ref, dict) else ""
+            rows.append([name, policy, _cell(st.get("destinationCount")), _cell(st.get("state")), created])
+        elif resource == "workersets":
+            model = (spec.get("model") or {}).get("name", "")
+            rows.append([name, model, _cell(st.get("readyEndpoints")), created])
+        else:
+            ready = next((c.get("status") for c in st.get("conditions", []) if c.get("type") == "Ready"), None)
+            models = ",".join(m.get("name", "") for m in spec.get("models") or [] if isinstance(m, dict))
+            rows.append([name, spec.get("url", ""), models, _cell(ready), created])
+    headers = {
+        "policies": ["NAME", "RULES", "STATE", "UNMATCHED", "AGE"],
+        "pools": ["NAME", "POLICY", "DESTINATIONS", "STATE", "AGE"],
+        "workersets": ["NAME", "MODEL", "READY", "AGE"],
+        "providers": ["NAME", "URL", "MODELS", "READY", "AGE"],
+    }[resource]
+    return headers, rows
