@@ -27,6 +27,7 @@ import aiohttp
 import msgspec
 import nats
 import structlog
+import yarl
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -127,6 +128,27 @@ class Router:
                                      stale_after=self.settings.stale_after, ejected=self.health.excluded)
         self.events = EventPublisher(self.nc, self.metrics.dropped_events)
         self.session: aiohttp.ClientSession | None = None
+        #: per-request constants built once: client timeouts by (connect,
+        #: first byte), parsed upstream URLs (bounded by the endpoints seen)
+        self._timeouts: dict[tuple[float, float], aiohttp.ClientTimeout] = {}
+        self._urls: dict[str, yarl.URL] = {}
+
+    def _timeout(self, connect: float, first_byte: float) -> aiohttp.ClientTimeout:
+        t = self._timeouts.get((connect, first_byte))
+        if t is None:
+            if len(self._timeouts) > 256:
+                self._timeouts.clear()
+            t = self._timeouts[(connect, first_byte)] = aiohttp.ClientTimeout(
+                total=None, sock_connect=connect, sock_read=first_byte)
+        return t
+
+    def _url(self, url: str) -> yarl.URL:
+        u = self._urls.get(url)
+        if u is None:
+            if len(self._urls) > 4096:
+                self._urls.clear()
+            u = self._urls[url] = yarl.URL(url)
+        return u
 
     # ------------------------------------------------------------ lifecycle
 
@@ -135,6 +157,9 @@ class Router:
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=None),
             auto_decompress=False,
+            # a proxy keeps no upstream cookies (they would cross tenants), and
+            # skipping the jar saves its work on every request
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         self.events.start()
         if self.nc is not None:
@@ -250,8 +275,7 @@ class Router:
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
         decision_id = uuid.uuid4().hex
         pool_label = f"{self.settings.namespace}/{self.settings.pool}"
-        bound = structlog.contextvars.bound_contextvars(decision_id=decision_id)
-        bound.__enter__()
+        bound = structlog.contextvars.bind_contextvars(decision_id=decision_id)
         try:
             tenant = self.auth.tenant(request.headers)
             if tenant is None:
@@ -270,11 +294,11 @@ class Router:
             self.metrics.requests.labels(pool_label, "", err.code, "").inc()
             return error_response(err, decision_id)
         finally:
-            bound.__exit__(None, None, None)
+            structlog.contextvars.reset_contextvars(**bound)
 
-    def _decide(self, req: Request, snap: Snapshot) -> Decision:
+    def _decide(self, req: Request, snap: Snapshot, avoid: set[str]) -> Decision:
         started = time.perf_counter()
-        d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=self.rng)
+        d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=self.rng, avoid=avoid)
         self.metrics.decision.observe(time.perf_counter() - started)
         return d
 
@@ -290,11 +314,11 @@ class Router:
                      traces: list[ClassifierTrace], pool_label: str) -> web.StreamResponse:
         tried: set[str] = set()
         for attempt in range(self.settings.max_attempts):
-            # after a refused connection, decide again without what failed
-            snap = self.keeper.snapshot_excluding(tried) if attempt else self.keeper.snapshot
+            snap = self.keeper.snapshot
             if snap is None:
                 break
-            d = self._decide(req, snap)
+            # after a refused connection, decide again without what failed
+            d = self._decide(req, snap, tried)
             self._publish_decision(d, decision_id, traces)
             rule = d.rule or ""
             if not d.routed:
@@ -340,7 +364,8 @@ class Router:
         data = body.encode(cand.served_name)
         route_headers = {"x-kinference-decision-id": decision_id, "x-kinference-rule": d.rule or "unmatched",
                          "x-kinference-backend": cand.backend}
-        send = self.ledger.sent(cand.ledger_key, req.prompt_tokens or 0, time.time())
+        # the prefill work this adds: the prompt minus what the endpoint likely has cached
+        send = self.ledger.sent(cand.ledger_key, d.prefill_tokens, time.time())
         if req.block_hashes and cand.is_local:
             self.prefix.record(cand.ledger_key, req.block_hashes)
         backend_type = cand.type
@@ -352,9 +377,9 @@ class Router:
         started = time.perf_counter()
         outcome = "error"
         try:
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=first_byte)
+            timeout = self._timeout(connect_timeout, first_byte)
             try:
-                upstream = await self.session.post(url, data=data, headers=headers, timeout=timeout)
+                upstream = await self.session.post(self._url(url), data=data, headers=headers, timeout=timeout)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 # nothing was sent: count it against the endpoint, let the caller try the next
                 if self.health.connect_failed(cand.ledger_key):

@@ -87,16 +87,6 @@ class SnapshotKeeper:
     def mark_dirty(self) -> None:
         self._dirty = True
 
-    def snapshot_excluding(self, keys: set[str]) -> Snapshot | None:
-        """A one-off snapshot without ``keys`` (candidates this request already
-        failed to reach); the shared snapshot is left alone."""
-        if self.pool is None:
-            return None
-        return Snapshot(
-            self.pool, self.endpoints.values(), self.providers.values(), now=self.clock(),
-            stale_after=self.stale_after, ejected=frozenset(self.ejected() | keys),
-        )
-
     def rebuild(self) -> None:
         self._dirty = False
         self._built_at = time.monotonic()

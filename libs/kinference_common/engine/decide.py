@@ -1,0 +1,457 @@
+"""The decision: ``(snapshot, request) -> Decision``, pure and synchronous.
+
+Evaluation (POLICY.md section 3)::
+
+    model not served by any destination          -> Rejected, model_not_found
+    rules are tried in order
+      a rule applies if its ``matches`` hold (shadowed rules never do)
+        candidates = consider - built-ins (notReady, ejected, contextTooSmall)
+        candidates -= every exclusion whose ``if`` holds and whose ``drop`` matches
+        walk ``select`` tiers in order: the first tier with any candidate picks
+        nothing picked -> onEmpty: Reject stops here; FallThrough tries the next rule
+    no rule picked and none rejected -> ``unmatched`` (ServeLocal: the requested
+    model, Local only, by PredictedTTFT; Reject: rejected)
+
+Picking within a tier (one small function each, :func:`_rank`, then the
+tie-breakers of :data:`TIE_BREAKERS`): rank by ``minimize`` (unknown values
+last) or by ``order``, or not at all; among the candidates that rank equal,
+apply ``tieBreak`` in order; the first remaining in stable order wins.
+``minimize: PredictedTTFT`` has a fast path (:func:`_rank_predicted_ttft`)
+that gives the same values from the snapshot's per-endpoint precomputation.
+
+Filters run on precomputed sets where they can (see :mod:`.snapshot`): a
+``drop`` on static signals is a set lookup; one on ``queuedPrompts`` or
+``inFlight`` is a set lookup corrected for the endpoints this router has
+requests open to (:func:`_ledger_adjusted`); one on ``predictedTTFT`` is
+evaluated per candidate.
+
+Rejection code (INTERFACES.md): ``no_capacity`` when, in any rule tried, an
+exclusion on a live signal removed at least one candidate, or a built-in
+(``notReady``, ``ejected``) did - more capacity could change the outcome;
+otherwise ``policy_rejected``. ``unmatched: ServeLocal`` finding nothing is
+``no_capacity`` when a worker set serves the model (its endpoints are all
+down or scaled to zero), ``policy_rejected`` when only providers do.
+
+The decision only *records* what it did (lists it already built); the trace
+(:mod:`.trace`) is rendered from that record on demand, so the hot path pays
+nothing for explainability it does not use.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+from .candidates import Candidate
+from .ledger import InFlightLedger
+from .prefix import PrefixIndex
+from .request import Request
+from .signals import DecisionContext
+from .snapshot import ExclusionRuntime, RuleRuntime, Snapshot, TierRuntime
+from .ttft import uncached_tokens
+
+_EMPTY_LOADS: dict = {}
+_INF = float("inf")
+
+
+class TierStep:
+    """What one tier saw: the candidates it kept, what it picked and why."""
+
+    __slots__ = ("tier", "kept", "picked", "value", "tied", "tie_breaks")
+
+    def __init__(self, tier: TierRuntime, kept: list[Candidate], picked: Candidate | None,
+                 value: object = None, tied: int = 0, tie_breaks: tuple[str, ...] = ()) -> None:
+        self.tier = tier
+        self.kept = kept
+        self.picked = picked
+        #: the winning ``minimize`` value or ``order`` rank
+        self.value = value
+        #: how many candidates ranked equal before tie-breaking
+        self.tied = tied
+        self.tie_breaks = tie_breaks
+
+
+class RuleStep:
+    """What one rule did (or that it did not match)."""
+
+    __slots__ = ("rule", "matched", "candidates", "builtin", "too_small", "avoided", "exclusions", "tiers",
+                 "outcome")
+
+    def __init__(self, rule: RuleRuntime, matched: bool) -> None:
+        self.rule = rule
+        self.matched = matched
+        self.candidates: list[Candidate] = []
+        #: consider'ed candidates removed by notReady / ejected
+        self.builtin: list[Candidate] = []
+        self.too_small: list[Candidate] = []
+        #: removed because the caller asked to avoid them (a retry after a failure)
+        self.avoided: list[Candidate] = []
+        #: (exclusion, applies, before, after)
+        self.exclusions: list[tuple] = []
+        self.tiers: list[TierStep] = []
+        #: NotMatched | Shadowed | Routed | Rejected | FallThrough
+        self.outcome = "NotMatched"
+
+
+class Decision:
+    """The result: a pick (``routed``) or a rejection, and how it was reached."""
+
+    __slots__ = ("routed", "candidate", "rule", "reason", "code", "canonical_model",
+                 "steps", "decide_us", "request", "snapshot", "context")
+
+    def __init__(self) -> None:
+        self.routed = False
+        self.candidate: Candidate | None = None
+        #: the rule that decided (``unmatched`` for the default), None for model_not_found
+        self.rule: str | None = None
+        self.reason = ""
+        #: error code of a rejection: policy_rejected | no_capacity | model_not_found
+        self.code: str | None = None
+        self.canonical_model = ""
+        #: rules tried, in order: a RuleStep, or the bare RuleRuntime of a rule
+        #: whose ``matches`` did not hold (cheaper than a RuleStep per rule)
+        self.steps: list[RuleStep | RuleRuntime] = []
+        self.decide_us = 0.0
+
+    @property
+    def type(self) -> str:
+        return "Routed" if self.routed else "Rejected"
+
+    @property
+    def backend(self) -> str | None:
+        """``Local/<workerset>`` or ``Provider/<name>``."""
+        return self.candidate.backend if self.candidate else None
+
+    @property
+    def endpoint(self) -> str | None:
+        return self.candidate.endpoint if self.candidate else None
+
+    @property
+    def model(self) -> str | None:
+        """The model name to send upstream: what the picked destination serves
+        (worker set ``servedName``, provider ``upstreamName``)."""
+        return self.candidate.served_name if self.candidate else None
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens the pick must prefill (the prompt less what the prefix
+        index says it holds): what to pass to ``InFlightLedger.sent`` so the
+        next decisions see the work queued ahead of them."""
+        c = self.candidate
+        ctx = self.context
+        if c is None:
+            return 0
+        if not c.is_local:
+            return ctx.prompt_tokens
+        if ctx.block_hashes:
+            u = uncached_tokens(ctx.prompt_tokens, ctx.matched_blocks(c), len(ctx.block_hashes), None)
+        else:
+            u = uncached_tokens(ctx.prompt_tokens, 0, 0, c.hit_rate)
+        return round(u)
+
+    @property
+    def http_status(self) -> int:
+        return {None: 200, "policy_rejected": 403, "model_not_found": 404, "no_capacity": 503}[self.code]
+
+    def trace(self, **kwargs):  # noqa: ANN003, ANN201 - see trace.build_trace
+        from .trace import build_trace
+
+        return build_trace(self, **kwargs)
+
+    def __repr__(self) -> str:
+        if self.routed:
+            return f"Decision(Routed {self.candidate} model={self.model} rule={self.rule})"
+        return f"Decision(Rejected {self.code} rule={self.rule}: {self.reason})"
+
+
+# ----------------------------------------------------------------- pickers
+
+
+def _least_in_flight(tied: list[Candidate], ctx: DecisionContext, rng: random.Random) -> list[Candidate]:
+    loads = [ctx.in_flight(c) for c in tied]
+    low = min(loads)
+    return [c for c, n in zip(tied, loads) if n == low]
+
+
+def _prefix_affinity(tied: list[Candidate], ctx: DecisionContext, rng: random.Random) -> list[Candidate]:
+    blocks = [ctx.matched_blocks(c) for c in tied]
+    high = max(blocks)
+    return [c for c, n in zip(tied, blocks) if n == high]
+
+
+def _random(tied: list[Candidate], ctx: DecisionContext, rng: random.Random) -> list[Candidate]:
+    return [tied[rng.randrange(len(tied))]]
+
+
+#: ``tieBreak`` value -> narrows candidates that rank equal (never to none)
+TIE_BREAKERS: dict[str, Callable[[list[Candidate], DecisionContext, random.Random], list[Candidate]]] = {
+    "LeastInFlight": _least_in_flight,
+    "PrefixAffinity": _prefix_affinity,
+    "Random": _random,
+}
+
+
+def _rank(tier: TierRuntime, kept: list[Candidate], ctx: DecisionContext) -> tuple[list[Candidate], object]:
+    """The candidates that rank best in the tier (several when equal), and the value."""
+    get = tier.minimize_get
+    if get is not None:
+        best = None
+        tied: list[Candidate] = []
+        for c in kept:
+            v = get(c, ctx)
+            if v is None:
+                continue
+            if best is None or v < best:
+                best, tied = v, [c]
+            elif v == best:
+                tied.append(c)
+        return (tied, best) if tied else (kept, None)  # all unknown: all equal, last is first
+    rank = tier.order_rank
+    if rank is not None:
+        low = min(rank[c.dest_name] for c in kept)
+        return [c for c in kept if rank[c.dest_name] == low], low
+    return kept, None
+
+
+# ------------------------------------------------------------------ rules
+
+
+def _ledger_adjusted(ex: ExclusionRuntime, snapshot: Snapshot, ctx: DecisionContext) -> frozenset[int] | set[int]:
+    """A ledger-reading ``drop``: its idle-ledger result, re-evaluated only for
+    the candidates this router has requests open to (usually few)."""
+    loads = ctx.loads
+    if not loads:
+        return ex.dropped
+    dropped = set(ex.dropped)
+    drop = ex.drop
+    by_key = snapshot.by_key
+    for key in loads:
+        for c in by_key.get(key, ()):
+            if drop(c, ctx):
+                dropped.add(c.index)
+            else:
+                dropped.discard(c.index)
+    return dropped
+
+
+def _rank_predicted_ttft(
+    snapshot: Snapshot, kept: list[Candidate], ctx: DecisionContext
+) -> tuple[list[Candidate], float]:
+    """``minimize: PredictedTTFT`` over Local candidates, fast: the
+    precomputed per-endpoint line (:meth:`Snapshot._ttft_arrays`) for every
+    endpoint, the exact model only for those with requests in flight or a
+    prefix match. Same values as :meth:`DecisionContext.predicted_ttft`."""
+    P = ctx.prompt_tokens
+    A, PT, H, IT, F = snapshot.ttft_a, snapshot.ttft_pt, snapshot.ttft_h, snapshot.ttft_it, snapshot.ttft_f
+    idxs = [c.index for c in kept]
+    hashes = ctx.block_hashes
+    loads = ctx.loads
+    if hashes:
+        vals = [A[i] + PT[i] * P + ((P - H[i]) * IT[i] if P > H[i] else 0.0) for i in idxs]
+        matches = ctx.matches()
+        special = matches.keys() | loads.keys() if loads else matches.keys()
+    else:
+        vals = [A[i] + PT[i] * (u := P * F[i]) + ((u - H[i]) * IT[i] if u > H[i] else 0.0) for i in idxs]
+        matches = {}
+        special = loads.keys()
+    if special:
+        # endpoints with a prefix match or requests in flight: the same line,
+        # moved by their own uncached tokens and queue (DecisionContext.predicted_ttft)
+        cal = snapshot.ttft_model.calibration
+        total = len(hashes)
+        positions = dict(zip(idxs, range(len(idxs))))
+        by_key = snapshot.by_key
+        cache = ctx.ttft
+        for key in special:
+            for c in by_key.get(key, ()):
+                j = positions.get(c.index)
+                if j is None:
+                    continue
+                i = c.index
+                if hashes:
+                    m = matches.get(key, 0)
+                    u = P * (1.0 - min(m, total) / total) if m > 0 else float(P)
+                else:
+                    u = P * F[i]
+                load = loads.get(key)
+                if load is None:
+                    a, h = A[i], H[i]
+                else:
+                    q = ctx.queue_tokens(c)
+                    a = cal * (c.t0 + q * c.per_token)
+                    h = c.kv_free - q if c.kv_free is not None else _INF
+                v = a + PT[i] * u + ((u - h) * IT[i] if u > h else 0.0)
+                vals[j] = v
+                cache[i] = v
+    best = min(vals)
+    if vals.count(best) == 1:
+        return [kept[vals.index(best)]], best
+    return [c for c, v in zip(kept, vals) if v == best], best
+
+
+def _run_rule(
+    snapshot: Snapshot, rule: RuleRuntime, request: Request, model: str, ctx: DecisionContext,
+    rng: random.Random, avoid: frozenset[str] | set[str] = frozenset(),
+) -> tuple[RuleStep, Candidate | None, bool]:
+    """Run one matching rule: ``(step, pick or None, a live signal removed something)``."""
+    step = RuleStep(rule, True)
+    cands, removed, min_window = rule.considered(model)
+    step.builtin = removed
+    live = bool(removed)
+    if avoid:
+        avoided = [c for c in cands if c.ledger_key in avoid]
+        if avoided:
+            step.avoided = avoided
+            cands = [c for c in cands if c.ledger_key not in avoid]
+            live = True
+    if min_window is not None and request.prompt_tokens is not None and request.max_tokens is not None:
+        need = request.prompt_tokens + request.max_tokens
+        if need > min_window:
+            too_small = [c for c in cands if c.context_window is not None and c.context_window < need]
+            if too_small:
+                step.too_small = too_small
+                cands = [c for c in cands if not (c.context_window is not None and c.context_window < need)]
+    step.candidates = cands
+    for ex in rule.exclusions:
+        if ex.when is not None and not ex.when(request, model):
+            step.exclusions.append((ex, False, cands, cands))
+            continue
+        if ex.kind == "static" or (ex.kind == "ledger" and len(ctx.loads) <= len(cands)):
+            dropped = _ledger_adjusted(ex, snapshot, ctx) if ex.kind == "ledger" else ex.dropped
+            kept = [c for c in cands if c.index not in dropped] if dropped else cands
+        else:
+            drop = ex.drop
+            kept = [c for c in cands if not drop(c, ctx)]
+        if ex.live and len(kept) != len(cands):
+            live = True
+        step.exclusions.append((ex, True, cands, kept))
+        cands = kept
+    for tier in rule.tiers:
+        if tier.unreachable:
+            step.tiers.append(TierStep(tier, [], None))
+            continue
+        want = tier.want_local
+        kept = [c for c in cands if c.is_local is want]
+        if kept and tier.order_rank is not None:
+            rank = tier.order_rank
+            kept = [c for c in kept if c.dest_name in rank]
+        if kept and tier.backends is not None:
+            if tier.static:
+                inside = tier.kept
+                kept = [c for c in kept if c.index in inside]
+            else:
+                pred = tier.backends
+                kept = [c for c in kept if pred(c, ctx)]
+        if not kept:
+            step.tiers.append(TierStep(tier, kept, None))
+            continue
+        if tier.minimize == "PredictedTTFT" and want:
+            tied, value = _rank_predicted_ttft(snapshot, kept, ctx)
+        else:
+            tied, value = _rank(tier, kept, ctx)
+        n_tied = len(tied)
+        applied: list[str] = []
+        for name in rule.tie_break:
+            if len(tied) == 1:
+                break
+            tied = TIE_BREAKERS[name](tied, ctx, rng)
+            applied.append(name)
+        pick = tied[0]
+        step.tiers.append(TierStep(tier, kept, pick, value, n_tied, tuple(applied)))
+        step.outcome = "Routed"
+        return step, pick, live
+    step.outcome = "FallThrough" if rule.on_empty == "FallThrough" else "Rejected"
+    return step, None, live
+
+
+def decide(
+    snapshot: Snapshot,
+    request: Request,
+    *,
+    ledger: InFlightLedger | None = None,
+    prefix: PrefixIndex | None = None,
+    rng: random.Random | None = None,
+    avoid: frozenset[str] | set[str] = frozenset(),
+    timer: Callable[[], float] = time.perf_counter,
+) -> Decision:
+    """Decide where ``request`` goes on ``snapshot``. No I/O, no awaits.
+
+    ``ledger``: this router's in-flight ledger (None = nothing in flight);
+    ``prefix``: its prefix index (None = no prefix knowledge); ``rng``: the
+    source for ``tieBreak: Random`` (default: the snapshot's); ``avoid``:
+    ledger keys not to pick (the router's retry after a connect failure,
+    before the ejection reaches a new snapshot; shown as ``ejected``);
+    ``timer``: for ``decide_us`` only.
+    """
+    start = timer()
+    d = Decision()
+    d.request = request
+    d.snapshot = snapshot
+    model = snapshot.aliases.get(request.model, request.model)
+    d.canonical_model = model
+    ctx = DecisionContext(
+        ledger.loads if ledger is not None else _EMPTY_LOADS,
+        request.prompt_tokens, request.block_hashes, prefix, snapshot.ttft_model,
+    )
+    d.context = ctx
+    if model not in snapshot.served:
+        d.code = "model_not_found"
+        d.reason = f"no destination of pool {snapshot.namespace}/{snapshot.name} serves model {request.model!r}"
+        d.decide_us = (timer() - start) * 1e6
+        return d
+    rng = rng if rng is not None else snapshot.rng
+    live = False
+    steps = d.steps
+    for rule in snapshot.rules:
+        if rule.shadowed:
+            s = RuleStep(rule, False)
+            s.outcome = "Shadowed"
+            steps.append(s)
+            continue
+        if not rule.matches(request, model):
+            steps.append(rule)  # not matched: recorded as the bare RuleRuntime
+            continue
+        step, pick, rule_live = _run_rule(snapshot, rule, request, model, ctx, rng, avoid)
+        steps.append(step)
+        live = live or rule_live
+        if pick is not None:
+            d.routed, d.candidate, d.rule = True, pick, rule.name
+            d.reason = f"rule {rule.name!r} picked {pick.id}"
+            d.decide_us = (timer() - start) * 1e6
+            return d
+        if rule.on_empty != "FallThrough":
+            d.rule = rule.name
+            d.code = "no_capacity" if live else "policy_rejected"
+            d.reason = (
+                f"rule {rule.name!r} left no candidate (onEmpty: Reject)"
+                + ("; exclusions on live signals removed candidates" if live else "")
+            )
+            d.decide_us = (timer() - start) * 1e6
+            return d
+    unmatched = snapshot.unmatched
+    if unmatched is None:
+        d.rule = "unmatched"
+        d.code = "no_capacity" if live else "policy_rejected"
+        d.reason = "no rule picked a candidate and the policy says unmatched: Reject"
+    else:
+        step, pick, rule_live = _run_rule(snapshot, unmatched, request, model, ctx, rng, avoid)
+        steps.append(step)
+        live = live or rule_live
+        d.rule = unmatched.name
+        if pick is not None:
+            d.routed, d.candidate = True, pick
+            d.reason = f"no rule picked; unmatched: ServeLocal picked {pick.id}"
+        else:
+            # ServeLocal has no exclusions: it fails only for want of a ready
+            # endpoint (capacity), or because no worker set serves the model
+            step.outcome = "Rejected"
+            if live or model in snapshot.local_models:
+                d.code = "no_capacity"
+                d.reason = "no rule picked and unmatched: ServeLocal found no ready local endpoint"
+            else:
+                d.code = "policy_rejected"
+                d.reason = (f"no rule picked and unmatched: ServeLocal never reaches a provider; "
+                            f"no worker set serves {model!r}")
+    d.decide_us = (timer() - start) * 1e6
+    return d

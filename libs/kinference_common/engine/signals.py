@@ -1,0 +1,194 @@
+"""Candidate signals and candidate tests (an exclusion's ``drop``, a tier's
+``backends``), compiled once per snapshot into closures.
+
+Signals (POLICY.md section 4) are read through a :class:`DecisionContext`,
+the per-decision view that joins the snapshot's candidates with what changes
+between snapshots: this router's ledger (``queuedPrompts``, ``inFlight``) and
+the request itself (``predictedTTFT``). Unknown values are ``None``; a
+comparison with ``None`` is false, so an unknown value never drops a
+candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from kinference_common.compiled import CandidateTest, Range
+
+from .candidates import Candidate
+from .ledger import EndpointLoad
+from .prefix import PrefixIndex
+from .ttft import TTFTModel, uncached_tokens
+
+
+class DecisionContext:
+    """Per-decision values: the ledger's loads, the request's size and prefix
+    matches, and a cache of PredictedTTFT per candidate."""
+
+    __slots__ = ("loads", "prompt_tokens", "block_hashes", "prefix", "model", "_matches", "ttft")
+
+    def __init__(
+        self,
+        loads: Mapping[str, EndpointLoad],
+        prompt_tokens: int | None,
+        block_hashes: tuple[int, ...],
+        prefix: PrefixIndex | None,
+        model: TTFTModel,
+    ) -> None:
+        self.loads = loads
+        self.prompt_tokens = prompt_tokens if prompt_tokens is not None else model.default_prompt_tokens
+        self.block_hashes = block_hashes
+        self.prefix = prefix
+        self.model = model
+        self._matches: dict[str, int] | None = None
+        #: candidate index -> PredictedTTFT, filled as computed
+        self.ttft: dict[int, float | None] = {}
+
+    # -- prefix index ----------------------------------------------------
+
+    def matches(self) -> dict[str, int]:
+        """Endpoint key -> leading prompt blocks it holds (computed once)."""
+        if self._matches is None:
+            self._matches = (
+                self.prefix.match(self.block_hashes) if self.prefix is not None and self.block_hashes else {}
+            )
+        return self._matches
+
+    def matched_blocks(self, c: Candidate) -> int:
+        return self.matches().get(c.ledger_key, 0) if self.block_hashes else 0
+
+    # -- signals that join the ledger ---------------------------------------
+
+    def queued(self, c: Candidate) -> int | None:
+        """``queuedPrompts``: engine waiting + this router's unseen sends; the
+        router's own pending sends when the engine's count is unknown."""
+        if not c.is_local:
+            return None
+        load = self.loads.get(c.ledger_key)
+        if c.queued is None:
+            return load.pending_count if load is not None else 0
+        return c.queued + load.unseen_count if load is not None else c.queued
+
+    def in_flight(self, c: Candidate) -> int:
+        load = self.loads.get(c.ledger_key)
+        return load.in_flight if load is not None else 0
+
+    def queue_tokens(self, c: Candidate) -> float:
+        """``Q`` of the TTFT model: prefill tokens queued ahead of this request."""
+        load = self.loads.get(c.ledger_key)
+        if load is None:
+            return c.base_queue_tokens
+        if c.queued is None:
+            return float(load.pending_tokens)
+        others = c.queued - (load.pending_count - load.unseen_count)
+        if others < 0:
+            others = 0
+        return others * self.model.queued_prompt_tokens + load.pending_tokens
+
+    def predicted_ttft(self, c: Candidate) -> float | None:
+        """PredictedTTFT in seconds (see :mod:`.ttft`); None for a provider."""
+        cached = self.ttft.get(c.index, False)
+        if cached is not False:
+            return cached  # type: ignore[return-value]
+        if not c.is_local:
+            self.ttft[c.index] = None
+            return None
+        if self.block_hashes:
+            u = uncached_tokens(self.prompt_tokens, self.matched_blocks(c), len(self.block_hashes), None)
+        else:
+            u = uncached_tokens(self.prompt_tokens, 0, 0, c.hit_rate)
+        work = self.queue_tokens(c) + u
+        t = c.t0 + work * c.per_token
+        if c.kv_free is not None and work > c.kv_free:
+            t += (work - c.kv_free) / c.theta
+        t *= self.model.calibration
+        self.ttft[c.index] = t
+        return t
+
+
+SignalGetter = Callable[[Candidate, DecisionContext], "float | int | None"]
+
+#: signal name (camelCase, as in manifests) -> getter
+SIGNALS: dict[str, SignalGetter] = {
+    "queuedPrompts": lambda c, ctx: ctx.queued(c),
+    "runningPrompts": lambda c, ctx: c.running,
+    "kvCacheUsage": lambda c, ctx: c.kv,
+    "gpuUtilization": lambda c, ctx: c.gpu_util,
+    "gpuMemoryUsage": lambda c, ctx: c.gpu_mem,
+    "predictedTTFT": lambda c, ctx: ctx.predicted_ttft(c),
+    "estimatedTTFT": lambda c, ctx: c.est_ttft,
+    "errorRate": lambda c, ctx: c.error_rate,
+    "inFlight": lambda c, ctx: ctx.in_flight(c),
+}
+
+#: signals that read only the snapshot (not the ledger, not the request)
+STATIC_SIGNALS = frozenset(
+    {"runningPrompts", "kvCacheUsage", "gpuUtilization", "gpuMemoryUsage", "estimatedTTFT", "errorRate"}
+)
+#: signals that read the snapshot and this router's ledger, not the request
+LEDGER_SIGNALS = frozenset({"queuedPrompts", "inFlight"})
+
+#: what a candidate test reads, from cheapest to precompute to dearest:
+#: "static" (snapshot only: its result is precomputed per candidate),
+#: "ledger" (precomputed for an idle ledger, re-evaluated for the few
+#: endpoints with requests in flight), "request" (evaluated per decision)
+TestKind = str
+
+#: ``minimize`` value -> getter (lower is better; None sorts last)
+MINIMIZE: dict[str, SignalGetter] = {
+    "PredictedTTFT": SIGNALS["predictedTTFT"],
+    "EstimatedTTFT": SIGNALS["estimatedTTFT"],
+    "QueuedPrompts": SIGNALS["queuedPrompts"],
+    "KVCacheUsage": SIGNALS["kvCacheUsage"],
+    "InFlight": SIGNALS["inFlight"],
+}
+
+CandidatePredicate = Callable[[Candidate, DecisionContext], bool]
+
+
+def _compile_range(get: SignalGetter, r: Range) -> CandidatePredicate:
+    gt, lt = r.greater_than, r.less_than
+    if gt is not None and lt is not None:
+        def both(c: Candidate, ctx: DecisionContext) -> bool:
+            v = get(c, ctx)
+            return v is not None and gt < v < lt
+        return both
+    if gt is not None:
+        def greater(c: Candidate, ctx: DecisionContext) -> bool:
+            v = get(c, ctx)
+            return v is not None and v > gt
+        return greater
+    if lt is not None:
+        def less(c: Candidate, ctx: DecisionContext) -> bool:
+            v = get(c, ctx)
+            return v is not None and v < lt
+        return less
+    return lambda c, ctx: get(c, ctx) is not None
+
+
+def compile_candidate_test(test: CandidateTest) -> tuple[CandidatePredicate, TestKind]:
+    """``(predicate, kind)``: every present field of ``test`` must hold; see
+    :data:`TestKind` for ``kind``."""
+    parts: list[CandidatePredicate] = []
+    kind = "static"
+    if test.backend_type is not None:
+        want_local = test.backend_type == "Local"
+        parts.append(lambda c, ctx: c.is_local is want_local)
+    if test.backend_names is not None:
+        names = frozenset(test.backend_names)
+        parts.append(lambda c, ctx: c.dest_name in names)
+    for st in test.signals:
+        parts.append(_compile_range(SIGNALS[st.signal], st.range))
+        if st.signal in LEDGER_SIGNALS and kind == "static":
+            kind = "ledger"
+        elif st.signal not in STATIC_SIGNALS and st.signal not in LEDGER_SIGNALS:
+            kind = "request"
+    if not parts:
+        return (lambda c, ctx: True), kind
+    if len(parts) == 1:
+        return parts[0], kind
+    if len(parts) == 2:
+        first, second = parts
+        return (lambda c, ctx: first(c, ctx) and second(c, ctx)), kind
+    frozen = tuple(parts)
+    return (lambda c, ctx: all(p(c, ctx) for p in frozen)), kind

