@@ -199,19 +199,6 @@ def test_fast_ranking_agrees_with_the_exact_model() -> None:
             assert {c.index for c in tied} == {i for i, v in exact.items() if v == pytest.approx(best)}
 
 
-def test_provider_estimate_is_recency_weighted_and_goes_stale() -> None:
-    from kinference_common.engine.estimate import ProviderTTFTEstimate
-
-    e = ProviderTTFTEstimate(half_life_seconds=10, stale_after_seconds=100)
-    assert e.value(0) is None
-    e.observe(1.0, at=0)
-    assert e.value(0) == pytest.approx(1.0)
-    e.observe(4.0, at=0)
-    assert e.value(0) == pytest.approx(2.0)  # geometric mean of equal weights
-    e.observe(0.5, at=1000)  # the old samples have decayed to nothing
-    assert e.value(1000) == pytest.approx(0.5, rel=1e-6)
-    assert e.value(1101) is None
-
 
 @pytest.mark.parametrize("workload", [("h100", 10.0, 1000, 0), ("h100", 10.0, 2000, 1500), ("a10g", 3.0, 500, 0)])
 def test_predicted_ttft_beats_the_run_mean_on_the_simulated_engine(workload) -> None:
