@@ -1,6 +1,8 @@
 """The seed examples as manifests (seed 000's burst policy, seed 001's alice
 policies), with the worker sets, provider and pools they need."""
 
+from pathlib import Path
+
 WORKLOADS = """
 apiVersion: kinference.buoyant.io/v1alpha1
 kind: InferenceWorkerSet
@@ -33,74 +35,20 @@ spec:
     - { name: qwen-2.5, upstreamName: databricks-qwen25-32b, contextWindow: 32768 }
 """
 
-BURST = """
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePolicy
-metadata: { name: my-policy, namespace: default }
-spec:
-  rules:
-    - name: local-first-then-provider-unless-pii
-      route:
-        exclude:
-          - name: drop-local-endpoints-with-big-queues
-            drop:
-              backend: { type: Local }
-              queuedPrompts: { greaterThan: 4 }
-          - name: drop-local-endpoints-with-no-kv-headroom
-            drop:
-              backend: { type: Local }
-              kvCacheUsage: { greaterThan: 0.9 }
-          - name: ensure-pii-never-leaves-cluster
-            if: { tag: [pii-confirmed, pii-unknown] }
-            drop: { backend: { type: Provider } }
-        select:
-          - { type: Local, minimize: PredictedTTFT }
-          - { type: Provider, order: [databricks] }
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: { name: inference-all, namespace: default }
-spec:
-  destinations:
-    - { kind: InferenceWorkerSet, name: gemma-4-12b }
-    - { kind: InferenceWorkerSet, name: qwen-2-5-32b }
-    - { kind: InferenceProvider, name: databricks }
-  policyRef: { name: my-policy }
-"""
+#: the seeds' example manifests, verbatim, shared with the compiler tests
+SEEDS = Path(__file__).resolve().parents[1] / "compiler" / "seed_manifests"
 
-ALICE = """
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePolicy
-metadata: { name: my-policy, namespace: default }
-spec:
-  rules:
-    - name: alice-qwen-to-gemma
-      matches:
-        - model: qwen-2.5
-          tenant: alice
-      route:
-        consider:
-          - models: { names: [gemma-4] }
-        select: [{ type: Local, minimize: PredictedTTFT }]
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePolicy
-metadata: { name: policy-3, namespace: default }
-spec:
-  rules:
-    - name: alice-qwen-to-gemma-no-overloaded-endpoints
-      matches:
-        - model: qwen-2.5
-          tenant: alice
-      route:
-        consider:
-          - models: { names: [gemma-4, qwen-2.5] }
-        exclude:
-          - name: drop-by-queue-size
-            drop:
-              backend: { type: Local }
-              queuedPrompts: { greaterThan: 4 }
-        select: [{ type: Local, minimize: PredictedTTFT }]
+
+def _seed(name: str) -> str:
+    return (SEEDS / name).read_text()
+
+
+#: seed 000's burst policy on seed 002's pool (which names it)
+BURST = _seed("000-burst-policy.yaml") + "\n---\n" + _seed("002-pool.yaml").replace("policy-3", "my-policy")
+
+#: seed 001's two policies (the first as the guide writes it, list-shaped
+#: policyRef dropped with its pool), on pools of the workloads above
+ALICE = _seed("001-guide-alice.yaml").split("\n---\n")[0] + "\n---\n" + _seed("001-guide-policy-3.yaml") + """
 ---
 apiVersion: kinference.buoyant.io/v1alpha1
 kind: InferencePool
