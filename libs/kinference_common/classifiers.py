@@ -60,6 +60,10 @@ INJECTION: Final = ClassifierInfo(
     description="Known prompt-injection patterns.",
 )
 
+#: Inputs larger than this (characters, all texts together) are not classified:
+#: the classifier answers its failure tag at once (fail closed, quickly).
+DEFAULT_MAX_CHARS: Final = 256 * 1024
+
 BUILTIN_CLASSIFIERS: Final[dict[str, ClassifierInfo]] = {c.name: c for c in (PII, INJECTION)}
 
 #: tag -> classifier name, for every tag some classifier can emit.

@@ -32,7 +32,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kinference_common import subjects
-from kinference_classifier.client import classify  # TODO(integration): move to kinference_common
+from kinference_common.classifiers import BUILTIN_CLASSIFIERS
+from kinference_common.classify_client import classify_body
 from kinference_common.engine import Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
 from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
@@ -255,12 +256,16 @@ class Router:
             block_hashes=block_hashes(text),
         )
 
-    async def _classify(self, names: list[str], texts: list[str]) -> tuple[frozenset[str], list[ClassifierTrace]]:
-        from kinference_common.classifiers import BUILTIN_CLASSIFIERS
+    async def _classify(self, names: list[str], body: ParsedBody,
+                        decision_id: str) -> tuple[frozenset[str], list[ClassifierTrace]]:
+        """Ask each classifier in parallel, each with its deadline; a classifier
+        that fails, is absent or is late answers its failure tag (the client
+        never fails open)."""
 
         async def one(name: str) -> tuple[str, Any, float]:
             started = time.perf_counter()
-            reply = await classify(self.nc, name, texts, BUILTIN_CLASSIFIERS[name].deadline_seconds)
+            reply = await classify_body(self.nc, name, body.raw, BUILTIN_CLASSIFIERS[name].deadline_seconds,
+                                        request_id=decision_id)
             return name, reply, time.perf_counter() - started
 
         results = await asyncio.gather(*(one(n) for n in names))
@@ -287,7 +292,7 @@ class Router:
             needed = self.keeper.snapshot.classifiers_for(req)
             traces: list[ClassifierTrace] = []
             if needed:
-                tags, traces = await self._classify(needed, body.texts)
+                tags, traces = await self._classify(needed, body, decision_id)
                 req = msgspec.structs.replace(req, tags=tags)
             return await self._route(request, body, req, decision_id, traces, pool_label)
         except ApiError as err:

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from kinference_common.prompt_texts import texts_from_body
+
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
@@ -20,20 +22,10 @@ class BadRequest(ValueError):
     """The body is not what the endpoint takes; the message says why."""
 
 
-class _Part(msgspec.Struct):
-    type: str = "text"
-    text: str | None = None
-
-
-class _Message(msgspec.Struct):
-    role: str = "user"
-    content: str | list[_Part] | None = None
-
-
 class _Fields(msgspec.Struct):
     model: str
-    messages: list[_Message] | None = None
-    prompt: str | list[str] | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | list[Any] | None = None
     stream: bool = False
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -45,8 +37,8 @@ class ParsedBody:
     def __init__(self, raw: dict[str, Any], fields: _Fields, texts: list[str]) -> None:
         self.raw = raw
         self.fields = fields
-        #: every text of the prompt: each message's text content (all roles,
-        #: text parts of multi-part content) or the legacy prompt(s)
+        #: every text of the prompt, as the classifiers read it
+        #: (:func:`kinference_common.prompt_texts.texts_from_body`)
         self.texts = texts
 
     @property
@@ -83,17 +75,8 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
         raise BadRequest(str(exc).replace("$.", "")) from None
     if not fields.model:
         raise BadRequest("`model` is empty")
-    texts: list[str] = []
-    if chat:
-        if not fields.messages:
-            raise BadRequest("`messages` must be a non-empty list")
-        for m in fields.messages:
-            if isinstance(m.content, str):
-                texts.append(m.content)
-            elif m.content:
-                texts.extend(p.text for p in m.content if p.text)
-    else:
-        if fields.prompt is None:
-            raise BadRequest("body lacks `prompt`")
-        texts = [fields.prompt] if isinstance(fields.prompt, str) else list(fields.prompt)
-    return ParsedBody(raw, fields, texts)
+    if chat and not fields.messages:
+        raise BadRequest("`messages` must be a non-empty list")
+    if not chat and fields.prompt is None:
+        raise BadRequest("body lacks `prompt`")
+    return ParsedBody(raw, fields, texts_from_body(raw).texts)

@@ -1,0 +1,122 @@
+"""``kinference-classifier``: run the classifier service until SIGTERM.
+
+SIGTERM or SIGINT sets an event; the service then drains its subscriptions
+(requests already delivered are answered), closes NATS and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Sequence
+
+import structlog
+from kinference_common.classifiers import DEFAULT_MAX_CHARS
+from kinference_common import logs
+from kinference_common.classifiers import BUILTIN_CLASSIFIERS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kinference-classifier",
+        description=(
+            "Answer kinference.classify.<classifier> requests over NATS (queue group "
+            "kinference-classifier) with PII and prompt-injection tags; serves /healthz, "
+            "/readyz and /metrics."
+        ),
+    )
+    p.add_argument(
+        "--nats-url",
+        default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+        help="NATS server URL (env NATS_URL; default %(default)s)",
+    )
+    p.add_argument("--health-host", default="0.0.0.0", help="health/metrics bind address")
+    p.add_argument(
+        "--health-port",
+        type=int,
+        default=int(os.environ.get("HEALTH_PORT", "8083")),
+        help="health/metrics port (env HEALTH_PORT; default %(default)s; 0 = any free port)",
+    )
+    p.add_argument(
+        "--classifier",
+        action="append",
+        choices=sorted(BUILTIN_CLASSIFIERS),
+        help="serve only this classifier (repeatable; default: all)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("auto", "hyperscan", "re"),
+        default=os.environ.get("KINFERENCE_CLASSIFIER_ENGINE", "auto"),
+        help="candidate engine: hyperscan, the pure-Python re fallback, or auto (default)",
+    )
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        default=DEFAULT_MAX_CHARS,
+        help="size cap in characters; larger requests get the failure tag (default %(default)s)",
+    )
+    logs.add_arguments(p)
+    return p
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from kinference_classifier.service import ClassifierService
+
+    service = ClassifierService(
+        nats_url=args.nats_url,
+        health_host=args.health_host,
+        health_port=args.health_port,
+        names=args.classifier,
+        engine=args.engine,
+        max_chars=args.max_chars,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # Until NATS answers, start() keeps retrying; a signal must still end the process.
+    starting = asyncio.ensure_future(service.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()  # raise a start error
+            await stopping
+        else:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+    finally:
+        stopping.cancel()
+        await service.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    try:
+        import uvloop
+
+        return int(uvloop.run(serve(args)))
+    except ImportError:
+        pass
+    except Exception as exc:  # NATS unreachable, port in use
+        structlog.get_logger("kinference.classifier").error(
+            "classifier could not start", error=f"{type(exc).__name__}: {exc}"
+        )
+        return 1
+    try:
+        return asyncio.run(serve(args))
+    except Exception as exc:
+        structlog.get_logger("kinference.classifier").error(
+            "classifier could not start", error=f"{type(exc).__name__}: {exc}"
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

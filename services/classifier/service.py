@@ -1,0 +1,291 @@
+"""The classifier service: NATS request/reply in front of :class:`Classifiers`.
+
+One subscription per built-in classifier on ``kinference.classify.<name>``,
+all in the queue group ``kinference-classifier``, so replicas share the load
+and NATS delivers each request to exactly one of them.
+
+Lifecycle (explicit, no globals): :meth:`ClassifierService.start` compiles
+the detectors and warms them, starts the health/metrics HTTP server, connects
+to NATS and subscribes; :meth:`ClassifierService.stop` drains the
+subscriptions (requests already delivered are answered), closes NATS and
+then the HTTP server. ``__main__`` calls ``stop`` on SIGTERM/SIGINT.
+
+The handler decodes, calls the pure detector, encodes and responds. It fails
+closed: a request it cannot decode is answered with the failure tag
+(``outcome="error"``); the detector's own failures are handled in
+:mod:`kinference_classifier.core`.
+
+Logs never carry prompt text or exception messages (a validator's message may
+quote its input): only sizes, tags, outcomes, timings and request ids.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+import structlog
+from aiohttp import web
+from kinference_classifier.core import Classifiers
+from kinference_common.classifiers import DEFAULT_MAX_CHARS
+from kinference_common import bus
+from kinference_common.classifiers import BUILTIN_CLASSIFIERS
+from kinference_common.messages import ClassifyReply, ClassifyRequest, decoder, encode
+from kinference_common.subjects import CLASSIFIER_QUEUE_GROUP, classify_subject
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 20e-3, 50e-3)
+
+
+class Metrics:
+    """The service's Prometheus metrics, on a registry of its own (tests run several)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "kinference_classify_requests",
+            "Classify requests answered, by tag and outcome.",
+            ["classifier", "tag", "outcome"],
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "kinference_classify_seconds",
+            "Time to classify one request inside the service (decode to encode).",
+            ["classifier", "outcome"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.input_chars = Histogram(
+            "kinference_classify_input_chars",
+            "Characters per classify request.",
+            ["classifier"],
+            buckets=(256, 1024, 4096, 16384, 65536, 262144, 1048576),
+            registry=self.registry,
+        )
+        self.connected = Gauge(
+            "kinference_classify_nats_connected",
+            "1 while connected to NATS.",
+            registry=self.registry,
+        )
+
+
+class ClassifierService:
+    """Answer ``kinference.classify.<name>`` for the given classifiers."""
+
+    def __init__(
+        self,
+        *,
+        nats_url: str,
+        health_host: str = "0.0.0.0",
+        health_port: int = 8080,
+        classifiers: Classifiers | None = None,
+        names: list[str] | None = None,
+        engine: str | None = None,
+        max_chars: int = DEFAULT_MAX_CHARS,
+        metrics: Metrics | None = None,
+        logger: Any = None,
+    ) -> None:
+        self.nats_url = nats_url
+        self.health_host = health_host
+        self.health_port = health_port
+        self._classifiers = classifiers
+        self._engine = engine
+        self._max_chars = max_chars
+        self.names = names or list(BUILTIN_CLASSIFIERS)
+        unknown = [n for n in self.names if n not in BUILTIN_CLASSIFIERS]
+        if unknown:
+            raise ValueError(f"unknown classifiers: {', '.join(unknown)}")
+        self.metrics = metrics or Metrics()
+        self.log = logger or structlog.get_logger("kinference.classifier")
+        self.nc: NATS | None = None
+        self._subs: list[Subscription] = []
+        self._runner: web.AppRunner | None = None
+        self._decoder = decoder(ClassifyRequest)
+        #: upper bound of a request's JSON size for ``max_chars`` characters
+        #: (a character is at most 6 bytes escaped): larger payloads are not decoded
+        self._max_bytes = 6 * max_chars + 65536
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def classifiers(self) -> Classifiers:
+        if self._classifiers is None:
+            raise RuntimeError("not started")
+        return self._classifiers
+
+    @property
+    def http_port(self) -> int | None:
+        """The bound health port (useful with ``health_port=0``)."""
+        if self._runner is None:
+            return None
+        for site in self._runner.sites:
+            server = getattr(site, "_server", None)
+            if server is not None and server.sockets:
+                return int(server.sockets[0].getsockname()[1])
+        return None
+
+    def ready(self) -> bool:
+        return self.nc is not None and self.nc.is_connected and len(self._subs) == len(self.names)
+
+    async def start(self) -> None:
+        if self._classifiers is None:
+            self._classifiers = Classifiers(engine=self._engine, max_chars=self._max_chars)
+        self.classifiers.warm_up()
+        await self._start_http()
+        self.nc = await bus.connect(
+            self.nats_url,
+            name="kinference-classifier",
+            on_disconnect=self._on_disconnected,
+            on_reconnect=self._on_reconnected,
+        )
+        self.metrics.connected.set(1)
+        for name in self.names:
+            sub = await self.nc.subscribe(
+                classify_subject(name), queue=CLASSIFIER_QUEUE_GROUP, cb=self._handler(name)
+            )
+            self._subs.append(sub)
+        # The server has our subscriptions once it answers a PING: ready means reachable.
+        await self.nc.flush()
+        engines = {n: getattr(d, "engine", "?") for n, d in self.classifiers.detectors.items()}
+        self.log.info(
+            "classifier started",
+            classifiers=self.names,
+            engines=engines,
+            health_port=self.http_port,
+            max_chars=self.classifiers.max_chars,
+        )
+
+    async def stop(self) -> None:
+        """Drain (answer what was delivered), then close NATS and the HTTP server."""
+        if self.nc is not None:
+            for sub in self._subs:
+                try:
+                    await sub.drain()
+                except Exception:
+                    pass
+            self._subs.clear()
+            try:
+                await self.nc.drain()
+            except Exception:
+                pass
+            if not self.nc.is_closed:
+                await self.nc.close()
+            self.nc = None
+            self.metrics.connected.set(0)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self.log.info("classifier stopped")
+
+    async def __aenter__(self) -> ClassifierService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ NATS
+
+    def _handler(self, name: str) -> Any:
+        info = BUILTIN_CLASSIFIERS[name]
+        metrics = self.metrics
+        log = self.log
+
+        async def handle(msg: Msg) -> None:
+            t0 = time.perf_counter()
+            reply: ClassifyReply
+            chars = 0
+            if len(msg.data) > self._max_bytes:
+                reply = ClassifyReply(
+                    classifier=name,
+                    tags=[info.failure_tag],
+                    outcome="oversize",
+                    detail=f"{len(msg.data)} bytes not decoded",
+                )
+            else:
+                try:
+                    req = self._decoder.decode(msg.data)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    reply = ClassifyReply(
+                        classifier=name,
+                        tags=[info.failure_tag],
+                        outcome="error",
+                        detail="undecodable request",
+                    )
+                else:
+                    chars = sum(len(t) for t in req.texts)
+                    reply = self.classifiers.classify(
+                        name,
+                        req.texts,
+                        roles=req.roles,
+                        unreadable=req.unreadable,
+                        deadline_ms=req.deadline_ms,
+                        request_id=req.request_id,
+                    )
+            elapsed = time.perf_counter() - t0
+            tag = reply.tags[0] if reply.tags else ""
+            metrics.requests.labels(name, tag, reply.outcome).inc()
+            metrics.seconds.labels(name, reply.outcome).observe(elapsed)
+            metrics.input_chars.labels(name).observe(chars)
+            if reply.outcome != "ok":
+                log.warning(
+                    "classify failed closed",
+                    classifier=name,
+                    tag=tag,
+                    outcome=reply.outcome,
+                    detail=reply.detail,
+                    request_id=reply.request_id,
+                    chars=chars,
+                )
+            else:
+                log.debug(
+                    "classified",
+                    classifier=name,
+                    tag=tag,
+                    findings=reply.findings,
+                    request_id=reply.request_id,
+                    chars=chars,
+                    micros=reply.micros,
+                )
+            if msg.reply:
+                try:
+                    await msg.respond(encode(reply))
+                except Exception as exc:
+                    log.warning("reply failed", classifier=name, error=type(exc).__name__)
+
+        return handle
+
+    async def _on_disconnected(self) -> None:
+        self.metrics.connected.set(0)
+
+    async def _on_reconnected(self) -> None:
+        self.metrics.connected.set(1)
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.health_host, self.health_port)
+        await site.start()
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self.ready():
+            return web.json_response({"status": "ready", "classifiers": self.names})
+        return web.json_response({"status": "not ready"}, status=503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

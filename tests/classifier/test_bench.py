@@ -1,0 +1,72 @@
+"""The evaluation and the benchmark run, and their data is what they say it is."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("faker")
+
+from bench import classifier as bench
+from bench import eval_classifier as ev
+
+
+def test_eval_runs_and_reports_every_entity(tmp_path: Path) -> None:
+    out = tmp_path / "eval.md"
+    assert ev.main(["--per-entity", "4", "--per-clean", "3", "--out", str(out)]) == 0
+    text = out.read_text()
+    for entity in (*ev.STRUCTURED, *ev.NER):
+        assert f"| {entity} |" in text
+    assert "| **all clean** |" in text
+    assert "same tag on every text" in text
+
+
+def test_generated_labels_hold() -> None:
+    from stdnum import iban, luhn
+
+    gen = ev.Generator(5)
+    # national_id() keeps only draws python-stdnum accepts
+    drawn = [gen._national_id() for _ in range(40)]
+    assert any(not module.is_valid(value) for _, value, module in drawn)  # Faker's misses exist
+    for _ in range(40):
+        assert isinstance(gen.national_id(), str)
+    # "failing checksums" never hold a Luhn-valid card-length number
+    for _ in range(60):
+        sample = gen.clean_bad_checksums()
+        digits = "".join(c if c.isdigit() else " " for c in sample.replace(" ", ""))
+        for run in digits.split():
+            if len(run) == 16:
+                assert not luhn.is_valid(run)
+    assert iban.is_valid(gen.faker("de_DE").iban())
+
+
+def test_render_counts_and_targets() -> None:
+    samples = ev.generate(3, 2, 11)
+    result = ev.evaluate(samples)
+    rows = result["rows"]
+    assert sum(r.n for r in rows.values()) == len(samples)  # type: ignore[attr-defined]
+    md = ev.render(samples, result, argparse.Namespace(seed=11, per_entity=3, per_clean=2))
+    assert md.startswith("# PII classifier evaluation")
+
+
+def test_bench_prompts_have_the_sizes_and_content() -> None:
+    data = bench.prompts()
+    for (kb, content), texts in data.items():
+        assert kb in bench.SIZES_KB and content in ("clean", "pii")
+        for t in texts:
+            assert abs(len(t) - kb * 1024) < 128
+            assert ("jane.doe@example.org" in t) == (content == "pii")
+
+
+def test_bench_in_process_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(bench, "_iterations", lambda kb, quick: 20)
+    out = tmp_path / "classifier.json"
+    assert bench.main(["--no-nats", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == len(bench.SIZES_KB) * 2
+    for row in rows:
+        assert set(row) == {"size_kb", "content", "path", "p50_us", "p99_us"}
+        assert row["path"] == "in-process" and row["p99_us"] >= row["p50_us"] > 0

@@ -1,0 +1,130 @@
+"""The pii classifier's verdicts, entity by entity, on both engines."""
+
+from __future__ import annotations
+
+import pytest
+from kinference_classifier.core import Classifiers
+from kinference_classifier.pii import card_issuer
+
+CONFIRMED = [
+    ("email", "write to jane.doe+news@mail.example.co.uk today"),
+    ("card", "visa 4111 1111 1111 1111 exp 12/27"),
+    ("card", "amex 3782-822463-10005"),
+    ("card", "mc 5555555555554444"),
+    ("iban", "IBAN: DE89 3704 0044 0532 0130 00."),
+    ("iban", "pay to GB82WEST12345698765432 please"),
+    ("ssn", "my SSN is 219-09-9998"),
+    ("ssn", "social security number: 123456789"),
+    ("phone", "call me on (415) 555-2671"),
+    ("phone", "London office +44 20 7946 0958"),
+    ("phone", "Berlin 030 12345678"),
+    ("ip", "client 8.8.8.8 connected"),
+    ("ip", "from 2a00:1450:4001:81c::200e"),
+    ("national_id", "DNI 12345678Z"),
+    ("national_id", "CPF 111.444.777-35"),
+    ("national_id", "codice fiscale RSSMRA85T10A562S"),
+    ("national_id", "AHV 756.9217.0769.85"),
+    ("national_id", "BSN: 111222333"),
+    ("secret", "AWS_ACCESS_KEY_ID=AKIAIOSFODNN7EXAMPLE"),
+    ("secret", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk=\n-----END"),
+    ("secret", "token ghp_" + "A1b2C3d4E5" * 3 + "A1b2C3"),
+    ("secret", "stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc"),
+    ("secret", "key SG." + "a" * 21 + "-." + "b" * 42 + "_ and more"),
+    (
+        "secret",
+        "Authorization: Bearer eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9."
+        "eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    ),
+]
+
+UNKNOWN = [
+    ("phone", "call 555-123-4567"),  # possible length, no valid US area code
+    ("secret", 'db_password = "hX9$kq2!Lp0zR7w"'),
+    ("secret", "token eyJub3Rqc29u.eyJzdWIiOiIxIn0.abcdefgh"),
+]
+
+NONE = [
+    "The quick brown fox jumps over the lazy dog.",
+    "card 4111 1111 1111 1112",  # Luhn fails
+    "IBAN DE89 3704 0044 0532 0130 01",  # mod-97 fails
+    "ssn 000-12-3456",  # area 000 is never issued
+    "ssn 666-12-3456",
+    "ip 10.0.0.1 and 127.0.0.1 and 192.168.1.20",
+    "version 1.2.3.4.5",
+    "request 550e8400-e29b-41d4-a716-446655440000 done",
+    "md5 d41d8cd98f00b204e9800998ecf8427e sha1 da39a3ee5e6b4b0d3255bfef95601890afd80709",
+    "2024-01-15 12:30:45,123 INFO worker pid=12345 took 87 ms",
+    "def f(x):\n    return x * 2  # icon@2x.png",
+    "std::vector<int> v; a::b::c",
+    "password = os.environ['DB_PASSWORD']",
+    "api_key: ${API_KEY}",
+    "DNI 12345678A",  # wrong check letter
+    "mac 00:1a:2b:3c:4d:5e at 12:30:45",
+    "order number 1234567890123",
+]
+
+
+@pytest.fixture(scope="module", params=["hyperscan", "re"])
+def classifiers(request: pytest.FixtureRequest) -> Classifiers:
+    c = Classifiers(engine=request.param)
+    c.warm_up()
+    return c
+
+
+@pytest.mark.parametrize(("entity", "text"), CONFIRMED)
+def test_confirmed(classifiers: Classifiers, entity: str, text: str) -> None:
+    reply = classifiers.classify("pii", [text])
+    assert reply.tags == ["pii-confirmed"]
+    assert reply.findings == [entity]
+    assert reply.outcome == "ok"
+
+
+@pytest.mark.parametrize(("entity", "text"), UNKNOWN)
+def test_unknown(classifiers: Classifiers, entity: str, text: str) -> None:
+    reply = classifiers.classify("pii", [text])
+    assert reply.tags == ["pii-unknown"]
+    assert entity in reply.findings
+
+
+@pytest.mark.parametrize("text", NONE)
+def test_none(classifiers: Classifiers, text: str) -> None:
+    reply = classifiers.classify("pii", [text])
+    assert reply.tags == ["pii-none"], reply.findings
+
+
+def test_confirmed_beats_unknown_across_texts(classifiers: Classifiers) -> None:
+    reply = classifiers.classify("pii", ["call 555-123-4567", "hello", "mail a.b@gmail.com"])
+    assert reply.tags == ["pii-confirmed"]
+
+
+def test_unreadable_parts_make_clean_text_unknown(classifiers: Classifiers) -> None:
+    assert classifiers.classify("pii", ["hello"], unreadable=1).tags == ["pii-unknown"]
+    assert classifiers.classify("pii", ["a.b@gmail.com"], unreadable=1).tags == ["pii-confirmed"]
+
+
+def test_exactly_one_tag_of_the_classifier(classifiers: Classifiers) -> None:
+    for text in [t for _, t in CONFIRMED] + [t for _, t in UNKNOWN] + NONE + [""]:
+        reply = classifiers.classify("pii", [text])
+        assert len(reply.tags) == 1
+        assert reply.tags[0] in ("pii-confirmed", "pii-unknown", "pii-none")
+
+
+def test_empty_request_is_none(classifiers: Classifiers) -> None:
+    assert classifiers.classify("pii", []).tags == ["pii-none"]
+
+
+@pytest.mark.parametrize(
+    ("number", "issuer"),
+    [
+        ("4111111111111111", "visa"),
+        ("5555555555554444", "mastercard"),
+        ("2221000000000009", "mastercard"),
+        ("378282246310005", "amex"),
+        ("6011111111111117", "discover"),
+        ("3530111333300000", "jcb"),
+        ("30569309025904", "diners"),
+        ("1234567812345670", None),
+    ],
+)
+def test_card_issuer(number: str, issuer: str | None) -> None:
+    assert card_issuer(number) == issuer
