@@ -329,7 +329,12 @@ def phone(text: str, start: int, end: int, plain_regions: Sequence[str] = ("US",
 
 
 def phone_after_keyword(text: str, start: int, end: int) -> Verdict:
-    """A number right after "phone:", "call me at"...: the keyword stands in for formatting."""
+    """A number right after "phone:", "call me at"...: the keyword stands in for formatting.
+
+    libphonenumber's valid numbers are confirmed. A number of seven digits or
+    more that it rejects (a typo, a plan it does not know, a made-up ``00``
+    prefix) is still what the writer called a phone number: unknown, never
+    none, so that the policy keeps it local."""
     m = re.search(
         r"[+(]?[0-9][0-9 ().-]*(?:[ \t]{0,3}(?:x|ext\.?)[ \t]{0,3}[0-9]+)?$",
         text[start:end],
@@ -337,7 +342,12 @@ def phone_after_keyword(text: str, start: int, end: int) -> Verdict:
     )
     if m is None:
         return NONE
-    return phone(text, start + m.start(), end, _PLAIN_REGIONS)
+    num_start = start + m.start()
+    verdict = phone(text, num_start, end, _PLAIN_REGIONS)
+    if verdict is NONE and not _inside_token(text, num_start, end):
+        if sum(c.isdigit() for c in text[num_start:end]) >= 7:
+            return UNKNOWN
+    return verdict
 
 
 def phone_bare(text: str, start: int, end: int) -> Verdict:
