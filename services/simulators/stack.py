@@ -56,6 +56,10 @@ PODS = [  # (worker set, pod, port)
 ]
 
 
+class StackError(RuntimeError):
+    """The stack could not start; the message says which process and why."""
+
+
 @dataclass
 class Proc:
     name: str
@@ -82,7 +86,7 @@ class Stack:
         secrets = self.run_dir / "secrets"
         nats_bin = find_binary()
         if nats_bin is None:
-            raise SystemExit("make run: nats-server not found; run `make install` first")
+            raise StackError("make run: nats-server not found; run `make install` first")
         procs = [
             Proc("nats-server", [nats_bin, "-a", "127.0.0.1", "-p", str(self.port(4222)), "-js",
                                  "-sd", str(self.run_dir / "nats")], ready_port=self.port(4222)),
@@ -147,7 +151,7 @@ class Stack:
     async def start(self, speed_profile: str, time_scale: float, timeout: float = 60.0) -> None:
         busy = [p for p in self._ports() if _port_open(p)]
         if busy:
-            raise SystemExit(f"make run: ports already in use: {', '.join(map(str, busy))} "
+            raise StackError(f"make run: ports already in use: {', '.join(map(str, busy))} "
                              "(another stack running? try --port-offset 100)")
         for proc in self.plan(speed_profile, time_scale):
             proc.log = self.run_dir / "logs" / f"{proc.name}.log"
@@ -169,14 +173,14 @@ class Stack:
         while time.monotonic() < deadline:
             assert proc.process is not None
             if proc.process.returncode is not None:
-                raise SystemExit(f"make run: {proc.name} exited with code {proc.process.returncode}; "
+                raise StackError(f"make run: {proc.name} exited with code {proc.process.returncode}; "
                                  f"see {proc.log}:\n{_tail(proc.log)}")
             if proc.ready_port is not None and _port_open(proc.ready_port):
                 return
             if proc.ready_url is not None and await asyncio.to_thread(_http_ok, proc.ready_url):
                 return
             await asyncio.sleep(0.1)
-        raise SystemExit(f"make run: {proc.name} was not ready within {timeout:.0f}s; see {proc.log}:\n"
+        raise StackError(f"make run: {proc.name} was not ready within {timeout:.0f}s; see {proc.log}:\n"
                          f"{_tail(proc.log)}")
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -282,7 +286,7 @@ async def amain(args: argparse.Namespace) -> int:
                           f"See {dead.log}:\n{_tail(dead.log)}", file=sys.stderr)
                     return 1
         return 0
-    except SystemExit as exc:
+    except StackError as exc:
         print(exc, file=sys.stderr)
         return 1
     finally:

@@ -38,7 +38,9 @@ def provider_log(stack: Stack) -> list[dict[str, object]]:
 
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    offset = 20000 + (os.getpid() % 200) * 50
+    # below the kernel's ephemeral range (32768+), where outgoing connections
+    # could hold one of the stack's ports; varied per process so runs coexist
+    offset = 20000 + (os.getpid() % 60) * 50
     s = Stack(tmp_path / "run", offset)
     s.prepare()
     # a slow GPU profile, so that a burst of requests saturates the pods
