@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +13,8 @@ import aiohttp
 import msgspec
 import nats
 import pytest
+
+from kinference_simulators.testing import run_simulator
 
 from kinference_collector import pages
 from kinference_collector.derive import DeriveConfig
@@ -95,64 +92,14 @@ async def test_console_entry_point_runs_and_drains_on_sigterm(
 # ------------------------------------------------------------------ simulators
 
 
-def _have_simulators() -> bool:
-    try:
-        import kinference_simulators.dcgm  # noqa: F401
-        import kinference_simulators.vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@contextmanager
-def simulator(module: str, *args: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """``python -m kinference_simulators.<module> --port 0``; the port from its ``listening`` line."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", f"kinference_simulators.{module}", "--port", "0", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    port: list[int] = []
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if not port:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("event") == "listening":
-                    port.append(int(rec["port"]))
-                    ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        ready.wait(30)
-        if not port:
-            raise RuntimeError(f"{module} did not start: {''.join(lines)[-2000:]}")
-        yield proc, port[0]
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@pytest.mark.skipif(not _have_simulators(), reason="kinference_simulators not available")
 async def test_against_engine_and_dcgm_simulators(nats_server: Any) -> None:
     model = "meta-llama/Llama-3.1-8B-Instruct"
-    with simulator("vllm", "--model", model, "--max-model-len", "8192", "--pod-name", "sim-0",
-                   "--seed", "1") as (engine, eport):
+    with run_simulator("vllm", "--model", model, "--max-model-len", "8192", "--pod-name", "sim-0",
+                       "--seed", "1") as engine_sim:
+        engine, eport = engine_sim.proc, engine_sim.port
         engine_url = f"http://127.0.0.1:{eport}"
-        with simulator("dcgm", "--gpu", f"team/sim-0={engine_url}", "--interval", "0.1") as (_, dport):
+        with run_simulator("dcgm", "--gpu", f"team/sim-0={engine_url}", "--interval", "0.1") as dcgm_sim:
+            dport = dcgm_sim.port
             nc = await nats.connect(nats_server.url)
             bus = NatsBus(nc)
             await bus.start()

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kinference_classifier.service import ClassifierService
 from kinference_common import subjects
 from kinference_common.compiler import compile_documents
-from kinference_common.manifests import load_paths, load_text
+from kinference_common.manifests import load_text
 from kinference_common.messages import EndpointState, encode
 from kinference_common.natsserver import NatsServer
 from kinference_policy_compiler.publisher import ConfigPublisher
