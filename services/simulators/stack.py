@@ -149,6 +149,15 @@ class Stack:
         (secret / "token").write_text(PROVIDER_KEY)
 
     async def start(self, speed_profile: str, time_scale: float, timeout: float = 60.0) -> None:
+        """Start every process, each waited for; on any failure (or cancel),
+        stop what was already started before raising."""
+        try:
+            await self._start(speed_profile, time_scale, timeout)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self, speed_profile: str, time_scale: float, timeout: float) -> None:
         busy = [p for p in self._ports() if _port_open(p)]
         if busy:
             raise StackError(f"make run: ports already in use: {', '.join(map(str, busy))} "
