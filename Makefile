@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router eval-classifier lint clean
+        bench-classifier bench-router load-router eval-classifier lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -48,6 +48,12 @@ bench-collector: install  ## scrape/parse/derive throughput -> bench/results/col
 
 bench-classifier: install  ## classifier latency table -> bench/results/classifier.json
 	$(BIN)/python -m bench.classifier
+
+bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> bench/results/router.json
+	$(BIN)/python -m bench.router
+
+load-router: install  ## 500 concurrent streams for a minute through the router -> bench/results/load_router.json
+	$(BIN)/python -m bench.load_router
 
 eval-classifier: install  ## regenerate docs/classifier-eval.md
 	$(BIN)/python -m bench.eval_classifier
