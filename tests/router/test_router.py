@@ -90,11 +90,11 @@ class Env:
     client: TestClient
     tmp: Path
 
-    async def telemetry(self, pod: str, **signals: Any) -> None:
+    async def telemetry(self, pod: str, address: str | None = None, **signals: Any) -> None:
         ws = "qwen-2-5-32b-spot" if pod == "qwen-spot-0" else "qwen-2-5-32b"
         values = {"queued": 0, "running": 0, "kv_cache_usage": 0.1, "prefill_tokens_per_second": 10000.0,
                   **signals}
-        state = EndpointState(namespace="default", worker_set=ws, pod=pod, address=self.pods[pod].address,
+        state = EndpointState(namespace="default", worker_set=ws, pod=pod, address=address or self.pods[pod].address,
                               model="qwen-2.5", ready=True, scraped_at=time.time(), **values)
         await self.nc.publish(subjects.endpoint_subject("default", ws, pod), encode(state))
         await self.nc.flush()
@@ -301,3 +301,57 @@ async def test_models_readyz_and_decision_events(env: Env, classifier: Classifie
     assert event["decision_id"] == r.headers["x-kinference-decision-id"]
     assert event["outcome"]["type"] == "Routed" and "pii-none" in event["tags"]
     assert event["classifiers"][0]["name"] == "pii"
+
+
+async def test_client_disconnect_cancels_the_upstream_request(env: Env, classifier: ClassifierService) -> None:
+    """A client that goes away mid-stream: the router closes its upstream
+    request (the upstream's handler sees the disconnect) and its in-flight
+    ledger and gauge return to zero."""
+    ended = asyncio.Event()
+    state: dict[str, object] = {}
+
+    async def slow_stream(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            for i in range(200):  # 20 s if nobody stops it
+                await resp.write(f"data: {{\"i\": {i}}}\n\n".encode())
+                await asyncio.sleep(0.1)
+            state["finished"] = True
+        except (ConnectionResetError, asyncio.CancelledError):
+            state["cancelled"] = True
+            raise
+        finally:
+            ended.set()
+        return resp
+
+    slow = TestServer(_app_with(slow_stream))
+    await slow.start_server()
+    try:
+        for pod in env.pods:  # every endpoint now points at the slow upstream
+            await env.telemetry(pod, address=f"127.0.0.1:{slow.port}")
+        await env.settle()
+        session = aiohttp.ClientSession()
+        r = await session.post(f"http://127.0.0.1:{env.client.server.port}/v1/chat/completions",
+                               json={"model": "qwen-2.5", "stream": True,
+                                     "messages": [{"role": "user", "content": CLEAN_PROMPT}]})
+        assert r.status == 200
+        await r.content.readline()  # the first chunk arrived
+        r.close()  # the client goes away
+        await session.close()
+        await asyncio.wait_for(ended.wait(), 10)
+        assert state.get("cancelled") and not state.get("finished")
+        for _ in range(50):
+            if sum(env.router.ledger.in_flight(k) for k in env.router.ledger.loads) == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert sum(env.router.ledger.in_flight(k) for k in env.router.ledger.loads) == 0
+    finally:
+        await slow.close()
+
+
+def _app_with(handler):  # type: ignore[no-untyped-def]
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    return app
