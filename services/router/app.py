@@ -309,7 +309,7 @@ class Router:
 
     def _publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace]) -> None:
         try:
-            data = encode_trace(build_trace(d, decision_id=decision_id, classifiers=traces))
+            data = encode_trace(build_trace(d, decision_id=decision_id, classifiers=traces, scores=False))
         except Exception as exc:  # a trace must never fail a request
             log.warning("decision event not built", error=str(exc))
             return

@@ -355,3 +355,26 @@ def _app_with(handler):  # type: ignore[no-untyped-def]
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
     return app
+
+
+async def test_decision_events_are_trimmed_but_explain_is_not(env: Env, classifier: ClassifierService) -> None:
+    events: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_msg(msg: Any) -> None:
+        await events.put(msg.data)
+
+    await env.nc.subscribe(subjects.decisions_subject("default", "inference-all"), cb=on_msg)
+    await env.nc.flush()
+    await env.chat(CLEAN_PROMPT)
+    event = json.loads(await asyncio.wait_for(events.get(), 5))
+    rule = event["rules"][0]
+    assert rule["candidates"] and rule["tiers"] and rule["scores"] == []
+    admin = TestClient(TestServer(env.router.admin_app()))
+    await admin.start_server()
+    try:
+        r = await admin.post("/debug/explain", json={"model": "qwen-2.5", "tags": ["pii-none"],
+                                                     "messages": [{"role": "user", "content": "x"}]})
+        trace = await r.json()
+        assert len(trace["rules"][0]["scores"]) == 4  # three pods and the provider, with their signals
+    finally:
+        await admin.close()

@@ -182,7 +182,7 @@ def _scores(decision: Decision, step: RuleStep) -> list[CandidateScore]:
     return out
 
 
-def _rule_trace(decision: Decision, step: RuleStep | RuleRuntime) -> RuleTrace:
+def _rule_trace(decision: Decision, step: RuleStep | RuleRuntime, scores: bool = True) -> RuleTrace:
     if isinstance(step, RuleRuntime):
         return RuleTrace(name=step.name, matched=False, outcome="NotMatched")
     if not step.matched:
@@ -228,7 +228,7 @@ def _rule_trace(decision: Decision, step: RuleStep | RuleRuntime) -> RuleTrace:
         tiers=tiers,
         outcome=step.outcome,
         builtin=builtin,
-        scores=_scores(decision, step),
+        scores=_scores(decision, step) if scores else [],
     )
 
 
@@ -237,8 +237,14 @@ def build_trace(
     *,
     decision_id: str = "",
     classifiers: list[ClassifierTrace] | None = None,
+    scores: bool = True,
 ) -> DecisionTrace:
-    """Render ``decision`` as the INTERFACES.md trace."""
+    """Render ``decision`` as the INTERFACES.md trace.
+
+    ``scores=False`` gives the trimmed trace of decision events: every rule's
+    path (candidates, exclusions, tiers, pick) without each candidate's
+    signals and PredictedTTFT, which explain shows but which would make every
+    event grow with the number of endpoints."""
     req = decision.request
     snap = decision.snapshot
     requested = req.requested_model if req.requested_model is not None else req.model
@@ -253,7 +259,7 @@ def build_trace(
         ),
         tags=sorted(req.tags),
         classifiers=list(classifiers or []),
-        rules=[_rule_trace(decision, s) for s in decision.steps],
+        rules=[_rule_trace(decision, s, scores) for s in decision.steps],
         outcome=OutcomeTrace(
             type="Routed" if decision.routed else "Rejected",
             backend=decision.backend,
