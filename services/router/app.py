@@ -128,6 +128,8 @@ class Router:
         self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
                                      stale_after=self.settings.stale_after, ejected=self.health.excluded)
         self.events = EventPublisher(self.nc, self.metrics.dropped_events)
+        #: the pool's metrics label, formatted once
+        self.pool_label = f"{self.settings.namespace}/{self.settings.pool}"
         self.session: aiohttp.ClientSession | None = None
         #: per-request constants built once: client timeouts by (connect,
         #: first byte), parsed upstream URLs (bounded by the endpoints seen)
@@ -279,7 +281,6 @@ class Router:
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
         decision_id = uuid.uuid4().hex
-        pool_label = f"{self.settings.namespace}/{self.settings.pool}"
         bound = structlog.contextvars.bind_contextvars(decision_id=decision_id)
         try:
             tenant = self.auth.tenant(request.headers)
@@ -294,9 +295,9 @@ class Router:
             if needed:
                 tags, traces = await self._classify(needed, body, decision_id)
                 req = msgspec.structs.replace(req, tags=tags)
-            return await self._route(request, body, req, decision_id, traces, pool_label)
+            return await self._route(request, body, req, decision_id, traces)
         except ApiError as err:
-            self.metrics.requests.labels(pool_label, "", err.code, "").inc()
+            self.metrics.requests.labels(self.pool_label, "", err.code, "").inc()
             return error_response(err, decision_id)
         finally:
             structlog.contextvars.reset_contextvars(**bound)
@@ -316,7 +317,7 @@ class Router:
         self.events.publish(subjects.decisions_subject(self.settings.namespace, self.settings.pool), data)
 
     async def _route(self, request: web.Request, body: ParsedBody, req: Request, decision_id: str,
-                     traces: list[ClassifierTrace], pool_label: str) -> web.StreamResponse:
+                     traces: list[ClassifierTrace]) -> web.StreamResponse:
         tried: set[str] = set()
         for attempt in range(self.settings.max_attempts):
             snap = self.keeper.snapshot
@@ -329,7 +330,7 @@ class Router:
             if not d.routed:
                 code = d.code or "policy_rejected"
                 status = {"model_not_found": 404, "no_capacity": 503}.get(code, 403)
-                self.metrics.requests.labels(pool_label, rule, code, "").inc()
+                self.metrics.requests.labels(self.pool_label, rule, code, "").inc()
                 raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None)
             cand = d.candidate
             tried.add(cand.ledger_key)
@@ -442,7 +443,7 @@ class Router:
                     resp = web.Response(status=upstream.status, body=payload,
                                         headers={**route_headers, "Content-Type": ctype})
                 outcome = "ok" if upstream.status < 400 else "error"
-                self.metrics.requests.labels(f"{self.settings.namespace}/{self.settings.pool}", d.rule or "unmatched",
+                self.metrics.requests.labels(self.pool_label, d.rule or "unmatched",
                                              "routed", backend_type).inc()
                 return resp
         except asyncio.CancelledError:
