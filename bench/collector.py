@@ -178,15 +178,15 @@ async def bench_lag(ports: list[int], changes: int, interval: float) -> dict[str
     import nats
 
     from kinference_collector.publish import NatsBus
-    from kinference_common import natsserver, subjects
+    from kinference_common import bus, natsserver, subjects
     from kinference_common.messages import EndpointState
 
     server = natsserver.start()
     try:
         nc = await nats.connect(server.url)
-        bus = NatsBus(nc)
-        await bus.start()
-        c = _collector(ports, interval, bus)
+        nats_bus = NatsBus(nc)
+        await nats_bus.start()
+        c = _collector(ports, interval, nats_bus)
         dec = msgspec.json.Decoder(EndpointState)
         waiting: dict[tuple[str, int], asyncio.Future[float]] = {}
 
@@ -198,7 +198,7 @@ async def bench_lag(ports: list[int], changes: int, interval: float) -> dict[str
 
         sub_nc = await nats.connect(server.url)
         await sub_nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=cb)
-        await sub_nc.flush()
+        await bus.sync(sub_nc)
         await c.start()
         await asyncio.sleep(0.5)
         lags: list[float] = []

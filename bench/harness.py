@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nats
 
-from kinference_common import natsserver, subjects
+from kinference_common import bus, natsserver, subjects
 from kinference_common.compiler import compile_documents
 from kinference_common.manifests import load_text
 from kinference_common.messages import EndpointState, encode
@@ -195,7 +195,7 @@ class Control:
                                   model=MODEL, ready=True, scraped_at=time.time(), queued=0, running=0,
                                   kv_cache_usage=0.1, prefill_tokens_per_second=10000.0)
             await self.nc.publish(subjects.endpoint_subject(NAMESPACE, WORKER_SET, pod), encode(state))
-        await self.nc.flush()
+        await bus.sync(self.nc)
         self.published += 1
 
     async def _loop(self) -> None:

@@ -57,3 +57,21 @@ async def connect(
         disconnected_cb=disconnected_cb,
         reconnected_cb=reconnected_cb,
     )
+
+
+async def sync(nc: nats.NATS, timeout: float = 10.0) -> None:
+    """Return once the server has processed everything ``nc`` has sent so far
+    (subscriptions and publishes alike).
+
+    ``nc.flush()`` alone does not promise that with nats-py 2.16: it writes its
+    PING straight to the socket, ahead of commands still waiting in the
+    client's outgoing buffer for its flusher task, so its PONG can come back
+    before a just-made SUB or PUB has left the process. Seen as a flaky test: a
+    message published from another connection right after ``flush()`` missed a
+    fresh subscription. The flusher was woken when those commands were
+    buffered, so it writes them before the first PONG can be read; a second
+    PING therefore follows them on the wire, and its PONG proves the server
+    processed them.
+    """
+    await nc.flush(timeout=timeout)  # type: ignore[arg-type]
+    await nc.flush(timeout=timeout)  # type: ignore[arg-type]

@@ -149,8 +149,8 @@ class ClassifierService:
                 classify_subject(name), queue=CLASSIFIER_QUEUE_GROUP, cb=self._handler(name)
             )
             self._subs.append(sub)
-        # The server has our subscriptions once it answers a PING: ready means reachable.
-        await self.nc.flush()
+        # The server has our subscriptions once it answers: ready means reachable.
+        await bus.sync(self.nc)
         engines = {n: getattr(d, "engine", "?") for n, d in self.classifiers.detectors.items()}
         self.log.info(
             "classifier started",

@@ -18,6 +18,7 @@ import aiohttp
 import msgspec
 import nats
 import pytest
+from kinference_common import bus
 from kinference_common.classify_client import classify, classify_body
 from kinference_classifier.core import Budget, Classifiers, Detection
 from kinference_classifier.pii import TAGS as PII_TAGS
@@ -184,7 +185,7 @@ async def test_huge_input_is_not_sent(nc: NATS) -> None:
     await nc.subscribe(classify_subject("pii"), cb=record)
     reply = await classify(nc, "pii", ["x" * 10_000_000], 2.0)
     assert (reply.tags, reply.outcome) == (["pii-unknown"], "oversize")
-    await nc.flush()
+    await bus.sync(nc)
     assert sent == []
 
 

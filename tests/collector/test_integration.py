@@ -15,7 +15,7 @@ from kinference_collector.derive import DeriveConfig
 from kinference_collector.discovery import ListDiscovery, Target
 from kinference_collector.publish import NatsBus, Publisher
 from kinference_collector.service import Collector, CollectorConfig
-from kinference_common import subjects
+from kinference_common import bus, subjects
 from kinference_common.messages import EndpointState, Observation, ProviderState, encode
 
 pytestmark = pytest.mark.nats
@@ -77,11 +77,11 @@ async def collector(nats_server: Any) -> AsyncIterator[Callable[..., Awaitable[C
 
     async def make(targets: list[Target], **kw: Any) -> Collector:
         client = await nats.connect(nats_server.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
-        bus = NatsBus(client)
-        await bus.start()
+        nats_bus = NatsBus(client)
+        await nats_bus.start()
         derive = kw.pop("derive", DeriveConfig(window=5.0, stale_after=1.0))
         cfg = CollectorConfig(interval=INTERVAL, timeout=0.3, derive=derive, **kw)
-        c = Collector(cfg, ListDiscovery(targets), Publisher(bus, cfg.min_publish_interval))
+        c = Collector(cfg, ListDiscovery(targets), Publisher(nats_bus, cfg.min_publish_interval))
         await c.start()
         made.append((c, client))
         return c
@@ -209,7 +209,7 @@ async def test_provider_state_from_observations(collector: Any, nc: Any) -> None
         c.on_observation(msg.data)
 
     await sub_client.subscribe(f"{subjects.OBSERVATIONS_PREFIX}.>", cb=feed)
-    await sub_client.flush()
+    await bus.sync(sub_client)
     for ttft in (0.5, 2.0):
         await nc.publish(subj, encode(Observation(decision_id="d", namespace="ns", pool="pool",
                                                   backend_type="Provider", backend_name="databricks",

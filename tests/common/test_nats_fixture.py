@@ -8,7 +8,7 @@ import socket
 import nats
 import pytest
 
-from kinference_common import natsserver
+from kinference_common import bus, natsserver
 
 
 async def test_publish_subscribe_and_kv_roundtrip(nats_server: natsserver.NatsServer) -> None:
@@ -41,3 +41,28 @@ async def test_kill_and_restart_keeps_port(nats_server: natsserver.NatsServer) -
     nc = await nats.connect(nats_server.url)
     assert nc.is_connected
     await nc.close()
+
+
+async def test_sync_means_the_server_has_a_fresh_subscription(nats_server: natsserver.NatsServer) -> None:
+    """After ``bus.sync``, a message published from another connection reaches a
+    subscription made just before it. (nats-py's ``flush()`` alone lets its PING
+    overtake the buffered SUB; under load the message is then lost.)"""
+    sub_side = await nats.connect(nats_server.url)
+    pub_side = await nats.connect(nats_server.url)
+    try:
+        for i in range(100):
+            got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+            async def on_msg(msg: nats.aio.msg.Msg, got: asyncio.Future[bytes] = got) -> None:
+                if not got.done():
+                    got.set_result(msg.data)
+
+            sub = await sub_side.subscribe(f"kinference.sync.{i}", cb=on_msg)
+            await bus.sync(sub_side)
+            await pub_side.publish(f"kinference.sync.{i}", b"%d" % i)
+            await bus.sync(pub_side)
+            assert await asyncio.wait_for(got, 5) == b"%d" % i, f"message {i} missed the subscription"
+            await sub.unsubscribe()
+    finally:
+        await sub_side.close()
+        await pub_side.close()

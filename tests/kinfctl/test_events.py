@@ -8,7 +8,7 @@ import sys
 
 import nats
 
-from kinference_common import subjects
+from kinference_common import bus, subjects
 from kinference_common.engine.trace import DecisionTrace, ModelTrace, OutcomeTrace, encode_trace
 from kinference_common.natsserver import NatsServer
 
@@ -33,7 +33,7 @@ async def follow(server: NatsServer, *extra: str) -> tuple[int, str, str]:
     nc = await nats.connect(server.url)
     await nc.publish(subjects.decisions_subject("default", "inference-all"), trace("a" * 32, True))
     await nc.publish(subjects.decisions_subject("default", "inference-all"), trace("b" * 32, False))
-    await nc.flush()
+    await bus.sync(nc)
     await nc.close()
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     return proc.returncode or 0, out.decode(), err.decode()

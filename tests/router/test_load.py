@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from kinference_common import subjects
+from kinference_common import bus, subjects
 from kinference_common.compiler import compile_documents
 from kinference_common.manifests import load_text
 from kinference_common.messages import EndpointState, encode
@@ -105,7 +105,7 @@ async def load_env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Loa
                           scraped_at=time.time(), queued=0, running=0, kv_cache_usage=0.1,
                           prefill_tokens_per_second=10000.0)
     await nc.publish(subjects.endpoint_subject("default", "load-stub", "stub-0"), encode(state))
-    await nc.flush()
+    await bus.sync(nc)
     await asyncio.sleep(0.2)  # delivered, snapshot rebuilt
     try:
         yield LoadEnv(router, f"http://127.0.0.1:{server.port}/v1/chat/completions")

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kinference_classifier.service import ClassifierService
-from kinference_common import subjects
+from kinference_common import bus, subjects
 from kinference_common.compiler import compile_documents
 from kinference_common.manifests import load_text
 from kinference_common.messages import EndpointState, encode
@@ -97,7 +97,7 @@ class Env:
         state = EndpointState(namespace="default", worker_set=ws, pod=pod, address=address or self.pods[pod].address,
                               model="qwen-2.5", ready=True, scraped_at=time.time(), **values)
         await self.nc.publish(subjects.endpoint_subject("default", ws, pod), encode(state))
-        await self.nc.flush()
+        await bus.sync(self.nc)
 
     async def settle(self) -> None:
         await asyncio.sleep(0.15)  # subjects delivered, snapshot rebuilt (every 50 ms)
@@ -295,7 +295,7 @@ async def test_models_readyz_and_decision_events(env: Env, classifier: Classifie
         await events.put(msg.data)
 
     await env.nc.subscribe(subjects.decisions_subject("default", "inference-all"), cb=on_msg)
-    await env.nc.flush()
+    await bus.sync(env.nc)
     r = await env.chat(CLEAN_PROMPT)
     event = json.loads(await asyncio.wait_for(events.get(), 5))
     assert event["decision_id"] == r.headers["x-kinference-decision-id"]
@@ -364,7 +364,7 @@ async def test_decision_events_are_trimmed_but_explain_is_not(env: Env, classifi
         await events.put(msg.data)
 
     await env.nc.subscribe(subjects.decisions_subject("default", "inference-all"), cb=on_msg)
-    await env.nc.flush()
+    await bus.sync(env.nc)
     await env.chat(CLEAN_PROMPT)
     event = json.loads(await asyncio.wait_for(events.get(), 5))
     rule = event["rules"][0]

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from kinference_common import subjects
+from kinference_common import bus, subjects
 from kinference_common.engine.trace import DecisionTrace
 from kinfctl.main import EXIT_OK, CommandError
 
@@ -81,7 +81,7 @@ async def follow(args: argparse.Namespace) -> int:
             done.set()
 
     await nc.subscribe(subject, cb=on_msg)
-    await nc.flush()
+    await bus.sync(nc)
     print(f"following {subject} on {args.nats_url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
