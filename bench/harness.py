@@ -83,6 +83,17 @@ def pin_pid(pid: int, cpu: int | None) -> None:
     subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, stdout=subprocess.DEVNULL)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process has used so far (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # fields[11], fields[12]: utime, stime in clock ticks (man 5 proc, fields 14 and 15)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_kb(pid: int) -> int | None:
     """VmRSS of a process in KiB (None once it is gone)."""
     try:

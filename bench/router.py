@@ -262,7 +262,9 @@ async def measure_target(name: str, args: argparse.Namespace, load: Load, stub_p
         for mode, conc in cases:
             try:
                 await asyncio.to_thread(load.run, target.url, mode, conc, args.warmup)
+                cpu0 = harness.cpu_seconds(target.pid) if target.pid else None
                 r = await asyncio.to_thread(load.run, target.url, mode, conc, args.duration)
+                cpu1 = harness.cpu_seconds(target.pid) if target.pid else None
             except Exception as exc:  # noqa: BLE001 - reported in the results, the bench goes on
                 rows.append({"target": name, "mode": mode, "concurrency": conc, "error": f"load failed: {exc}"})
                 print(f"  {name:<24} {mode:<6} c={conc:<3} ERROR {exc}", flush=True)
@@ -270,6 +272,9 @@ async def measure_target(name: str, args: argparse.Namespace, load: Load, stub_p
             row = {"target": name, "mode": mode, "concurrency": conc, "rps": round(r["rps"], 1),
                    "p50_ms": round(r["p50_us"] / 1e3, 3), "p99_ms": round(r["p99_us"] / 1e3, 3),
                    "requests": r["requests"], "errors": r["errors"]}
+            if cpu0 is not None and cpu1 is not None and r["requests"]:
+                # the router's own CPU per request: steadier than req/s on a shared machine
+                row["cpu_us_per_request"] = round((cpu1 - cpu0) / r["requests"] * 1e6, 1)
             rows.append(row)
             print(f"  {name:<24} {mode:<6} c={conc:<3} {row['rps']:>9.1f} req/s  p50 {row['p50_ms']:7.3f} ms  "
                   f"p99 {row['p99_ms']:7.3f} ms  errors {row['errors']}", flush=True)
@@ -299,7 +304,8 @@ def ratio(a: float | None, b: float | None) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     idx = {(r["target"], r["mode"], r["concurrency"]): r for r in rows}
     head = (f"{'target':<24} {'mode':<6} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-            f"{'+p50 ms':>8} {'+p99 ms':>8} {'rps/direct':>10} {'rps/vllm-rr':>11} {'+p50/vllm-rr':>12}")
+            f"{'+p50 ms':>8} {'+p99 ms':>8} {'rps/direct':>10} {'rps/vllm-rr':>11} {'+p50/vllm-rr':>12} "
+            f"{'cpu us/req':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -311,7 +317,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['target']:<24} {r['mode']:<6} {r['concurrency']:>4} {r['rps']:>9.1f} {r['p50_ms']:>8.3f} "
             f"{r['p99_ms']:>8.3f} {r.get('added_p50_ms', 0):>8.3f} {r.get('added_p99_ms', 0):>8.3f} "
             f"{ratio(r['rps'], d.get('rps')):>10} {ratio(r['rps'], v.get('rps')):>11} "
-            f"{ratio(r.get('added_p50_ms'), v.get('added_p50_ms')) if r['target'] != 'direct' else '-':>12}"
+            f"{ratio(r.get('added_p50_ms'), v.get('added_p50_ms')) if r['target'] != 'direct' else '-':>12} "
+            f"{r.get('cpu_us_per_request', '-'):>10}"
             + (f"  ({r['errors']} errors)" if r.get("errors") else ""))
     return "\n".join(lines)
 

@@ -17,17 +17,15 @@ One request, in order (ARCHITECTURE.md, "The hot path"):
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import msgspec
 import nats
 import structlog
-import yarl
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -44,6 +42,7 @@ from kinference_router.events import EventPublisher
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter, SecretError, SecretFiles, UpstreamHealth
+from kinference_router.upstream_http import ConnectFailed, UpstreamClient, UpstreamError, UpstreamTimeout
 
 log = structlog.get_logger("router")
 
@@ -52,6 +51,8 @@ OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objecti
 _DROP_HEADERS = frozenset({
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
     "proxy-authorization", "authorization", "x-kinference-tenant", "accept-encoding",
+    # set by the router: the body it forwards is always JSON
+    "content-type",
 })
 
 
@@ -69,6 +70,11 @@ class RouterSettings:
 
 
 class RouterMetrics:
+    """The router's Prometheus metrics. The ``*_for`` methods return a metric's
+    child for a label set, kept after the first use: ``labels()`` costs a lock
+    and a tuple lookup on every call, which adds up on the hot path (label
+    sets are bounded by the pool's rules, outcomes and backends)."""
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("kinference_requests_total", "Requests by outcome",
@@ -88,6 +94,28 @@ class RouterMetrics:
         self.unknown_objectives = Counter("kinference_unknown_objectives_total",
                                           "Requests naming an InferenceObjective the pool does not have",
                                           registry=r)
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def requests_for(self, pool: str, rule: str, outcome: str, backend_type: str) -> Any:
+        key = ("requests", pool, rule, outcome, backend_type)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.requests.labels(pool, rule, outcome, backend_type)
+        return child
+
+    def inflight_for(self, backend: str) -> Any:
+        key = ("inflight", backend)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.inflight.labels(backend)
+        return child
+
+    def ttft_for(self, backend: str) -> Any:
+        key = ("ttft", backend)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.ttft.labels(backend)
+        return child
 
 
 class ApiError(Exception):
@@ -130,40 +158,14 @@ class Router:
         self.events = EventPublisher(self.nc, self.metrics.dropped_events)
         #: the pool's metrics label, formatted once
         self.pool_label = f"{self.settings.namespace}/{self.settings.pool}"
-        self.session: aiohttp.ClientSession | None = None
-        #: per-request constants built once: client timeouts by (connect,
-        #: first byte), parsed upstream URLs (bounded by the endpoints seen)
-        self._timeouts: dict[tuple[float, float], aiohttp.ClientTimeout] = {}
-        self._urls: dict[str, yarl.URL] = {}
-
-    def _timeout(self, connect: float, first_byte: float) -> aiohttp.ClientTimeout:
-        t = self._timeouts.get((connect, first_byte))
-        if t is None:
-            if len(self._timeouts) > 256:
-                self._timeouts.clear()
-            t = self._timeouts[(connect, first_byte)] = aiohttp.ClientTimeout(
-                total=None, sock_connect=connect, sock_read=first_byte)
-        return t
-
-    def _url(self, url: str) -> yarl.URL:
-        u = self._urls.get(url)
-        if u is None:
-            if len(self._urls) > 4096:
-                self._urls.clear()
-            u = self._urls[url] = yarl.URL(url)
-        return u
+        self._decisions_subject = subjects.decisions_subject(self.settings.namespace, self.settings.pool)
+        self._observations_subject = subjects.observations_subject(self.settings.namespace, self.settings.pool)
+        self.upstream: UpstreamClient | None = None
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
-            timeout=aiohttp.ClientTimeout(total=None),
-            auto_decompress=False,
-            # a proxy keeps no upstream cookies (they would cross tenants), and
-            # skipping the jar saves its work on every request
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
+        self.upstream = UpstreamClient()
         self.events.start()
         if self.nc is not None:
             await self.keeper.start(self.nc)
@@ -171,8 +173,8 @@ class Router:
     async def stop(self) -> None:
         await self.keeper.stop()
         await self.events.stop()
-        if self.session is not None:
-            await self.session.close()
+        if self.upstream is not None:
+            await self.upstream.close()
 
     # -------------------------------------------------------------- routes
 
@@ -280,7 +282,7 @@ class Router:
         return frozenset(tags), traces
 
     async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        decision_id = uuid.uuid4().hex
+        decision_id = os.urandom(16).hex()  # 128 random bits, as 32 hex digits
         bound = structlog.contextvars.bind_contextvars(decision_id=decision_id)
         try:
             tenant = self.auth.tenant(request.headers)
@@ -297,7 +299,7 @@ class Router:
                 req = msgspec.structs.replace(req, tags=tags)
             return await self._route(request, body, req, decision_id, traces)
         except ApiError as err:
-            self.metrics.requests.labels(self.pool_label, "", err.code, "").inc()
+            self.metrics.requests_for(self.pool_label, "", err.code, "").inc()
             return error_response(err, decision_id)
         finally:
             structlog.contextvars.reset_contextvars(**bound)
@@ -314,7 +316,7 @@ class Router:
         except Exception as exc:  # a trace must never fail a request
             log.warning("decision event not built", error=str(exc))
             return
-        self.events.publish(subjects.decisions_subject(self.settings.namespace, self.settings.pool), data)
+        self.events.publish(self._decisions_subject, data)
 
     async def _route(self, request: web.Request, body: ParsedBody, req: Request, decision_id: str,
                      traces: list[ClassifierTrace]) -> web.StreamResponse:
@@ -325,12 +327,14 @@ class Router:
                 break
             # after a refused connection, decide again without what failed
             d = self._decide(req, snap, tried)
-            self._publish_decision(d, decision_id, traces)
+            # built and published in a later turn of the event loop: while the
+            # upstream works on the request, not before it is sent
+            asyncio.get_running_loop().call_soon(self._publish_decision, d, decision_id, traces)
             rule = d.rule or ""
             if not d.routed:
                 code = d.code or "policy_rejected"
                 status = {"model_not_found": 404, "no_capacity": 503}.get(code, 403)
-                self.metrics.requests.labels(self.pool_label, rule, code, "").inc()
+                self.metrics.requests_for(self.pool_label, rule, code, "").inc()
                 raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None)
             cand = d.candidate
             tried.add(cand.ledger_key)
@@ -343,11 +347,11 @@ class Router:
                     decision_id: str) -> web.StreamResponse | None:
         """Proxy to the pick. None means "connection refused before any byte
         was sent": the caller may try the next best candidate."""
-        assert self.session is not None
+        assert self.upstream is not None
         cand = d.candidate
         dest = next(x for x in snap.pool.destinations if x.name == cand.dest_name and x.type == cand.type)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS}
-        headers["Content-Type"] = "application/json"
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
+        headers.append(("Content-Type", "application/json"))
         path = "/chat/completions" if request.path.endswith("/chat/completions") else "/completions"
         connect_timeout, first_byte = self.settings.connect_timeout, self.settings.first_byte_timeout
         if cand.is_local:
@@ -360,7 +364,8 @@ class Router:
                 raise ApiError(429, "rate_limited", f"provider {dest.name} is at its configured limit",
                                retry_after=1)
             try:
-                headers["Authorization"] = f"Bearer {self.secrets.read(dest.namespace, provider.secret_ref)}"
+                headers.append(("Authorization",
+                                f"Bearer {self.secrets.read(dest.namespace, provider.secret_ref)}"))
             except SecretError as exc:
                 self.limiter.release(cand.ledger_key)
                 raise ApiError(502, "upstream_error", f"provider {dest.name}: {exc}") from None
@@ -375,7 +380,7 @@ class Router:
         if req.block_hashes and cand.is_local:
             self.prefix.record(cand.ledger_key, req.block_hashes)
         backend_type = cand.type
-        inflight = self.metrics.inflight.labels(cand.backend)
+        inflight = self.metrics.inflight_for(cand.backend)
         inflight.inc()
         obs = Observation(decision_id=decision_id, namespace=self.settings.namespace, pool=self.settings.pool,
                           backend_type=backend_type, backend_name=cand.dest_name, endpoint=cand.endpoint,
@@ -383,32 +388,35 @@ class Router:
         started = time.perf_counter()
         outcome = "error"
         try:
-            timeout = self._timeout(connect_timeout, first_byte)
             try:
-                upstream = await self.session.post(self._url(url), data=data, headers=headers, timeout=timeout)
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                upstream = await self.upstream.post(url, data, headers, connect_timeout=connect_timeout,
+                                                    read_timeout=first_byte)
+            except ConnectFailed as exc:
                 # nothing was sent: count it against the endpoint, let the caller try the next
                 if self.health.connect_failed(cand.ledger_key):
                     log.warning("endpoint ejected", backend=cand.backend, endpoint=cand.endpoint)
-                log.info("upstream connection failed", backend=cand.backend, error=type(exc).__name__)
+                log.info("upstream connection failed", backend=cand.backend, error=str(exc))
                 return None
-            except TimeoutError:
+            except UpstreamTimeout:
                 outcome = "timeout"
                 obs.timeout_seconds = first_byte
                 raise ApiError(504, "upstream_timeout", f"{cand.backend} did not answer in time") from None
-            except aiohttp.ClientError as exc:
+            except UpstreamError as exc:
                 raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
+            except ValueError as exc:  # a bad provider URL or header; never echo header values
+                raise ApiError(502, "upstream_error", f"{cand.backend}: request not sent: "
+                                                      f"{str(exc).split(';')[0]}") from None
             async with upstream:
                 self.health.succeeded(cand.ledger_key)
                 obs.status = upstream.status
                 if upstream.status == 429 and not cand.is_local:
-                    seconds = self.health.cool_down(cand.ledger_key, upstream.headers.get("Retry-After"))
+                    seconds = self.health.cool_down(cand.ledger_key, upstream.header("Retry-After"))
                     self.keeper.mark_dirty()
                     outcome = "rate_limited"
                     raise ApiError(429, "rate_limited", f"provider {dest.name} is rate limiting", retry_after=seconds)
                 if upstream.status >= 500:
                     raise ApiError(502, "upstream_error", f"{cand.backend} answered {upstream.status}")
-                ctype = upstream.headers.get("Content-Type", "application/json")
+                ctype = upstream.header("Content-Type", "application/json")
                 if body.stream and upstream.status == 200:
                     resp = web.StreamResponse(status=200, headers={**route_headers, "Content-Type": ctype,
                                                                    "Cache-Control": "no-cache"})
@@ -416,15 +424,15 @@ class Router:
                     first = True
                     tail = b""
                     try:
-                        async for chunk in upstream.content.iter_any():
+                        async for chunk in upstream.chunks():
                             if first:
                                 first = False
                                 self._first_token(send, obs, started, cand.backend)
                             await resp.write(chunk)
                             tail = (tail + chunk)[-4096:]
-                    except (TimeoutError, aiohttp.ClientPayloadError) as exc:
+                    except UpstreamError as exc:
                         # headers are sent: the stream just ends
-                        outcome = "timeout" if isinstance(exc, TimeoutError) else "error"
+                        outcome = "timeout" if isinstance(exc, UpstreamTimeout) else "error"
                         obs.timeout_seconds = first_byte if outcome == "timeout" else None
                         return resp
                     await resp.write_eof()
@@ -432,19 +440,18 @@ class Router:
                 else:
                     try:
                         payload = await upstream.read()
-                    except TimeoutError:
+                    except UpstreamTimeout:
                         outcome = "timeout"
                         obs.timeout_seconds = first_byte
                         raise ApiError(504, "upstream_timeout", f"{cand.backend} stopped answering") from None
-                    except aiohttp.ClientPayloadError as exc:
+                    except UpstreamError as exc:
                         raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
                     self._first_token(send, obs, started, cand.backend)
                     self._usage(payload, obs)
                     resp = web.Response(status=upstream.status, body=payload,
                                         headers={**route_headers, "Content-Type": ctype})
                 outcome = "ok" if upstream.status < 400 else "error"
-                self.metrics.requests.labels(self.pool_label, d.rule or "unmatched",
-                                             "routed", backend_type).inc()
+                self.metrics.requests_for(self.pool_label, d.rule or "unmatched", "routed", backend_type).inc()
                 return resp
         except asyncio.CancelledError:
             outcome = "cancelled"  # the client went away: leaving `async with` closes the upstream
@@ -458,14 +465,17 @@ class Router:
             if not cand.is_local:
                 self.limiter.release(cand.ledger_key)
             obs.outcome = outcome  # type: ignore[assignment]
-            self.events.publish(subjects.observations_subject(self.settings.namespace, self.settings.pool),
-                                encode(obs))
+            # encoded and published after the response is on its way
+            asyncio.get_running_loop().call_soon(self._publish_observation, obs)
+
+    def _publish_observation(self, obs: Observation) -> None:
+        self.events.publish(self._observations_subject, encode(obs))
 
     def _first_token(self, send: Any, obs: Observation, started: float, backend: str) -> None:
         ttft = time.perf_counter() - started
         self.ledger.first_token(send)
         obs.ttft_seconds = ttft
-        self.metrics.ttft.labels(backend).observe(ttft)
+        self.metrics.ttft_for(backend).observe(ttft)
 
     @staticmethod
     def _usage(payload: bytes, obs: Observation) -> None:

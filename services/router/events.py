@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 
 import nats
 import structlog
@@ -20,7 +21,9 @@ log = structlog.get_logger("router.events")
 class EventPublisher:
     def __init__(self, nc: nats.NATS | None, dropped: Counter, capacity: int = 10_000) -> None:
         self._nc = nc
-        self._queue: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue(capacity)
+        self._pending: deque[tuple[str, bytes]] = deque()
+        self._capacity = capacity
+        self._wake = asyncio.Event()
         self._dropped = dropped
         self._task: asyncio.Task[None] | None = None
 
@@ -34,19 +37,27 @@ class EventPublisher:
                 await self._task
 
     def publish(self, subject: str, data: bytes) -> None:
-        try:
-            self._queue.put_nowait((subject, data))
-        except asyncio.QueueFull:
+        if len(self._pending) >= self._capacity:
             self._dropped.inc()
+            return
+        self._pending.append((subject, data))
+        if len(self._pending) == 1:
+            self._wake.set()
 
     async def _run(self) -> None:
+        # everything queued since the last pass goes out in one pass: nats-py
+        # then writes it to the socket in one go
+        pending = self._pending
         while True:
-            subject, data = await self._queue.get()
+            await self._wake.wait()
+            self._wake.clear()
             nc = self._nc
-            if nc is None or not nc.is_connected:
-                self._dropped.inc()
-                continue
-            try:
-                await nc.publish(subject, data)
-            except Exception:  # outbound buffer full, connection lost mid-publish
-                self._dropped.inc()
+            while pending:
+                subject, data = pending.popleft()
+                if nc is None or not nc.is_connected:
+                    self._dropped.inc()
+                    continue
+                try:
+                    await nc.publish(subject, data)
+                except Exception:  # outbound buffer full, connection lost mid-publish
+                    self._dropped.inc()
