@@ -31,6 +31,11 @@ nats-server:
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq nats-server >/dev/null)) || \
 		echo "apt could not install nats-server; using .venv/bin/nats-server"; \
 	fi
+	@# the TLS test of the router's upstream client makes a certificate with openssl
+	@if ! command -v openssl >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get install -y -qq openssl >/dev/null 2>&1 || \
+		(apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq openssl >/dev/null) || true; \
+	fi
 
 test: install  ## install, then run the whole test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
