@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from kinference_common import natsserver
+
+# Property tests draw the same examples on every run, so that CI cannot fail
+# on an input it happened to draw that day (found bugs become @example cases).
+# HYPOTHESIS_PROFILE=explore draws fresh examples, to look for new bugs.
+settings.register_profile("repeatable", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, max_examples=1000, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 REPO = Path(__file__).resolve().parent.parent
 SEEDS = REPO.parent / "shared" / "seeds"

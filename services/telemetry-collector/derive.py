@@ -30,6 +30,8 @@ into one :class:`GpuStats` per (namespace, pod).
 
 from __future__ import annotations
 
+import math
+
 from collections import deque
 from dataclasses import dataclass
 
@@ -198,7 +200,9 @@ class EndpointTracker:
             if dpr is not None:
                 tokens = max(0.0, dpr - (dh or 0.0))
         if pf_s is not None and pf_s > 1e-9 and tokens is not None and tokens > 0:
-            self.prefill_tps = tokens / pf_s
+            rate = tokens / pf_s
+            if 0.0 < rate < math.inf:  # a subnormal token count underflows to 0: no estimate
+                self.prefill_tps = rate
         # T0: TTFT not explained by queueing and prefill
         qs, qc, pc = d(_Q_S), d(_Q_C), d(_PF_C)
         if self.mean_ttft is not None and qs is not None and qc and pf_s is not None and pc:

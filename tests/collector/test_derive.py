@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kinference_collector import pages
@@ -193,6 +193,9 @@ _opt = st.one_of(st.none(), st.floats(min_value=0, max_value=1e12, allow_nan=Fal
                                     ttft_sum=_opt, ttft_count=_opt, queue_sum=_opt, queue_count=_opt,
                                     prefill_sum=_opt, prefill_count=_opt, kv_computed_sum=_opt)),
                 max_size=30))
+# found by hypothesis: a subnormal prefilled-token count made the rate underflow to 0.0
+@example([(0.0, VllmSample(prefill_sum=0.0, prefill_count=0.0, kv_computed_sum=0.0)),
+          (1.0, VllmSample(prefill_sum=10.0, prefill_count=1.0, kv_computed_sum=5e-324))])
 def test_any_sequence_derives_bounded_state(seq: list[tuple[float, VllmSample]]) -> None:
     tr = EndpointTracker(T, DeriveConfig(window=10.0))
     for t, s in sorted(seq, key=lambda x: x[0]):
