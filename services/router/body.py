@@ -79,4 +79,22 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
         raise BadRequest("`messages` must be a non-empty list")
     if not chat and fields.prompt is None:
         raise BadRequest("body lacks `prompt`")
-    return ParsedBody(raw, fields, texts_from_body(raw).texts)
+    return ParsedBody(raw, fields, _texts(raw, fields))
+
+
+def _texts(raw: dict[str, Any], fields: _Fields) -> list[str]:
+    """``texts_from_body(raw).texts``, without its general walk for the
+    common chat body: every message is exactly ``{role, content}`` with a
+    string ``content``, and there is no ``prompt`` or ``suffix``. Anything
+    else (multi-part content, names, tool calls) takes the general walk."""
+    messages = fields.messages
+    if messages is None or fields.prompt is not None or "suffix" in raw:
+        return texts_from_body(raw).texts
+    texts: list[str] = []
+    for msg in messages:
+        content = msg.get("content")
+        if len(msg) != 2 or "role" not in msg or type(content) is not str:
+            return texts_from_body(raw).texts
+        if content:
+            texts.append(content)
+    return texts

@@ -219,20 +219,26 @@ def _rank(tier: TierRuntime, kept: list[Candidate], ctx: DecisionContext) -> tup
 
 def _ledger_adjusted(ex: ExclusionRuntime, snapshot: Snapshot, ctx: DecisionContext) -> frozenset[int] | set[int]:
     """A ledger-reading ``drop``: its idle-ledger result, re-evaluated only for
-    the candidates this router has requests open to (usually few)."""
+    the candidates this router has requests open to (usually few); copied
+    only when one of them changes it."""
     loads = ctx.loads
+    base = ex.dropped
     if not loads:
-        return ex.dropped
-    dropped = set(ex.dropped)
+        return base
+    dropped: set[int] | None = None
     drop = ex.drop
     by_key = snapshot.by_key
     for key in loads:
         for c in by_key.get(key, ()):
+            i = c.index
             if drop(c, ctx):
-                dropped.add(c.index)
-            else:
-                dropped.discard(c.index)
-    return dropped
+                if i not in base:
+                    dropped = set(base) if dropped is None else dropped
+                    dropped.add(i)
+            elif i in base:
+                dropped = set(base) if dropped is None else dropped
+                dropped.discard(i)
+    return base if dropped is None else dropped
 
 
 def _rank_predicted_ttft(
@@ -244,15 +250,16 @@ def _rank_predicted_ttft(
     prefix match. Same values as :meth:`DecisionContext.predicted_ttft`."""
     P = ctx.prompt_tokens
     A, PT, H, IT, F = snapshot.ttft_a, snapshot.ttft_pt, snapshot.ttft_h, snapshot.ttft_it, snapshot.ttft_f
-    idxs = [c.index for c in kept]
     hashes = ctx.block_hashes
     loads = ctx.loads
     if hashes:
-        vals = [A[i] + PT[i] * P + ((P - H[i]) * IT[i] if P > H[i] else 0.0) for i in idxs]
+        vals = [A[i] + PT[i] * P + ((P - H[i]) * IT[i] if P > H[i] else 0.0)
+                for c in kept for i in (c.index,)]
         matches = ctx.matches()
         special = matches.keys() | loads.keys() if loads else matches.keys()
     else:
-        vals = [A[i] + PT[i] * (u := P * F[i]) + ((u - H[i]) * IT[i] if u > H[i] else 0.0) for i in idxs]
+        vals = [A[i] + PT[i] * (u := P * F[i]) + ((u - H[i]) * IT[i] if u > H[i] else 0.0)
+                for c in kept for i in (c.index,)]
         matches = {}
         special = loads.keys()
     if special:
@@ -260,30 +267,25 @@ def _rank_predicted_ttft(
         # moved by their own uncached tokens and queue (DecisionContext.predicted_ttft)
         cal = snapshot.ttft_model.calibration
         total = len(hashes)
-        positions = dict(zip(idxs, range(len(idxs))))
-        by_key = snapshot.by_key
         cache = ctx.ttft
-        for key in special:
-            for c in by_key.get(key, ()):
-                j = positions.get(c.index)
-                if j is None:
-                    continue
-                i = c.index
-                if hashes:
-                    m = matches.get(key, 0)
-                    u = P * (1.0 - min(m, total) / total) if m > 0 else float(P)
-                else:
-                    u = P * F[i]
-                load = loads.get(key)
-                if load is None:
-                    a, h = A[i], H[i]
-                else:
-                    q = ctx.queue_tokens(c)
-                    a = cal * (c.t0 + q * c.per_token)
-                    h = c.kv_free - q if c.kv_free is not None else _INF
-                v = a + PT[i] * u + ((u - h) * IT[i] if u > h else 0.0)
-                vals[j] = v
-                cache[i] = v
+        for j in [j for j, c in enumerate(kept) if c.ledger_key in special]:
+            c = kept[j]
+            key, i = c.ledger_key, c.index
+            if hashes:
+                m = matches.get(key, 0)
+                u = P * (1.0 - min(m, total) / total) if m > 0 else float(P)
+            else:
+                u = P * F[i]
+            load = loads.get(key)
+            if load is None:
+                a, h = A[i], H[i]
+            else:
+                q = ctx.queue_tokens(c)
+                a = cal * (c.t0 + q * c.per_token)
+                h = c.kv_free - q if c.kv_free is not None else _INF
+            v = a + PT[i] * u + ((u - h) * IT[i] if u > h else 0.0)
+            vals[j] = v
+            cache[i] = v
     best = min(vals)
     if vals.count(best) == 1:
         return [kept[vals.index(best)]], best
@@ -313,19 +315,21 @@ def _run_rule(
                 step.too_small = too_small
                 cands = [c for c in cands if not (c.context_window is not None and c.context_window < need)]
     step.candidates = cands
+    exclusions = step.exclusions
     for ex in rule.exclusions:
         if ex.when is not None and not ex.when(request, model):
-            step.exclusions.append((ex, False, cands, cands))
+            exclusions.append((ex, False, cands, cands))
             continue
-        if ex.kind == "static" or (ex.kind == "ledger" and len(ctx.loads) <= len(cands)):
-            dropped = _ledger_adjusted(ex, snapshot, ctx) if ex.kind == "ledger" else ex.dropped
+        kind = ex.kind
+        if kind == "static" or (kind == "ledger" and len(ctx.loads) <= len(cands)):
+            dropped = ex.dropped if kind == "static" else _ledger_adjusted(ex, snapshot, ctx)
             kept = [c for c in cands if c.index not in dropped] if dropped else cands
         else:
             drop = ex.drop
             kept = [c for c in cands if not drop(c, ctx)]
         if ex.live and len(kept) != len(cands):
             live = True
-        step.exclusions.append((ex, True, cands, kept))
+        exclusions.append((ex, True, cands, kept))
         cands = kept
     for tier in rule.tiers:
         if tier.unreachable:
@@ -351,14 +355,15 @@ def _run_rule(
         else:
             tied, value = _rank(tier, kept, ctx)
         n_tied = len(tied)
-        applied: list[str] = []
-        for name in rule.tie_break:
-            if len(tied) == 1:
-                break
-            tied = TIE_BREAKERS[name](tied, ctx, rng)
-            applied.append(name)
+        applied: tuple[str, ...] = ()
+        if n_tied > 1:
+            for name in rule.tie_break:
+                if len(tied) == 1:
+                    break
+                tied = TIE_BREAKERS[name](tied, ctx, rng)
+                applied += (name,)
         pick = tied[0]
-        step.tiers.append(TierStep(tier, kept, pick, value, n_tied, tuple(applied)))
+        step.tiers.append(TierStep(tier, kept, pick, value, n_tied, applied))
         step.outcome = "Routed"
         return step, pick, live
     step.outcome = "FallThrough" if rule.on_empty == "FallThrough" else "Rejected"

@@ -152,6 +152,8 @@ def apply_rewrite(pool: CompiledPool, model: str, rng: random.Random) -> str | N
     ``pool.rewrites`` is in precedence order; an exact match beats a generic
     rule (RESOURCES.md). Targets without weights are equally likely.
     """
+    if not pool.rewrites:  # the common case: nothing to search, no draw
+        return None
     chosen = next((r for r in pool.rewrites if r.match_model == model), None)
     if chosen is None:
         chosen = next((r for r in pool.rewrites if r.match_model is None), None)

@@ -182,6 +182,8 @@ class Snapshot:
         self.pool = pool
         self.namespace = pool.namespace
         self.name = pool.name
+        #: ``namespace/name``, as traces name the pool
+        self.ref = f"{pool.namespace}/{pool.name}"
         self.revision = pool.revision
         self.aliases = pool.aliases
         self.ttft_model = ttft_model
@@ -197,6 +199,8 @@ class Snapshot:
             provider_stale_after=provider_stale_after, ejected=ejected, model=ttft_model,
         )
         self.by_id = {c.id: c for c in self.candidates}
+        #: some candidate's telemetry is stale (traces list them; most snapshots have none)
+        self.has_stale = any(c.stale for c in self.candidates)
         #: ledger key -> candidates (a provider serving n models has n)
         self.by_key: dict[str, list[Candidate]] = {}
         for c in self.candidates:
@@ -208,6 +212,14 @@ class Snapshot:
             self.by_model.setdefault(c.model, []).append(c)
         ctx = DecisionContext({}, None, (), None, ttft_model)
         self.rules = [RuleRuntime(r, self, ctx) for r in pool.policy.rules]
+        #: request header names (lower-cased) some request test of the policy
+        #: reads: the only ones :attr:`Request.headers` needs to carry
+        self.header_names: frozenset[str] = frozenset(
+            h.name.lower()
+            for r in pool.policy.rules
+            for t in [*(r.matches or []), *(e.when for e in r.exclude if e.when is not None)]
+            for h in t.headers
+        )
         self.unmatched: RuleRuntime | None = (
             RuleRuntime(_unmatched_rule(), self, ctx) if pool.policy.unmatched == "ServeLocal" else None
         )

@@ -188,24 +188,30 @@ def _rule_trace(decision: Decision, step: RuleStep | RuleRuntime, scores: bool =
     if not step.matched:
         return RuleTrace(name=step.rule.name, matched=False, outcome=step.outcome)
     builtin: list[BuiltinTrace] = []
-    for check in ("notReady", "ejected"):
-        ids = [c.id for c in step.builtin if c.builtin == check]
-        if check == "ejected":
-            ids += [c.id for c in step.avoided]
-        if ids:
-            builtin.append(BuiltinTrace(check=check, candidates=ids))
+    if step.builtin or step.avoided:
+        for check in ("notReady", "ejected"):
+            ids = [c.id for c in step.builtin if c.builtin == check]
+            if check == "ejected":
+                ids += [c.id for c in step.avoided]
+            if ids:
+                builtin.append(BuiltinTrace(check=check, candidates=ids))
     if step.too_small:
         builtin.append(BuiltinTrace(check="contextTooSmall", candidates=[c.id for c in step.too_small]))
-    stale = [c.id for c in step.candidates if c.stale]
+    stale = [c.id for c in step.candidates if c.stale] if decision.snapshot.has_stale else []
     if stale:
         builtin.append(BuiltinTrace(check="stale", candidates=stale, removed=False))
     excluded = []
     for ex, applies, before, after in step.exclusions:
-        kept = {c.index for c in after}
+        # ``after`` is ``before`` filtered: the same length means nothing dropped
+        if len(after) == len(before):
+            dropped = []
+        else:
+            kept = {c.index for c in after}
+            dropped = [c.id for c in before if c.index not in kept]
         excluded.append(
             ExclusionTrace(
                 exclusion=ex.name,
-                dropped=[c.id for c in before if c.index not in kept],
+                dropped=dropped,
                 applies=applies,
                 live=ex.live,
             )
@@ -250,7 +256,7 @@ def build_trace(
     requested = req.requested_model if req.requested_model is not None else req.model
     return DecisionTrace(
         decision_id=decision_id,
-        pool=f"{snap.namespace}/{snap.name}",
+        pool=snap.ref,
         tenant=req.tenant,
         model=ModelTrace(
             requested=requested,
