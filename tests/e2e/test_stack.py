@@ -95,7 +95,14 @@ async def test_local_then_burst_but_never_pii(stack: Stack) -> None:
         except openai.APIStatusError as exc:
             return "", exc.status_code
 
-    results = await asyncio.gather(*(one(CLEAN if i % 2 else PII) for i in range(120)))
+    # a clean prompt bursts only once the classifier said pii-none within its
+    # deadline; on a busy machine a whole wave can miss it (pii-unknown stays
+    # local, by design), so up to three waves
+    results: list[tuple[str, int]] = []
+    for _ in range(3):
+        results += await asyncio.gather(*(one(CLEAN if i % 2 else PII) for i in range(120)))
+        if any(b == "Provider/databricks" for b, _ in results):
+            break
     backends = [b for b, _ in results]
     assert any(b == "Provider/databricks" for b in backends), backends
     statuses = {s for _, s in results}

@@ -299,8 +299,12 @@ async def test_models_readyz_and_decision_events(env: Env, classifier: Classifie
     r = await env.chat(CLEAN_PROMPT)
     event = json.loads(await asyncio.wait_for(events.get(), 5))
     assert event["decision_id"] == r.headers["x-kinference-decision-id"]
-    assert event["outcome"]["type"] == "Routed" and "pii-none" in event["tags"]
-    assert event["classifiers"][0]["name"] == "pii"
+    assert event["outcome"]["type"] == "Routed"
+    pii = event["classifiers"][0]
+    assert pii["name"] == "pii"
+    # a clean prompt is pii-none; on a machine too busy for the 20 ms deadline
+    # the trace says so and the tag is the failure tag (never fail open)
+    assert ("pii-none" if pii["outcome"] == "ok" else "pii-unknown") in event["tags"], event
 
 
 async def test_client_disconnect_cancels_the_upstream_request(env: Env, classifier: ClassifierService) -> None:
