@@ -28,6 +28,8 @@ import nats
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from kinference_common import subjects
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
@@ -86,7 +88,10 @@ class RouterMetrics:
                                     ["classifier", "outcome"], registry=r)
         self.ttft = Histogram("kinference_upstream_ttft_seconds", "Time to first byte from upstream",
                               ["backend"], registry=r)
-        self.inflight = Gauge("kinference_inflight", "Requests open upstream", ["backend"], registry=r)
+        #: requests open upstream, per backend; read by the registry at scrape
+        #: time (a Gauge would take a lock twice per request)
+        self.inflight: dict[str, int] = {}
+        r.register(_InflightCollector(self.inflight))
         self.queue_depth = Gauge("kinference_queue_depth", "Requests waiting in flow control",
                                  ["pool", "priority"], registry=r)
         self.dropped_events = Counter("kinference_events_dropped_total",
@@ -103,19 +108,25 @@ class RouterMetrics:
             child = self._children[key] = self.requests.labels(pool, rule, outcome, backend_type)
         return child
 
-    def inflight_for(self, backend: str) -> Any:
-        key = ("inflight", backend)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.inflight.labels(backend)
-        return child
-
     def ttft_for(self, backend: str) -> Any:
         key = ("ttft", backend)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = self.ttft.labels(backend)
         return child
+
+
+class _InflightCollector(Collector):
+    """``kinference_inflight{backend}`` from the router's own counts."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Any:
+        g = GaugeMetricFamily("kinference_inflight", "Requests open upstream", labels=["backend"])
+        for backend, n in list(self._counts.items()):
+            g.add_metric([backend], n)
+        yield g
 
 
 class ApiError(Exception):
@@ -380,8 +391,8 @@ class Router:
         if req.block_hashes and cand.is_local:
             self.prefix.record(cand.ledger_key, req.block_hashes)
         backend_type = cand.type
-        inflight = self.metrics.inflight_for(cand.backend)
-        inflight.inc()
+        inflight = self.metrics.inflight
+        inflight[cand.backend] = inflight.get(cand.backend, 0) + 1
         obs = Observation(decision_id=decision_id, namespace=self.settings.namespace, pool=self.settings.pool,
                           backend_type=backend_type, backend_name=cand.dest_name, endpoint=cand.endpoint,
                           model=cand.served_name, at=time.time())
@@ -461,7 +472,7 @@ class Router:
             raise
         finally:
             self.ledger.finished(send)
-            inflight.dec()
+            inflight[cand.backend] -= 1
             if not cand.is_local:
                 self.limiter.release(cand.ledger_key)
             obs.outcome = outcome  # type: ignore[assignment]
@@ -480,11 +491,12 @@ class Router:
     @staticmethod
     def _usage(payload: bytes, obs: Observation) -> None:
         try:
-            usage = msgspec.json.decode(payload).get("usage") or {}
-            obs.prompt_tokens = usage.get("prompt_tokens")
-            obs.completion_tokens = usage.get("completion_tokens")
-        except (msgspec.DecodeError, AttributeError):
-            pass
+            usage = _usage_decoder.decode(payload).usage
+        except msgspec.DecodeError:  # not JSON, or not shaped like a completion
+            return
+        if usage is not None:
+            obs.prompt_tokens = usage.prompt_tokens
+            obs.completion_tokens = usage.completion_tokens
 
     @classmethod
     def _usage_from_stream(cls, tail: bytes, obs: Observation) -> None:
@@ -525,6 +537,20 @@ class Router:
             req = msgspec.structs.replace(req, tags=frozenset(map(str, tags)))
         d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=random.Random(0))
         return web.Response(body=encode_trace(build_trace(d, decision_id="explain")), content_type="application/json")
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _WithUsage(msgspec.Struct):
+    """What the router reads of a completion: its ``usage`` (the rest is skipped)."""
+
+    usage: _Usage | None = None
+
+
+_usage_decoder = msgspec.json.Decoder(_WithUsage)
 
 
 class _HeaderOnly:

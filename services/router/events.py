@@ -3,6 +3,11 @@
 The request path only puts a message on a bounded queue (never awaits NATS);
 a background task publishes. When NATS is away or slow and the queue fills,
 new messages are dropped and counted: the response never waits for them.
+
+The task lingers ``linger`` seconds (2 ms) after the first message of a batch
+so that a busy router sends many messages per socket write to NATS instead of
+one or two (a write to a local socket costs about as much CPU as building the
+message); events reach subscribers at most that much later.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ log = structlog.get_logger("router.events")
 
 
 class EventPublisher:
-    def __init__(self, nc: nats.NATS | None, dropped: Counter, capacity: int = 10_000) -> None:
+    def __init__(self, nc: nats.NATS | None, dropped: Counter, capacity: int = 10_000,
+                 linger: float = 0.002) -> None:
         self._nc = nc
+        self._linger = linger
         self._pending: deque[tuple[str, bytes]] = deque()
         self._capacity = capacity
         self._wake = asyncio.Event()
@@ -50,6 +57,10 @@ class EventPublisher:
         pending = self._pending
         while True:
             await self._wake.wait()
+            if self._linger:
+                # let a few more requests' messages join this batch: one
+                # socket write to NATS carries them all
+                await asyncio.sleep(self._linger)
             self._wake.clear()
             nc = self._nc
             while pending:
