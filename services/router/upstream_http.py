@@ -330,6 +330,7 @@ class UpstreamClient:
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._targets: dict[str, Target] = {}
         self._closed = False
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def target(self, url: str) -> Target:
         """``url`` parsed (cached; bounded by the distinct upstream URLs seen)."""
@@ -403,6 +404,27 @@ class UpstreamClient:
         while idle and conn.idle_since - idle[0].idle_since > self.idle_timeout:
             idle.pop(0).abort()
         idle.append(conn)
+        if self._sweeper is None:
+            self._sweeper = conn.loop.call_later(self.idle_timeout, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connections idle for ``idle_timeout`` (also when no request
+        comes to reuse them), again while any stay idle."""
+        self._sweeper = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for key in list(self._idle):
+            idle = self._idle[key]
+            keep = [c for c in idle if not c.closed and now - c.idle_since <= self.idle_timeout]
+            for c in idle:
+                if c.closed or now - c.idle_since > self.idle_timeout:
+                    c.abort()
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+        if self._idle and not self._closed:
+            self._sweeper = loop.call_later(self.idle_timeout / 2, self._sweep)
 
     async def _connect(self, t: Target, timeout: float) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -425,6 +447,9 @@ class UpstreamClient:
     async def close(self) -> None:
         """Close every idle connection; later requests are refused."""
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for idle in self._idle.values():
             for conn in idle:
                 conn.abort()

@@ -105,7 +105,10 @@ async def test_idle_connection_expires(upstream: Any) -> None:
     c = UpstreamClient(idle_timeout=0.05)
     try:
         await (await post(c, f"http://127.0.0.1:{up.port}/")).read()
+        assert c.idle_connections() == 1
         await asyncio.sleep(0.15)
+        # closed by the sweep, without a request coming to find it expired
+        assert c.idle_connections() == 0
         await (await post(c, f"http://127.0.0.1:{up.port}/")).read()
         assert len(up.peers) == 2, "an expired idle connection must not be reused"
     finally:
