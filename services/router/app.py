@@ -380,6 +380,10 @@ class Router:
             except SecretError as exc:
                 self.limiter.release(cand.ledger_key)
                 raise ApiError(502, "upstream_error", f"provider {dest.name}: {exc}") from None
+            except Exception as exc:  # unreadable key file (permissions, encoding): never its contents
+                self.limiter.release(cand.ledger_key)
+                raise ApiError(502, "upstream_error", f"provider {dest.name}: its API key could not be read "
+                                                      f"({type(exc).__name__})") from None
             url = provider.url.rstrip("/") + path
             connect_timeout = provider.connect_timeout_seconds or connect_timeout
             first_byte = provider.first_token_timeout_seconds or first_byte
@@ -415,8 +419,9 @@ class Router:
             except UpstreamError as exc:
                 raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
             except ValueError as exc:  # a bad provider URL or header; never echo header values
-                raise ApiError(502, "upstream_error", f"{cand.backend}: request not sent: "
-                                                      f"{str(exc).split(';')[0]}") from None
+                outcome = "not_sent"
+                why = "a header could not be encoded" if isinstance(exc, UnicodeError) else str(exc).split(";")[0]
+                raise ApiError(502, "upstream_error", f"{cand.backend}: request not sent: {why}") from None
             async with upstream:
                 self.health.succeeded(cand.ledger_key)
                 obs.status = upstream.status
@@ -442,9 +447,16 @@ class Router:
                             await resp.write(chunk)
                             tail = (tail + chunk)[-4096:]
                     except UpstreamError as exc:
-                        # headers are sent: the stream just ends
+                        # headers are sent: the only way left to tell the client
+                        # is to end its stream abruptly (no terminating chunk),
+                        # so that a cut completion does not look finished
                         outcome = "timeout" if isinstance(exc, UpstreamTimeout) else "error"
                         obs.timeout_seconds = first_byte if outcome == "timeout" else None
+                        self.metrics.requests_for(self.pool_label, d.rule or "unmatched",
+                                                  "upstream_error", backend_type).inc()
+                        log.info("upstream stream cut", backend=cand.backend, error=str(exc))
+                        if request.transport is not None:
+                            request.transport.abort()
                         return resp
                     await resp.write_eof()
                     self._usage_from_stream(tail, obs)
@@ -475,9 +487,10 @@ class Router:
             inflight[cand.backend] -= 1
             if not cand.is_local:
                 self.limiter.release(cand.ledger_key)
-            obs.outcome = outcome  # type: ignore[assignment]
-            # encoded and published after the response is on its way
-            asyncio.get_running_loop().call_soon(self._publish_observation, obs)
+            if outcome != "not_sent":  # nothing reached the upstream: nothing to observe
+                obs.outcome = outcome  # type: ignore[assignment]
+                # encoded and published after the response is on its way
+                asyncio.get_running_loop().call_soon(self._publish_observation, obs)
 
     def _publish_observation(self, obs: Observation) -> None:
         self.events.publish(self._observations_subject, encode(obs))

@@ -37,11 +37,27 @@ class EventPublisher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="event-publisher")
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 1.0) -> None:
+        """Stop the task; what is still queued is published (within
+        ``timeout``) or counted as dropped, never silently lost."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
+        pending, nc = self._pending, self._nc
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while pending and nc is not None and nc.is_connected:
+                    subject, data = pending[0]
+                    try:
+                        await nc.publish(subject, data)
+                    except Exception:
+                        self._dropped.inc()
+                    pending.popleft()
+        if pending:
+            self._dropped.inc(len(pending))
+            pending.clear()
 
     def publish(self, subject: str, data: bytes) -> None:
         if len(self._pending) >= self._capacity:

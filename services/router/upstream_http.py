@@ -103,6 +103,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._parser = httptools.HttpResponseParser(self)
         self._reset()
+        #: no exchange under way: anything the upstream sends now is stray
+        self.complete = True
 
     def _reset(self) -> None:
         self.status = 0
@@ -115,7 +117,13 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._headers_done = False
         self._delimited = False  # has Content-Length or chunked framing
+        if getattr(self, "_paused", False) and self.transport is not None:
+            self.transport.resume_reading()
         self._paused = False
+        #: bytes of a response after the one under way (or while idle)
+        self._stray = False
+        #: any byte of the response has arrived
+        self.got_bytes = False
         self._last_data = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._read_timeout = 0.0
@@ -127,12 +135,19 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self.loop.time()
+        self.got_bytes = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # pragma: no cover - we never ask to upgrade
             self._fail(UpstreamBroken("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(UpstreamBroken(f"malformed HTTP response: {exc}"))
+        if self._stray:
+            # the upstream sent more than the response it owed: the connection
+            # cannot be trusted to frame the next one; the response already
+            # complete stays as it was
+            self.keep_alive = False
+            self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -141,7 +156,7 @@ class _Connection(asyncio.Protocol):
             self._timer = None
         if self.complete or self.error is not None:
             return
-        if self._headers_done and not self._delimited:
+        if self._headers_done and not self._delimited and exc is None:
             # neither Content-Length nor chunked: the body ends with the connection
             self.complete = True
             self._wake()
@@ -157,10 +172,17 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------- httptools callbacks
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self._stray = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if not self._stray:
+            self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self._stray:
+            return
         self.status = self._parser.get_status_code()
         if 100 <= self.status < 200:  # an interim response: the real one follows
             self.headers = []
@@ -174,6 +196,8 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self._stray:
+            return
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self._paused and self.transport is not None:
@@ -182,7 +206,7 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
-        if not self._headers_done:  # the end of an interim (1xx) response
+        if self._stray or not self._headers_done:  # stray, or the end of an interim (1xx) response
             return
         self.complete = True
         self.keep_alive = self._parser.should_keep_alive()
@@ -208,6 +232,9 @@ class _Connection(asyncio.Protocol):
     def _check_timeout(self) -> None:
         self._timer = None
         if self.complete or self.error is not None or self.closed:
+            return
+        if self._paused:  # the consumer is behind, not the upstream
+            self._timer = self.loop.call_at(self.loop.time() + self._read_timeout, self._check_timeout)
             return
         due = self._last_data + self._read_timeout
         if self.loop.time() >= due:
@@ -243,6 +270,7 @@ class _Connection(asyncio.Protocol):
         self.buffered = 0
         if self._paused and self.transport is not None:
             self._paused = False
+            self._last_data = self.loop.time()  # the read timeout counts from now
             self.transport.resume_reading()
         return data
 
@@ -281,11 +309,16 @@ class Response:
     async def read(self) -> bytes:
         """The whole body (then the connection goes back to the pool)."""
         conn = self._conn
-        while not conn.complete:
-            await conn.wait()
-        data = conn.take_body()
+        parts: list[bytes] = []
+        while True:  # taking the body as it comes keeps reading going past the high-water mark
+            if conn.body:
+                parts.append(conn.take_body())
+            elif conn.complete:
+                break
+            else:
+                await conn.wait()
         self.close()
-        return data
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives; each item is what came in since the last."""
@@ -307,7 +340,7 @@ class Response:
             return
         self._released = True
         conn = self._conn
-        if conn.complete and conn.keep_alive and not conn.closed and conn.error is None:
+        if conn.complete and conn.keep_alive and not conn.closed and conn.error is None and not conn._paused:
             self._client._release(self._pool_key, conn)
         else:
             conn.abort()
@@ -362,19 +395,33 @@ class UpstreamClient:
                 raise ValueError(f"header {name!r} has a line break or colon in it; not sent")
             head.append(f"{name}: {value}\r\n")
         head.append("\r\n")
-        data = "".join(head).encode("latin-1") + body
+        # header values as the server side decoded them (UTF-8, undecodable
+        # bytes kept as surrogates): the bytes the client sent go out again
+        data = "".join(head).encode("utf-8", "surrogateescape") + body
         key = (t.scheme, t.host, t.port)
         conn = self._acquire(key)
+        reused = conn is not None
         if conn is None:
             conn = await self._connect(t, connect_timeout)
-        try:
-            conn.send(data, read_timeout)
-            while not conn._headers_done:
-                await conn.wait()
-        except BaseException:
-            conn.abort()
-            raise
-        return Response(conn, self, key)
+        while True:
+            try:
+                conn.send(data, read_timeout)
+                while not conn._headers_done:
+                    await conn.wait()
+            except UpstreamBroken:
+                conn.abort()
+                if reused and not conn.got_bytes:
+                    # the upstream closed this idle connection as we reused it
+                    # (its FIN crossed our request): it never read the
+                    # request, so send it once more on a new connection
+                    reused = False
+                    conn = await self._connect(t, connect_timeout)
+                    continue
+                raise
+            except BaseException:
+                conn.abort()
+                raise
+            return Response(conn, self, key)
 
     def _acquire(self, key: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(key)

@@ -1,0 +1,177 @@
+"""How Router._send copes with what an upstream does (services/router/app.py),
+written during a review as failing tests; each docstring tells the defect it
+caught (all fixed). One local endpoint whose behaviour each test chooses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import nats
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from kinference_common import bus, subjects
+from kinference_common.compiler import compile_documents
+from kinference_common.manifests import load_text
+from kinference_common.messages import EndpointState, encode
+from kinference_common.natsserver import NatsServer
+from kinference_policy_compiler.publisher import ConfigPublisher
+from kinference_router.app import Router, RouterSettings
+from kinference_router.tenants import Authenticator
+from kinference_router.upstream import SecretFiles
+
+MANIFESTS = """
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {name: stub, namespace: default}
+spec:
+  model: {name: m, servedName: m-served, contextWindow: 32768}
+  engine: vLLM
+  selector: {matchLabels: {app: stub}}
+  port: 8000
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {name: all-local, namespace: default}
+spec:
+  rules:
+    - name: everything-local
+      route:
+        select:
+          - {type: Local, minimize: PredictedTTFT}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {name: review, namespace: default}
+spec:
+  destinations:
+    - {kind: InferenceWorkerSet, name: stub}
+  policyRef: {name: all-local}
+"""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Env:
+    router: Router
+    url: str
+    handler: list[Handler]
+    observations: list[dict[str, Any]]
+
+
+@pytest.fixture
+async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Env]:
+    handler: list[Handler] = []
+
+    async def dispatch(request: web.Request) -> web.StreamResponse:
+        return await handler[0](request)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", dispatch)
+    upstream = TestServer(app)
+    await upstream.start_server()
+    res = compile_documents(load_text(MANIFESTS, "review"))
+    assert not res.errors, res.errors
+    nc = await nats.connect(nats_server.url)
+    publisher = ConfigPublisher(nc)
+    await publisher.start()
+    await publisher.publish(res.pools)
+    router = Router(RouterSettings(namespace="default", pool="review", first_byte_timeout=2.0),
+                    Authenticator("none"), SecretFiles(tmp_path / "secrets"), nc=nc)
+    await router.start()
+    server = TestServer(router.data_app())
+    await server.start_server()
+    observations: list[dict[str, Any]] = []
+
+    async def on_obs(msg: Any) -> None:
+        observations.append(json.loads(msg.data))
+
+    await nc.subscribe(subjects.observations_subject("default", "review"), cb=on_obs)
+    state = EndpointState(namespace="default", worker_set="stub", pod="stub-0",
+                          address=f"127.0.0.1:{upstream.port}", model="m", ready=True,
+                          scraped_at=time.time(), queued=0, running=0, kv_cache_usage=0.1,
+                          prefill_tokens_per_second=10000.0)
+    await nc.publish(subjects.endpoint_subject("default", "stub", "stub-0"), encode(state))
+    await bus.sync(nc)
+    await asyncio.sleep(0.2)
+    try:
+        yield Env(router, f"http://127.0.0.1:{server.port}/v1/chat/completions", handler, observations)
+    finally:
+        await server.close()
+        await router.stop()
+        await upstream.close()
+        await nc.close()
+
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+
+
+async def test_a_large_non_streamed_completion_is_not_a_504(env: Env) -> None:
+    """A non-streamed completion well over 256 KiB (2 MiB here) (long output, logprobs, n > 1):
+    Response.read() stalls with reading paused until first_byte_timeout, and
+    the client gets 504 upstream_timeout instead of the completion."""
+    big = {"id": "x", "object": "chat.completion",
+           "choices": [{"message": {"role": "assistant", "content": "a" * (2 * 1024 * 1024)}}],
+           "usage": {"prompt_tokens": 1, "completion_tokens": 2}}
+
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response(big)
+
+    env.handler.append(handler)
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(env.url, json=BODY)
+        body = await r.read()
+    assert r.status == 200, body[:200]
+    assert json.loads(body)["choices"][0]["message"]["content"] == "a" * (2 * 1024 * 1024)
+
+
+async def test_a_non_latin1_client_header_is_not_a_502(env: Env) -> None:
+    """A client header whose value is not latin-1 (``X-Title: 日本``, sent by
+    aiohttp/httpx as UTF-8) makes the request head's latin-1 encode raise
+    UnicodeEncodeError; _send maps that ValueError to 502 upstream_error
+    "request not sent" (an upstream error for what the client sent; before,
+    aiohttp's ClientSession forwarded it)."""
+    async def handler(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"choices": [], "usage": None})
+
+    env.handler.append(handler)
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(env.url, json=BODY, headers={"X-Title": "日本"})
+        text = await r.text()
+    assert r.status == 200, text
+
+
+async def test_a_stream_cut_by_the_upstream_is_not_a_clean_end_for_the_client(env: Env) -> None:
+    """The upstream drops the connection mid-stream: _send catches the
+    UpstreamBroken and returns the prepared StreamResponse without
+    write_eof(); aiohttp then finishes it normally (the terminating 0-chunk),
+    so the client sees a well-formed, complete stream and cannot tell the
+    completion was truncated (OpenAI SDKs do not require [DONE])."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n')
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.abort()  # the upstream pod dies mid-generation
+        return resp
+
+    env.handler.append(handler)
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(env.url, json={**BODY, "stream": True})
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
