@@ -6,9 +6,8 @@ chat completion (a system and a user message) against 3 local endpoints and
 1 provider under the seed burst policy (:func:`bench.decision.build_world`):
 
 - ``parse``: :func:`kinference_router.body.parse` of the raw body;
-- ``engine request``: what ``Router._engine_request`` does (rewrite, token
-  estimate, block hashes, lower-cased headers), mirrored here; ``(suggested)``:
-  the same with only the headers the policy reads (``Snapshot.header_names``);
+- ``engine request``: :func:`kinference_router.app.engine_request` (rewrite,
+  token estimate, block hashes, lower-cased headers);
 - ``decide``: :func:`kinference_common.engine.decide`;
 - ``trace``: ``encode_trace(build_trace(d, ..., scores=False))``, the
   decision event.
@@ -29,13 +28,11 @@ import msgspec
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from bench.decision import build_world
-from kinference_common.engine import Request, decide
-from kinference_common.engine.request import apply_rewrite
-from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
+from kinference_common.engine import decide
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
+from kinference_router.app import engine_request
 from kinference_router.body import parse
 
-OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
 
 SYSTEM = "You are a helpful assistant. Answer briefly and cite sources."
 
@@ -68,43 +65,6 @@ HEADERS = CIMultiDictProxy(CIMultiDict({
 }))
 
 
-def engine_request(headers, body, tenant, snap, rng):
-    """``Router._engine_request`` (services/router/app.py), without metrics."""
-    rewritten = apply_rewrite(snap.pool, body.model, rng) or body.model
-    objective = next((headers[h] for h in OBJECTIVE_HEADERS if h in headers), None)
-    priority = snap.pool.objectives.get(objective, 0) if objective is not None else 0
-    text = "\n".join(body.texts)
-    return Request(
-        model=rewritten,
-        requested_model=body.model,
-        tenant=tenant,
-        objective=objective,
-        priority=priority,
-        prompt_tokens=estimate_prompt_tokens(body.texts),
-        max_tokens=body.max_tokens,
-        headers={k.lower(): v for k, v in headers.items()},
-        block_hashes=block_hashes(text),
-    )
-
-
-def engine_request_suggested(headers, body, tenant, snap, rng):
-    """The same, with only the header names the policy reads (``Snapshot.header_names``)."""
-    rewritten = apply_rewrite(snap.pool, body.model, rng) or body.model
-    objective = next((headers[h] for h in OBJECTIVE_HEADERS if h in headers), None)
-    priority = snap.pool.objectives.get(objective, 0) if objective is not None else 0
-    return Request(
-        model=rewritten,
-        requested_model=body.model,
-        tenant=tenant,
-        objective=objective,
-        priority=priority,
-        prompt_tokens=estimate_prompt_tokens(body.texts),
-        max_tokens=body.max_tokens,
-        headers={n: headers.getall(n)[-1] for n in snap.header_names if n in headers},
-        block_hashes=block_hashes("\n".join(body.texts)),
-    )
-
-
 def per_call_us(fn, iterations: int, rounds: int) -> float:
     for _ in range(min(1000, iterations)):
         fn()
@@ -129,7 +89,7 @@ def main() -> None:
     # distinct bodies, more than any memo holds: each request's user message is new
     raws = [body(k) for k in range(4096)]
     parsed = [parse(r, chat=True) for r in raws]
-    reqs = [msgspec.structs.replace(engine_request(HEADERS, b, "alice", snap, rng), tags=frozenset({"pii-none"}))
+    reqs = [msgspec.structs.replace(engine_request(snap, HEADERS, b, "alice", rng), tags=frozenset({"pii-none"}))
             for b in parsed]
     decisions = [decide(snap, r, ledger=ledger, prefix=prefix, rng=rng) for r in reqs]
     assert all(d.routed for d in decisions)
@@ -139,8 +99,7 @@ def main() -> None:
 
     steps = {
         "parse": lambda: parse(next(raw_it), chat=True),
-        "engine request": lambda: engine_request(HEADERS, next(parsed_it), "alice", snap, rng),
-        "  (suggested)": lambda: engine_request_suggested(HEADERS, next(parsed_it), "alice", snap, rng),
+        "engine request": lambda: engine_request(snap, HEADERS, next(parsed_it), "alice", rng),
         "decide": lambda: decide(snap, next(req_it), ledger=ledger, prefix=prefix, rng=rng),
         "trace": lambda: encode_trace(build_trace(next(d_it), decision_id=decision_id, classifiers=traces,
                                                   scores=False)),

@@ -20,6 +20,7 @@ import asyncio
 import os
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,28 @@ class RouterMetrics:
         if child is None:
             child = self._children[key] = self.ttft.labels(backend)
         return child
+
+
+def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
+                   rng: random.Random) -> Request:
+    """The engine's view of one request (pure): the model after any
+    InferenceModelRewrite, the objective's priority (0 when the pool has no
+    such objective), the prompt-token estimate, the prompt's block hashes and
+    the lower-cased headers."""
+    rewritten = apply_rewrite(snap.pool, body.model, rng) or body.model
+    objective = next((headers[h] for h in OBJECTIVE_HEADERS if h in headers), None)
+    priority = snap.pool.objectives.get(objective, 0) if objective is not None else 0
+    return Request(
+        model=rewritten,
+        requested_model=body.model,
+        tenant=tenant,
+        objective=objective,
+        priority=priority,
+        prompt_tokens=estimate_prompt_tokens(body.texts),
+        max_tokens=body.max_tokens,
+        headers={k.lower(): v for k, v in headers.items()},
+        block_hashes=block_hashes("\n".join(body.texts)),
+    )
 
 
 class _InflightCollector(Collector):
@@ -250,26 +273,10 @@ class Router:
     def _engine_request(self, request: web.Request, body: ParsedBody, tenant: str) -> Request:
         snap = self.keeper.snapshot
         assert snap is not None
-        rewritten = apply_rewrite(snap.pool, body.model, self.rng) or body.model
-        objective = next((request.headers[h] for h in OBJECTIVE_HEADERS if h in request.headers), None)
-        priority = 0
-        if objective is not None:
-            if objective in snap.pool.objectives:
-                priority = snap.pool.objectives[objective]
-            else:
-                self.metrics.unknown_objectives.inc()
-        text = "\n".join(body.texts)
-        return Request(
-            model=rewritten,
-            requested_model=body.model,
-            tenant=tenant,
-            objective=objective,
-            priority=priority,
-            prompt_tokens=estimate_prompt_tokens(body.texts),
-            max_tokens=body.max_tokens,
-            headers={k.lower(): v for k, v in request.headers.items()},
-            block_hashes=block_hashes(text),
-        )
+        req = engine_request(snap, request.headers, body, tenant, self.rng)
+        if req.objective is not None and req.objective not in snap.pool.objectives:
+            self.metrics.unknown_objectives.inc()
+        return req
 
     async def _classify(self, names: list[str], body: ParsedBody,
                         decision_id: str) -> tuple[frozenset[str], list[ClassifierTrace]]:

@@ -212,14 +212,6 @@ class Snapshot:
             self.by_model.setdefault(c.model, []).append(c)
         ctx = DecisionContext({}, None, (), None, ttft_model)
         self.rules = [RuleRuntime(r, self, ctx) for r in pool.policy.rules]
-        #: request header names (lower-cased) some request test of the policy
-        #: reads: the only ones :attr:`Request.headers` needs to carry
-        self.header_names: frozenset[str] = frozenset(
-            h.name.lower()
-            for r in pool.policy.rules
-            for t in [*(r.matches or []), *(e.when for e in r.exclude if e.when is not None)]
-            for h in t.headers
-        )
         self.unmatched: RuleRuntime | None = (
             RuleRuntime(_unmatched_rule(), self, ctx) if pool.policy.unmatched == "ServeLocal" else None
         )
