@@ -73,7 +73,7 @@ class RouterSettings:
 
 
 class RouterMetrics:
-    """The router's Prometheus metrics. The ``*_for`` methods return a metric's
+    """The router's Prometheus metrics. :meth:`child` returns a metric's
     child for a label set, kept after the first use: ``labels()`` costs a lock
     and a tuple lookup on every call, which adds up on the hot path (label
     sets are bounded by the pool's rules, outcomes and backends)."""
@@ -100,21 +100,15 @@ class RouterMetrics:
         self.unknown_objectives = Counter("kinference_unknown_objectives_total",
                                           "Requests naming an InferenceObjective the pool does not have",
                                           registry=r)
-        self._children: dict[tuple[str, ...], Any] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}
 
-    def requests_for(self, pool: str, rule: str, outcome: str, backend_type: str) -> Any:
-        key = ("requests", pool, rule, outcome, backend_type)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.requests.labels(pool, rule, outcome, backend_type)
-        return child
-
-    def ttft_for(self, backend: str) -> Any:
-        key = ("ttft", backend)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.ttft.labels(backend)
-        return child
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept after the first use."""
+        key = (metric, *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
 
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
@@ -270,10 +264,10 @@ class Router:
         except BadRequest as exc:
             raise ApiError(400, "bad_request", str(exc)) from None
 
-    def _engine_request(self, request: web.Request, body: ParsedBody, tenant: str) -> Request:
+    def _engine_request(self, headers: Mapping[str, str], body: ParsedBody, tenant: str) -> Request:
         snap = self.keeper.snapshot
         assert snap is not None
-        req = engine_request(snap, request.headers, body, tenant, self.rng)
+        req = engine_request(snap, headers, body, tenant, self.rng)
         if req.objective is not None and req.objective not in snap.pool.objectives:
             self.metrics.unknown_objectives.inc()
         return req
@@ -309,7 +303,7 @@ class Router:
             body = await self._read(request, chat)
             if self.keeper.snapshot is None:
                 raise ApiError(503, "no_capacity", "the router has no configuration yet", retry_after=1)
-            req = self._engine_request(request, body, tenant)
+            req = self._engine_request(request.headers, body, tenant)
             needed = self.keeper.snapshot.classifiers_for(req)
             traces: list[ClassifierTrace] = []
             if needed:
@@ -317,7 +311,7 @@ class Router:
                 req = msgspec.structs.replace(req, tags=tags)
             return await self._route(request, body, req, decision_id, traces)
         except ApiError as err:
-            self.metrics.requests_for(self.pool_label, "", err.code, "").inc()
+            self.metrics.child(self.metrics.requests, self.pool_label, "", err.code, "").inc()
             return error_response(err, decision_id)
         finally:
             structlog.contextvars.reset_contextvars(**bound)
@@ -352,7 +346,7 @@ class Router:
             if not d.routed:
                 code = d.code or "policy_rejected"
                 status = {"model_not_found": 404, "no_capacity": 503}.get(code, 403)
-                self.metrics.requests_for(self.pool_label, rule, code, "").inc()
+                self.metrics.child(self.metrics.requests, self.pool_label, rule, code, "").inc()
                 raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None)
             cand = d.candidate
             tried.add(cand.ledger_key)
@@ -384,13 +378,11 @@ class Router:
             try:
                 headers.append(("Authorization",
                                 f"Bearer {self.secrets.read(dest.namespace, provider.secret_ref)}"))
-            except SecretError as exc:
+            except Exception as exc:  # SecretError says what is missing; others never show the file's contents
                 self.limiter.release(cand.ledger_key)
-                raise ApiError(502, "upstream_error", f"provider {dest.name}: {exc}") from None
-            except Exception as exc:  # unreadable key file (permissions, encoding): never its contents
-                self.limiter.release(cand.ledger_key)
-                raise ApiError(502, "upstream_error", f"provider {dest.name}: its API key could not be read "
-                                                      f"({type(exc).__name__})") from None
+                why = str(exc) if isinstance(exc, SecretError) else \
+                    f"its API key could not be read ({type(exc).__name__})"
+                raise ApiError(502, "upstream_error", f"provider {dest.name}: {why}") from None
             url = provider.url.rstrip("/") + path
             connect_timeout = provider.connect_timeout_seconds or connect_timeout
             first_byte = provider.first_token_timeout_seconds or first_byte
@@ -459,7 +451,7 @@ class Router:
                         # so that a cut completion does not look finished
                         outcome = "timeout" if isinstance(exc, UpstreamTimeout) else "error"
                         obs.timeout_seconds = first_byte if outcome == "timeout" else None
-                        self.metrics.requests_for(self.pool_label, d.rule or "unmatched",
+                        self.metrics.child(self.metrics.requests, self.pool_label, d.rule or "unmatched",
                                                   "upstream_error", backend_type).inc()
                         log.info("upstream stream cut", backend=cand.backend, error=str(exc))
                         if request.transport is not None:
@@ -481,7 +473,7 @@ class Router:
                     resp = web.Response(status=upstream.status, body=payload,
                                         headers={**route_headers, "Content-Type": ctype})
                 outcome = "ok" if upstream.status < 400 else "error"
-                self.metrics.requests_for(self.pool_label, d.rule or "unmatched", "routed", backend_type).inc()
+                self.metrics.child(self.metrics.requests, self.pool_label, d.rule or "unmatched", "routed", backend_type).inc()
                 return resp
         except asyncio.CancelledError:
             outcome = "cancelled"  # the client went away: leaving `async with` closes the upstream
@@ -506,7 +498,7 @@ class Router:
         ttft = time.perf_counter() - started
         self.ledger.first_token(send)
         obs.ttft_seconds = ttft
-        self.metrics.ttft_for(backend).observe(ttft)
+        self.metrics.child(self.metrics.ttft, backend).observe(ttft)
 
     @staticmethod
     def _usage(payload: bytes, obs: Observation) -> None:
@@ -550,8 +542,7 @@ class Router:
         except BadRequest as exc:
             return web.json_response({"error": str(exc)}, status=400)
         headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
-        fake = _HeaderOnly(headers)
-        req = self._engine_request(fake, body, str(raw.get("tenant") or "anonymous"))  # type: ignore[arg-type]
+        req = self._engine_request(headers, body, str(raw.get("tenant") or "anonymous"))
         tags = raw.get("tags")
         if tags is not None:
             req = msgspec.structs.replace(req, tags=frozenset(map(str, tags)))
@@ -571,8 +562,3 @@ class _WithUsage(msgspec.Struct):
 
 
 _usage_decoder = msgspec.json.Decoder(_WithUsage)
-
-
-class _HeaderOnly:
-    def __init__(self, headers: dict[str, str]) -> None:
-        self.headers = headers

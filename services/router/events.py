@@ -45,19 +45,12 @@ class EventPublisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        pending, nc = self._pending, self._nc
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                while pending and nc is not None and nc.is_connected:
-                    subject, data = pending[0]
-                    try:
-                        await nc.publish(subject, data)
-                    except Exception:
-                        self._dropped.inc()
-                    pending.popleft()
-        if pending:
-            self._dropped.inc(len(pending))
-            pending.clear()
+                await self._drain()
+        if self._pending:
+            self._dropped.inc(len(self._pending))
+            self._pending.clear()
 
     def publish(self, subject: str, data: bytes) -> None:
         if len(self._pending) >= self._capacity:
@@ -68,9 +61,6 @@ class EventPublisher:
             self._wake.set()
 
     async def _run(self) -> None:
-        # everything queued since the last pass goes out in one pass: nats-py
-        # then writes it to the socket in one go
-        pending = self._pending
         while True:
             await self._wake.wait()
             if self._linger:
@@ -78,13 +68,17 @@ class EventPublisher:
                 # socket write to NATS carries them all
                 await asyncio.sleep(self._linger)
             self._wake.clear()
-            nc = self._nc
-            while pending:
-                subject, data = pending.popleft()
-                if nc is None or not nc.is_connected:
-                    self._dropped.inc()
-                    continue
-                try:
-                    await nc.publish(subject, data)
-                except Exception:  # outbound buffer full, connection lost mid-publish
-                    self._dropped.inc()
+            await self._drain()
+
+    async def _drain(self) -> None:
+        """Publish everything queued, in order; what cannot go is counted as dropped."""
+        pending, nc = self._pending, self._nc
+        while pending:
+            subject, data = pending.popleft()
+            if nc is None or not nc.is_connected:
+                self._dropped.inc()
+                continue
+            try:
+                await nc.publish(subject, data)
+            except Exception:  # outbound buffer full, connection lost mid-publish
+                self._dropped.inc()

@@ -101,6 +101,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self._paused = False
         self._parser = httptools.HttpResponseParser(self)
         self._reset()
         #: no exchange under way: anything the upstream sends now is stray
@@ -117,7 +118,7 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._headers_done = False
         self._delimited = False  # has Content-Length or chunked framing
-        if getattr(self, "_paused", False) and self.transport is not None:
+        if self._paused and self.transport is not None:
             self.transport.resume_reading()
         self._paused = False
         #: bytes of a response after the one under way (or while idle)
@@ -308,16 +309,8 @@ class Response:
 
     async def read(self) -> bytes:
         """The whole body (then the connection goes back to the pool)."""
-        conn = self._conn
-        parts: list[bytes] = []
-        while True:  # taking the body as it comes keeps reading going past the high-water mark
-            if conn.body:
-                parts.append(conn.take_body())
-            elif conn.complete:
-                break
-            else:
-                await conn.wait()
-        self.close()
+        # taken as it comes, which keeps reading going past the high-water mark
+        parts = [chunk async for chunk in self.chunks()]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
