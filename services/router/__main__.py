@@ -8,8 +8,6 @@ import signal
 import sys
 from pathlib import Path
 
-from aiohttp import web
-
 from kinference_common import bus, logs
 from kinference_router.app import Router, RouterSettings
 from kinference_router.tenants import Authenticator, TenantsFileError
@@ -80,26 +78,24 @@ async def run(args: argparse.Namespace) -> int:
     nc = connecting.result()
     router = Router(settings, auth, SecretFiles(args.secrets_dir), nc=nc)
     await router.start()
-    runners = []
+    servers = []
     try:
-        for app, host, port in ((router.data_app(), args.host, args.port),
-                                (router.admin_app(), args.admin_host, args.admin_port)):
-            runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-            await runner.setup()
-            await web.TCPSite(runner, host, port).start()
-            runners.append(runner)
+        for server, host, port in ((router.data_server(), args.host, args.port),
+                                   (router.admin_server(), args.admin_host, args.admin_port)):
+            await server.start(host, port)
+            servers.append(server)
     except OSError as exc:
         print(f"kinference-router: cannot listen: {exc}", file=sys.stderr)
-        for runner in runners:
-            await runner.cleanup()
+        for server in servers:
+            await server.close()
         await router.stop()
         await nc.close()
         return 1
     print(f"kinference-router: serving {args.pool} on http://{args.host}:{args.port} "
           f"(admin http://{args.admin_host}:{args.admin_port})", file=sys.stderr, flush=True)
     await stop.wait()
-    for runner in runners:
-        await runner.cleanup()
+    # requests under way get a few seconds to finish; new ones are refused
+    await asyncio.gather(*(server.close() for server in servers))
     await router.stop()
     try:
         await nc.drain()

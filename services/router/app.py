@@ -27,7 +27,6 @@ from typing import Any
 import msgspec
 import nats
 import structlog
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -42,6 +41,7 @@ from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_
 from kinference_common.messages import Observation, encode
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
+from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter, SecretError, SecretFiles, UpstreamHealth
@@ -152,19 +152,26 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
 
 
-def error_response(err: ApiError, decision_id: str, extra: dict[str, str] | None = None) -> web.Response:
+def error_response(err: ApiError, decision_id: str) -> Response:
+    """OpenAI's error envelope (INTERFACES.md), with the decision id."""
     body = {"error": {"message": err.message, "type": _ERROR_TYPES.get(err.status, "server_error"),
                       "code": err.code, "decision_id": decision_id}}
-    headers = {"x-kinference-decision-id": decision_id, **(extra or {})}
+    headers = [("x-kinference-decision-id", decision_id)]
     if err.retry_after is not None:
-        headers["Retry-After"] = str(max(1, int(err.retry_after + 0.999)))
-    return web.Response(status=err.status, body=msgspec.json.encode(body), content_type="application/json",
-                        headers=headers)
+        headers.append(("Retry-After", str(max(1, int(err.retry_after + 0.999)))))
+    return Response(err.status, msgspec.json.encode(body), headers)
+
+
+def server_error(status: int, code: str, message: str) -> Response:
+    """The answer to what the HTTP server refuses before any handler (an
+    unknown path, a wrong method, a request that is not HTTP) or to a
+    handler that failed: the same envelope, with a fresh decision id."""
+    return error_response(ApiError(status, code, message), os.urandom(16).hex())
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-                502: "upstream_error", 503: "overloaded_error", 504: "timeout_error"}
+                404: "invalid_request_error", 405: "invalid_request_error", 413: "invalid_request_error",
+                429: "rate_limit_error", 502: "upstream_error", 503: "overloaded_error", 504: "timeout_error"}
 
 
 @dataclass
@@ -206,35 +213,35 @@ class Router:
 
     # -------------------------------------------------------------- routes
 
-    def data_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics_page)
-        return app
+    def data_server(self) -> HttpServer:
+        """The data port's server (not started): the OpenAI API, health and metrics."""
+        return self._server({
+            "/v1/chat/completions": {"POST": self.chat},
+            "/v1/completions": {"POST": self.completions},
+            "/v1/models": {"GET": self.models},
+        })
 
-    def admin_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
-        app.router.add_post("/debug/explain", self.explain)
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics_page)
-        return app
+    def admin_server(self) -> HttpServer:
+        """The admin port's server (not started): explain, health and metrics."""
+        return self._server({"/debug/explain": {"POST": self.explain}})
 
-    async def healthz(self, _: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
+    def _server(self, routes: dict[str, Any]) -> HttpServer:
+        common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz},
+                  "/metrics": {"GET": self.metrics_page}}
+        return HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes, on_error=server_error)
 
-    async def readyz(self, _: web.Request) -> web.Response:
+    async def healthz(self, _: HttpRequest) -> Response:
+        return Response(200, b"ok\n", content_type="text/plain; charset=utf-8")
+
+    async def readyz(self, _: HttpRequest) -> Response:
         ready = self.keeper.snapshot is not None
-        return web.Response(status=200 if ready else 503, text="ready\n" if ready else "no configuration yet\n")
+        return Response(200 if ready else 503, b"ready\n" if ready else b"no configuration yet\n",
+                        content_type="text/plain; charset=utf-8")
 
-    async def metrics_page(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics_page(self, _: HttpRequest) -> Response:
+        return Response(200, generate_latest(self.metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
-    async def models(self, _: web.Request) -> web.Response:
+    async def models(self, _: HttpRequest) -> Response:
         snap = self.keeper.snapshot
         data = []
         if snap is not None:
@@ -242,25 +249,21 @@ class Router:
                 data.append({"id": m.name, "object": "model", "owned_by": "kinference",
                              "aliases": m.aliases, "served_by": m.served_by,
                              **({"max_model_len": m.context_window["max"]} if m.context_window else {})})
-        return web.json_response({"object": "list", "data": data})
+        return Response(200, msgspec.json.encode({"object": "list", "data": data}))
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def chat(self, request: HttpRequest) -> Response | None:
         return await self._handle(request, chat=True)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: HttpRequest) -> Response | None:
         return await self._handle(request, chat=False)
 
     # ------------------------------------------------------------ the path
 
-    async def _read(self, request: web.Request, chat: bool) -> ParsedBody:
-        if request.content_length is not None and request.content_length > self.settings.max_body_bytes:
+    def _read(self, request: HttpRequest, chat: bool) -> ParsedBody:
+        if request.body_too_large:
             raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes")
         try:
-            data = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes") from None
-        try:
-            return parse(data, chat=chat)
+            return parse(request.body, chat=chat)
         except BadRequest as exc:
             raise ApiError(400, "bad_request", str(exc)) from None
 
@@ -293,14 +296,14 @@ class Router:
             traces.append(ClassifierTrace(name=name, ms=round(seconds * 1e3, 3), outcome=reply.outcome))
         return frozenset(tags), traces
 
-    async def _handle(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _handle(self, request: HttpRequest, chat: bool) -> Response | None:
         decision_id = os.urandom(16).hex()  # 128 random bits, as 32 hex digits
         bound = structlog.contextvars.bind_contextvars(decision_id=decision_id)
         try:
             tenant = self.auth.tenant(request.headers)
             if tenant is None:
                 raise ApiError(401, "unauthorized", "missing or unknown API key")
-            body = await self._read(request, chat)
+            body = self._read(request, chat)
             if self.keeper.snapshot is None:
                 raise ApiError(503, "no_capacity", "the router has no configuration yet", retry_after=1)
             req = self._engine_request(request.headers, body, tenant)
@@ -309,7 +312,7 @@ class Router:
             if needed:
                 tags, traces = await self._classify(needed, body, decision_id)
                 req = msgspec.structs.replace(req, tags=tags)
-            return await self._route(request, body, req, decision_id, traces)
+            return await self._route(request, chat, body, req, decision_id, traces)
         except ApiError as err:
             self.metrics.child(self.metrics.requests, self.pool_label, "", err.code, "").inc()
             return error_response(err, decision_id)
@@ -330,8 +333,8 @@ class Router:
             return
         self.events.publish(self._decisions_subject, data)
 
-    async def _route(self, request: web.Request, body: ParsedBody, req: Request, decision_id: str,
-                     traces: list[ClassifierTrace]) -> web.StreamResponse:
+    async def _route(self, request: HttpRequest, chat: bool, body: ParsedBody, req: Request, decision_id: str,
+                     traces: list[ClassifierTrace]) -> Response | None:
         tried: set[str] = set()
         for attempt in range(self.settings.max_attempts):
             snap = self.keeper.snapshot
@@ -350,21 +353,22 @@ class Router:
                 raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None)
             cand = d.candidate
             tried.add(cand.ledger_key)
-            result = await self._send(request, body, req, d, snap, decision_id)
-            if result is not None:
-                return result
+            result = await self._send(request, chat, body, req, d, snap, decision_id)
+            if result is not _NOT_SENT:
+                return result  # type: ignore[return-value]
         raise ApiError(502, "upstream_error", "every candidate tried refused the connection")
 
-    async def _send(self, request: web.Request, body: ParsedBody, req: Request, d: Decision, snap: Snapshot,
-                    decision_id: str) -> web.StreamResponse | None:
-        """Proxy to the pick. None means "connection refused before any byte
-        was sent": the caller may try the next best candidate."""
+    async def _send(self, request: HttpRequest, chat: bool, body: ParsedBody, req: Request, d: Decision,
+                    snap: Snapshot, decision_id: str) -> Response | None | object:
+        """Proxy to the pick: a Response, or None once a stream was passed
+        through. ``_NOT_SENT`` means "connection refused before any byte was
+        sent": the caller may try the next best candidate."""
         assert self.upstream is not None
         cand = d.candidate
         dest = next(x for x in snap.pool.destinations if x.name == cand.dest_name and x.type == cand.type)
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
+        headers = [(k, v) for k, v in request.raw_headers if k.lower() not in _DROP_HEADERS]
         headers.append(("Content-Type", "application/json"))
-        path = "/chat/completions" if request.path.endswith("/chat/completions") else "/completions"
+        path = "/chat/completions" if chat else "/completions"
         connect_timeout, first_byte = self.settings.connect_timeout, self.settings.first_byte_timeout
         if cand.is_local:
             state = cand.state
@@ -387,8 +391,8 @@ class Router:
             connect_timeout = provider.connect_timeout_seconds or connect_timeout
             first_byte = provider.first_token_timeout_seconds or first_byte
         data = body.encode(cand.served_name)
-        route_headers = {"x-kinference-decision-id": decision_id, "x-kinference-rule": d.rule or "unmatched",
-                         "x-kinference-backend": cand.backend}
+        route_headers = [("x-kinference-decision-id", decision_id), ("x-kinference-rule", d.rule or "unmatched"),
+                         ("x-kinference-backend", cand.backend)]
         # the prefill work this adds: the prompt minus what the endpoint likely has cached
         send = self.ledger.sent(cand.ledger_key, d.prefill_tokens, time.time())
         if req.block_hashes and cand.is_local:
@@ -410,7 +414,7 @@ class Router:
                 if self.health.connect_failed(cand.ledger_key):
                     log.warning("endpoint ejected", backend=cand.backend, endpoint=cand.endpoint)
                 log.info("upstream connection failed", backend=cand.backend, error=str(exc))
-                return None
+                return _NOT_SENT
             except UpstreamTimeout:
                 outcome = "timeout"
                 obs.timeout_seconds = first_byte
@@ -433,9 +437,8 @@ class Router:
                     raise ApiError(502, "upstream_error", f"{cand.backend} answered {upstream.status}")
                 ctype = upstream.header("Content-Type", "application/json")
                 if body.stream and upstream.status == 200:
-                    resp = web.StreamResponse(status=200, headers={**route_headers, "Content-Type": ctype,
-                                                                   "Cache-Control": "no-cache"})
-                    await resp.prepare(request)
+                    request.start_stream(200, [("Content-Type", ctype), ("Cache-Control", "no-cache"),
+                                               *route_headers])
                     first = True
                     tail = b""
                     try:
@@ -443,7 +446,7 @@ class Router:
                             if first:
                                 first = False
                                 self._first_token(send, obs, started, cand.backend)
-                            await resp.write(chunk)
+                            await request.write(chunk)
                             tail = (tail + chunk)[-4096:]
                     except UpstreamError as exc:
                         # headers are sent: the only way left to tell the client
@@ -454,11 +457,11 @@ class Router:
                         self.metrics.child(self.metrics.requests, self.pool_label, d.rule or "unmatched",
                                                   "upstream_error", backend_type).inc()
                         log.info("upstream stream cut", backend=cand.backend, error=str(exc))
-                        if request.transport is not None:
-                            request.transport.abort()
-                        return resp
-                    await resp.write_eof()
+                        request.abort()
+                        return None
+                    request.end_stream()
                     self._usage_from_stream(tail, obs)
+                    resp = None
                 else:
                     try:
                         payload = await upstream.read()
@@ -470,8 +473,7 @@ class Router:
                         raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
                     self._first_token(send, obs, started, cand.backend)
                     self._usage(payload, obs)
-                    resp = web.Response(status=upstream.status, body=payload,
-                                        headers={**route_headers, "Content-Type": ctype})
+                    resp = Response(upstream.status, payload, route_headers, content_type=ctype)
                 outcome = "ok" if upstream.status < 400 else "error"
                 self.metrics.child(self.metrics.requests, self.pool_label, d.rule or "unmatched", "routed", backend_type).inc()
                 return resp
@@ -522,32 +524,42 @@ class Router:
 
     # ---------------------------------------------------------------- admin
 
-    async def explain(self, request: web.Request) -> web.Response:
+    async def explain(self, request: HttpRequest) -> Response:
         """``POST /debug/explain``: a request body plus optional ``tenant``,
         ``tags``, ``headers``; the trace on the live snapshot, nothing sent."""
+        if request.body_too_large:
+            return _explain_error(413, f"body over {self.settings.max_body_bytes} bytes")
         try:
-            raw = msgspec.json.decode(await request.read())
+            raw = msgspec.json.decode(request.body)
         except msgspec.DecodeError as exc:
-            return web.json_response({"error": f"not JSON: {exc}"}, status=400)
+            return _explain_error(400, f"not JSON: {exc}")
         if not isinstance(raw, dict):
-            return web.json_response({"error": "expected a JSON object"}, status=400)
+            return _explain_error(400, "expected a JSON object")
         snap = self.keeper.snapshot
         if snap is None:
-            return web.json_response({"error": "no configuration yet"}, status=503)
+            return _explain_error(503, "no configuration yet")
         inner = raw.get("body", raw)
         chat = "messages" in inner
         try:
             body = parse(msgspec.json.encode({k: v for k, v in inner.items()
                                               if k not in ("tenant", "tags", "headers")}), chat=chat)
         except BadRequest as exc:
-            return web.json_response({"error": str(exc)}, status=400)
+            return _explain_error(400, str(exc))
         headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
         req = self._engine_request(headers, body, str(raw.get("tenant") or "anonymous"))
         tags = raw.get("tags")
         if tags is not None:
             req = msgspec.structs.replace(req, tags=frozenset(map(str, tags)))
         d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=random.Random(0))
-        return web.Response(body=encode_trace(build_trace(d, decision_id="explain")), content_type="application/json")
+        return Response(200, encode_trace(build_trace(d, decision_id="explain")))
+
+
+def _explain_error(status: int, message: str) -> Response:
+    return Response(status, msgspec.json.encode({"error": message}))
+
+
+#: what _send returns when nothing reached the upstream (the caller tries the next candidate)
+_NOT_SENT = object()
 
 
 class _Usage(msgspec.Struct):

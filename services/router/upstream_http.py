@@ -6,9 +6,10 @@ it cost about 75-85 µs of CPU per proxied request, against about 10-13 µs for
 this client on the same machine (``bench/router.py`` shows the effect on the
 whole router). A proxy needs little of what ``ClientSession`` does per
 request (cookies, redirects, tracing signals, URL building, multipart, proxy
-settings, decompression), so the router keeps aiohttp for its server and
-talks to upstreams with this: the HTTP parsing is ``httptools`` (llhttp, the
-parser of Node.js and uvicorn), the TLS is asyncio's.
+settings, decompression), so the router talks to upstreams with this (and
+serves its clients with :mod:`kinference_router.http_server`, for the same
+reason): the HTTP parsing is ``httptools`` (llhttp, the parser of Node.js and
+uvicorn), the TLS is asyncio's.
 
 What it does:
 

@@ -98,8 +98,8 @@ async def load_env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Loa
     router = Router(RouterSettings(namespace="default", pool="load"), Authenticator("none"),
                     SecretFiles(tmp_path / "secrets"), nc=nc)
     await router.start()
-    server = TestServer(router.data_app())
-    await server.start_server()
+    server = router.data_server()
+    await server.start("127.0.0.1", 0)
     state = EndpointState(namespace="default", worker_set="load-stub", pod="stub-0",
                           address=f"127.0.0.1:{upstream.port}", model="load-model", ready=True,
                           scraped_at=time.time(), queued=0, running=0, kv_cache_usage=0.1,

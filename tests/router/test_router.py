@@ -16,7 +16,7 @@ import aiohttp
 import nats
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 
 from kinference_classifier.service import ClassifierService
 from kinference_common import bus, subjects
@@ -87,7 +87,7 @@ class Env:
     pods: dict[str, Upstream]
     provider: Upstream
     router: Router
-    client: TestClient
+    client: Any  # tests/router/conftest.py's Served
     tmp: Path
 
     async def telemetry(self, pod: str, address: str | None = None, **signals: Any) -> None:
@@ -113,7 +113,7 @@ class Env:
 
 
 @pytest.fixture
-async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Env]:
+async def env(nats_server: NatsServer, tmp_path: Path, serve: Any) -> AsyncIterator[Env]:
     pods = {p: Upstream(p) for p in ("qwen-0", "qwen-1", "qwen-spot-0")}
     provider = Upstream("databricks", api_key="sk-test")
     for up in (*pods.values(), provider):
@@ -135,8 +135,7 @@ async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Env]:
     (secret / "token").write_text("sk-test\n")
     router = Router(RouterSettings(), Authenticator("none"), SecretFiles(tmp_path / "secrets"), nc=nc)
     await router.start()
-    client = TestClient(TestServer(router.data_app()))
-    await client.start_server()
+    client = await serve(router.data_server())
     e = Env(nats_server, nc, pods, provider, router, client, tmp_path)
     for pod in pods:
         await e.telemetry(pod)
@@ -337,7 +336,7 @@ async def test_client_disconnect_cancels_the_upstream_request(env: Env, classifi
             await env.telemetry(pod, address=f"127.0.0.1:{slow.port}")
         await env.settle()
         session = aiohttp.ClientSession()
-        r = await session.post(f"http://127.0.0.1:{env.client.server.port}/v1/chat/completions",
+        r = await session.post(f"http://127.0.0.1:{env.client.port}/v1/chat/completions",
                                json={"model": "qwen-2.5", "stream": True,
                                      "messages": [{"role": "user", "content": CLEAN_PROMPT}]})
         assert r.status == 200
@@ -361,7 +360,8 @@ def _app_with(handler):  # type: ignore[no-untyped-def]
     return app
 
 
-async def test_decision_events_are_trimmed_but_explain_is_not(env: Env, classifier: ClassifierService) -> None:
+async def test_decision_events_are_trimmed_but_explain_is_not(env: Env, classifier: ClassifierService,
+                                                              serve: Any) -> None:
     events: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def on_msg(msg: Any) -> None:
@@ -373,8 +373,7 @@ async def test_decision_events_are_trimmed_but_explain_is_not(env: Env, classifi
     event = json.loads(await asyncio.wait_for(events.get(), 5))
     rule = event["rules"][0]
     assert rule["candidates"] and rule["tiers"] and rule["scores"] == []
-    admin = TestClient(TestServer(env.router.admin_app()))
-    await admin.start_server()
+    admin = await serve(env.router.admin_server())
     try:
         r = await admin.post("/debug/explain", json={"model": "qwen-2.5", "tags": ["pii-none"],
                                                      "messages": [{"role": "user", "content": "x"}]})

@@ -89,8 +89,8 @@ async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Env]:
     router = Router(RouterSettings(namespace="default", pool="review", first_byte_timeout=2.0),
                     Authenticator("none"), SecretFiles(tmp_path / "secrets"), nc=nc)
     await router.start()
-    server = TestServer(router.data_app())
-    await server.start_server()
+    server = router.data_server()
+    await server.start("127.0.0.1", 0)
     observations: list[dict[str, Any]] = []
 
     async def on_obs(msg: Any) -> None:

@@ -1,0 +1,474 @@
+"""The router's HTTP/1.1 server: ``httptools`` (llhttp) under an asyncio
+protocol, serving a fixed table of routes.
+
+Why not aiohttp's web server (which the router used first): on one core,
+aiohttp's server (its application, request and response objects and writer)
+cost about 60 µs of CPU per proxied request on this machine, against about
+30 µs for this server with the same upstream client and the same handler
+(measured side by side; ``make bench-router`` shows the effect on the whole
+router). The router's answers come in two shapes only, a JSON body or a
+server-sent-event stream passed through, so it needs little of a web
+framework: no middlewares, cookies, multipart, compression, static files or
+websockets. The parsing is ``httptools``, the parser of uvicorn and of the
+router's upstream client (:mod:`kinference_router.upstream_http`).
+
+What it does:
+
+- HTTP/1.1 (and 1.0) with keep-alive; pipelined requests are answered in
+  order, one at a time (reading pauses when several are queued).
+- Request bodies by ``Content-Length`` or chunked. Over ``max_body_bytes``
+  the handler is called at once with ``body_too_large`` set (it answers 413
+  in its own error format) and the connection closes after the answer,
+  without reading the rest of the body. ``Expect: 100-continue`` is answered
+  ``100 Continue`` only for a body within the limit.
+- Routes are exact paths with their methods; ``HEAD`` is served by the
+  ``GET`` handler without the body. An unknown path is 404, a known path
+  with another method 405 (with ``Allow``), a request that is not HTTP 400,
+  and the connection closes after a 400.
+- A handler returns a :class:`Response`, or streams: ``start_stream``, then
+  ``await write(chunk)`` (chunked framing; waits while the client's socket
+  buffer is full, so a slow client slows its upstream instead of filling
+  memory), then ``end_stream``, or ``abort`` to cut the connection.
+- A client that disconnects (or half-closes) cancels its handler, as
+  aiohttp's ``handler_cancellation`` did: the router's upstream request is
+  closed with it.
+- A handler that raises answers 500 (logged by exception type, never the
+  message: it could quote the request); mid-stream the connection is cut.
+- Connections idle for ``keepalive_timeout`` seconds (between requests, or
+  stuck part-way through a request that stopped arriving) are closed by a
+  sweep once a second.
+- :meth:`HttpServer.close` stops accepting, closes idle connections, lets
+  requests under way finish for up to ``grace`` seconds, then cancels them.
+
+Not here: TLS (terminated in front of the router), HTTP/2, protocol upgrades
+(a request asking for one is answered over HTTP/1.1, then the connection
+closes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from email.utils import formatdate
+from http import HTTPStatus
+
+import httptools
+import structlog
+
+log = structlog.get_logger("router.http")
+
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+#: pipelined requests parsed ahead of the one being answered before reading pauses
+_MAX_PIPELINE = 8
+
+
+class Response:
+    """A whole answer: status, body and headers (``Content-Type`` first)."""
+
+    __slots__ = ("status", "body", "headers")
+
+    def __init__(self, status: int = 200, body: bytes = b"", headers: Iterable[tuple[str, str]] = (), *,
+                 content_type: str = "application/json") -> None:
+        self.status = status
+        self.body = body
+        self.headers = [("Content-Type", content_type), *headers]
+
+
+#: a handler answers with a Response, or None after streaming (or aborting)
+Handler = Callable[["Request"], Awaitable["Response | None"]]
+#: builds the answer to an error the server finds itself (unknown path, bad request, a handler that failed)
+ErrorResponder = Callable[[int, str, str], Response]
+
+
+def plain_error(status: int, code: str, message: str) -> Response:
+    """The default :data:`ErrorResponder`: the message as text."""
+    return Response(status, f"{message}\n".encode(), content_type="text/plain; charset=utf-8")
+
+
+_NEW, _STREAMING, _DONE = 0, 1, 2
+
+
+class Request:
+    """One request, its body already read."""
+
+    __slots__ = ("method", "path", "query", "version", "headers", "raw_headers", "body", "body_too_large",
+                 "keep_alive", "_conn", "_state", "_chunked", "_head_only")
+
+    def __init__(self, conn: _Connection, method: str, path: str, query: str, version: str,
+                 raw_headers: list[tuple[str, str]], keep_alive: bool) -> None:
+        self._conn = conn
+        self.method = method
+        self.path = path
+        self.query = query
+        self.version = version
+        #: as received, names in their own case
+        self.raw_headers = raw_headers
+        #: lower-cased names; a repeated header's values joined with ", "
+        self.headers: dict[str, str] = {}
+        for name, value in raw_headers:
+            key = name.lower()
+            self.headers[key] = f"{self.headers[key]}, {value}" if key in self.headers else value
+        self.body = b""
+        self.body_too_large = False
+        self.keep_alive = keep_alive
+        self._state = _NEW
+        self._chunked = True
+        self._head_only = method == "HEAD"
+
+    # ----------------------------------------------------------- streaming
+
+    def start_stream(self, status: int, headers: Iterable[tuple[str, str]]) -> None:
+        """Send the status and headers of a streamed answer; the body follows
+        with :meth:`write`. HTTP/1.0 clients get it close-delimited."""
+        if self._state != _NEW:
+            raise RuntimeError("the answer was already started")
+        conn = self._conn
+        if conn.transport is None:
+            raise ConnectionResetError("the client went away")
+        extra = "Transfer-Encoding: chunked\r\n"
+        if self.version == "1.0":
+            self._chunked = False
+            self.keep_alive = False
+            extra = ""
+        conn.transport.write(conn.head(status, headers, extra, self.keep_alive))
+        self._state = _STREAMING
+
+    async def write(self, data: bytes) -> None:
+        """Send one piece of a streamed answer; waits while the client is behind."""
+        if self._state != _STREAMING:
+            raise RuntimeError("write() before start_stream() or after end_stream()")
+        conn = self._conn
+        if conn.transport is None:
+            raise ConnectionResetError("the client went away")
+        if data:
+            conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+            if conn.write_paused:
+                await conn.drain()
+
+    def end_stream(self) -> None:
+        """Finish a streamed answer (the terminating chunk)."""
+        if self._state != _STREAMING:
+            raise RuntimeError("end_stream() without start_stream()")
+        conn = self._conn
+        if conn.transport is not None and self._chunked:
+            conn.transport.write(b"0\r\n\r\n")
+        self._state = _DONE
+
+    def abort(self) -> None:
+        """Cut the connection now: a stream ends without its terminating
+        chunk, so the client can tell it apart from a finished one."""
+        self._state = _DONE
+        self.keep_alive = False
+        if self._conn.transport is not None:
+            self._conn.transport.abort()
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parses requests and runs their handlers in order."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        #: requests parsed and waiting for the one being answered
+        self.pipeline: deque[Request] = deque()
+        #: the handler under way
+        self.task: asyncio.Task[None] | None = None
+        self.last_activity = self.loop.time()
+        #: close after the answer under way (server closing, a refused body, a bad request)
+        self.closing = False
+        self.write_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._reading_paused = False
+        # the request being parsed
+        self._url = b""
+        self._headers: list[tuple[str, str]] = []
+        self._body: list[bytes] = []
+        self._size = 0
+        self._req: Request | None = None
+        #: the request being parsed was already handed over (its body is refused)
+        self._dispatched = False
+
+    # ---------------------------------------------------------- transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.server.connections.discard(self)
+        self.pipeline.clear()
+        if self.task is not None:
+            self.task.cancel()
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("the client went away"))
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def drain(self) -> None:
+        if self.transport is None:
+            raise ConnectionResetError("the client went away")
+        if self._drain_waiter is None:
+            self._drain_waiter = self.loop.create_future()
+        await asyncio.shield(self._drain_waiter)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_activity = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # the request asked to switch protocols: answer it over HTTP/1.1
+            # (when it is whole), then close instead of reading what follows
+            self.closing = True
+            self._pause_reading()
+        except httptools.HttpParserError:
+            self._bad_request("the request is not valid HTTP/1.1")
+
+    # ----------------------------------------------------- parser callbacks
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._body = []
+        self._size = 0
+        self._req = None
+        self._dispatched = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+
+    def on_headers_complete(self) -> None:
+        p = self.parser
+        path, _, query = self._url.decode("utf-8", "surrogateescape").partition("?")
+        req = self._req = Request(self, p.get_method().decode("ascii", "replace"), path, query,
+                                  p.get_http_version(), self._headers, p.should_keep_alive())
+        limit = self.server.max_body_bytes
+        declared = req.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            self._refuse_body(req)
+        elif req.headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        if self._dispatched:
+            return
+        self._size += len(body)
+        if self._size > self.server.max_body_bytes:
+            assert self._req is not None
+            self._body = []
+            self._refuse_body(self._req)
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        req = self._req
+        if req is None or self._dispatched:
+            return
+        req.body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body = []
+        self._dispatch(req)
+
+    # ------------------------------------------------------------ requests
+
+    def _refuse_body(self, req: Request) -> None:
+        """Hand over a request whose body is over the limit, unread; the
+        connection closes after its answer."""
+        req.body_too_large = True
+        self._dispatched = True
+        self.closing = True
+        self._pause_reading()
+        self._dispatch(req)
+
+    def _dispatch(self, req: Request) -> None:
+        if self.task is None and not self.pipeline:
+            self._start(req)
+            return
+        self.pipeline.append(req)
+        if len(self.pipeline) >= _MAX_PIPELINE:
+            self._pause_reading()
+
+    def _start(self, req: Request) -> None:
+        methods = self.server.routes.get(req.path)
+        handler = None
+        if methods is not None:
+            handler = methods.get(req.method) or (methods.get("GET") if req.method == "HEAD" else None)
+        if handler is None:
+            if methods is None:
+                resp = self.server.on_error(404, "not_found", f"no route for {req.path}")
+            else:
+                allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
+                resp = self.server.on_error(405, "method_not_allowed",
+                                            f"{req.path} takes {', '.join(allowed)}, not {req.method}")
+                resp.headers.append(("Allow", ", ".join(allowed)))
+            self._finish(req, resp)
+            return
+        self.task = self.loop.create_task(self._run(req, handler))
+
+    async def _run(self, req: Request, handler: Handler) -> None:
+        try:
+            resp = await handler(req)
+        except asyncio.CancelledError:
+            # the client went away (or the server is closing and its grace ran out)
+            self.task = None
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        except Exception as exc:
+            self.task = None
+            if self.transport is None:  # the client went away mid-answer: nobody to tell
+                log.debug("handler ended without a client", path=req.path, error=type(exc).__name__)
+                return
+            # never the message or traceback text: it could quote the request
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "?"
+            log.error("handler failed", path=req.path, error=type(exc).__name__, at=where)
+            resp = self.server.on_error(500, "internal_error", "the router failed on this request")
+        self.task = None
+        self._finish(req, resp)
+
+    def _finish(self, req: Request, resp: Response | None) -> None:
+        """Write the answer (unless it was streamed), then go on to the next request."""
+        transport = self.transport
+        if transport is None:
+            return
+        if req._state == _NEW:
+            if resp is None:
+                resp = self.server.on_error(500, "internal_error", "the router gave no answer")
+            keep = req.keep_alive and not self.closing
+            try:
+                head = self.head(resp.status, resp.headers, f"Content-Length: {len(resp.body)}\r\n", keep)
+            except ValueError:
+                log.error("answer not sent: a header has a line break", path=req.path)
+                resp = self.server.on_error(500, "internal_error", "the router built an invalid answer")
+                head = self.head(resp.status, resp.headers, f"Content-Length: {len(resp.body)}\r\n", keep)
+            transport.write(head if req._head_only or not resp.body else head + resp.body)
+            req._state = _DONE
+        elif req._state == _STREAMING:  # the handler returned mid-stream
+            req.abort()
+            return
+        if not req.keep_alive or self.closing:
+            transport.close()
+            return
+        self.last_activity = self.loop.time()
+        if self.pipeline:
+            self._start(self.pipeline.popleft())
+        if self._reading_paused and len(self.pipeline) < _MAX_PIPELINE // 2:
+            self._reading_paused = False
+            transport.resume_reading()
+        if self.server.closing and self.task is None and not self.pipeline:
+            transport.close()
+
+    def _bad_request(self, message: str) -> None:
+        self.closing = True
+        self.pipeline.clear()
+        if self.task is None and self.transport is not None:
+            resp = self.server.on_error(400, "bad_request", message)
+            self.transport.write(self.head(resp.status, resp.headers, f"Content-Length: {len(resp.body)}\r\n",
+                                           False) + resp.body)
+            self.transport.close()
+        # with a handler under way, its answer is written first and closes the connection
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def head(self, status: int, headers: Iterable[tuple[str, str]], extra: str, keep_alive: bool) -> bytes:
+        """The status line and headers; ValueError for a header with a line break."""
+        parts = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"]
+        for name, value in headers:
+            if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
+                raise ValueError(f"header {name!r} has a line break in it")
+            parts.append(f"{name}: {value}\r\n")
+        parts.append(extra)
+        parts.append(self.server.date_header())
+        if not keep_alive:
+            parts.append("Connection: close\r\n")
+        parts.append("\r\n")
+        return "".join(parts).encode("utf-8", "surrogateescape")
+
+
+class HttpServer:
+    """Serves ``routes`` (path -> method -> handler) on one listening socket."""
+
+    def __init__(self, routes: Mapping[str, Mapping[str, Handler]], *, max_body_bytes: int = 4 * 1024 * 1024,
+                 keepalive_timeout: float = 75.0, on_error: ErrorResponder = plain_error) -> None:
+        self.routes = {path: dict(methods) for path, methods in routes.items()}
+        self.max_body_bytes = max_body_bytes
+        self.keepalive_timeout = keepalive_timeout
+        self.on_error = on_error
+        self.connections: set[_Connection] = set()
+        self.closing = False
+        #: set by start(); the connections use it
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._date_second = 0
+        self._date = ""
+        self._port = 0
+
+    @property
+    def port(self) -> int:
+        """The port listened on (useful after ``start(port=0)``)."""
+        return self._port
+
+    async def start(self, host: str, port: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(lambda: _Connection(self), host, port, reuse_address=True,
+                                                     backlog=1024)
+        self._port = int(self._server.sockets[0].getsockname()[1])
+        self._sweeper = self.loop.call_later(1.0, self._sweep)
+
+    def date_header(self) -> str:
+        now = int(time.time())
+        if now != self._date_second:
+            self._date_second = now
+            self._date = f"Date: {formatdate(now, usegmt=True)}\r\n"
+        return self._date
+
+    def _sweep(self) -> None:
+        """Close connections idle (or stalled mid-request) for ``keepalive_timeout``."""
+        cutoff = self.loop.time() - self.keepalive_timeout
+        for conn in list(self.connections):
+            if conn.task is None and not conn.pipeline and conn.last_activity < cutoff \
+                    and conn.transport is not None:
+                conn.transport.close()
+        self._sweeper = self.loop.call_later(1.0, self._sweep)
+
+    async def close(self, grace: float = 5.0) -> None:
+        """Stop accepting; let requests under way finish for up to ``grace`` seconds."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.closing = True
+            if conn.task is None and not conn.pipeline and conn.transport is not None:
+                conn.transport.close()
+        deadline = self.loop.time() + grace
+        while any(c.task is not None for c in self.connections) and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            if conn.task is not None:
+                conn.task.cancel()
+            if conn.transport is not None:
+                conn.transport.abort()
+        await asyncio.sleep(0)  # let cancelled handlers unwind
