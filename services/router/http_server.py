@@ -15,7 +15,12 @@ router's upstream client (:mod:`kinference_router.upstream_http`).
 What it does:
 
 - HTTP/1.1 (and 1.0) with keep-alive; pipelined requests are answered in
-  order, one at a time (reading pauses when several are queued).
+  order, one at a time (reading pauses when several are queued), and what
+  one of them needs (closing after it, a ``100 Continue``, the 400 for bytes
+  that follow it and are not HTTP) waits for its turn.
+- The request line and headers are limited to ``max_head_bytes`` (64 KiB):
+  over it, 431 and the connection closes. Trailers of a chunked body are
+  dropped, never taken for headers.
 - Request bodies by ``Content-Length`` or chunked. Over ``max_body_bytes``
   the handler is called at once with ``body_too_large`` set (it answers 413
   in its own error format) and the connection closes after the answer,
@@ -31,17 +36,21 @@ What it does:
   memory), then ``end_stream``, or ``abort`` to cut the connection.
 - A client that disconnects (or half-closes) cancels its handler, as
   aiohttp's ``handler_cancellation`` did: the router's upstream request is
-  closed with it.
+  closed with it (the connection is cut at once, even when the answer under
+  way is stuck in a full socket buffer).
 - A handler that raises answers 500 (logged by exception type, never the
   message: it could quote the request); mid-stream the connection is cut.
 - Connections idle for ``keepalive_timeout`` seconds (between requests, or
   stuck part-way through a request that stopped arriving) are closed by a
   sweep once a second.
 - :meth:`HttpServer.close` stops accepting, closes idle connections, lets
-  requests under way finish for up to ``grace`` seconds, then cancels them.
+  requests under way finish and their answers be written for up to ``grace``
+  seconds, then cancels the handlers left, waits for them to unwind, and
+  cuts their connections.
 
 Not here: TLS (terminated in front of the router), HTTP/2, protocol upgrades
-(a request asking for one is answered over HTTP/1.1, then the connection
+(a request asking for one, ``h2c`` from ``curl --http2`` for instance, is
+answered over HTTP/1.1 with its ``Content-Length`` body, then the connection
 closes).
 """
 
@@ -128,11 +137,13 @@ class Request:
         if conn.transport is None:
             raise ConnectionResetError("the client went away")
         extra = "Transfer-Encoding: chunked\r\n"
+        if conn.server.closing:
+            self.keep_alive = False
         if self.version == "1.0":
             self._chunked = False
             self.keep_alive = False
             extra = ""
-        conn.transport.write(conn.head(status, headers, extra, self.keep_alive))
+        conn.transport.write(conn.head(status, headers, extra, self.keep_alive, self.version))
         self._state = _STREAMING
 
     async def write(self, data: bytes) -> None:
@@ -142,7 +153,7 @@ class Request:
         conn = self._conn
         if conn.transport is None:
             raise ConnectionResetError("the client went away")
-        if data:
+        if data and not self._head_only:
             conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
             if conn.write_paused:
                 await conn.drain()
@@ -152,7 +163,7 @@ class Request:
         if self._state != _STREAMING:
             raise RuntimeError("end_stream() without start_stream()")
         conn = self._conn
-        if conn.transport is not None and self._chunked:
+        if conn.transport is not None and self._chunked and not self._head_only:
             conn.transport.write(b"0\r\n\r\n")
         self._state = _DONE
 
@@ -165,8 +176,18 @@ class Request:
             self._conn.transport.abort()
 
 
+class _HeadTooLarge(Exception):
+    """The request line and headers are over the limit (raised inside the parser)."""
+
+
 class _Connection(asyncio.Protocol):
-    """One client connection: parses requests and runs their handlers in order."""
+    """One client connection: parses requests and answers them in order.
+
+    Requests parsed while an earlier one is being answered wait in
+    ``pipeline``; :meth:`_advance` starts them one at a time. Whatever must
+    wait for the queue to drain (a ``100 Continue``, the 400 for bytes that
+    are not HTTP) is kept on the connection and written by :meth:`_advance`.
+    """
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -178,19 +199,24 @@ class _Connection(asyncio.Protocol):
         #: the handler under way
         self.task: asyncio.Task[None] | None = None
         self.last_activity = self.loop.time()
-        #: close after the answer under way (server closing, a refused body, a bad request)
-        self.closing = False
         self.write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
         self._reading_paused = False
+        #: the 400 (or 431) to write once the requests before the bad bytes are answered
+        self._error: tuple[int, str, str] | None = None
+        #: the request being parsed asked for 100 Continue, to send when it is next
+        self._continue = False
         # the request being parsed
         self._url = b""
         self._headers: list[tuple[str, str]] = []
+        self._head_bytes = 0
         self._body: list[bytes] = []
         self._size = 0
         self._req: Request | None = None
         #: the request being parsed was already handed over (its body is refused)
         self._dispatched = False
+        #: an Upgrade request whose body the parser skipped: (request, bytes still to read)
+        self._upgrade: tuple[Request, int] | None = None
 
     # ---------------------------------------------------------- transport
 
@@ -207,6 +233,13 @@ class _Connection(asyncio.Protocol):
         waiter, self._drain_waiter = self._drain_waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("the client went away"))
+
+    def eof_received(self) -> bool:
+        # the client closed its side: nobody will read an answer under way,
+        # and a full socket buffer would keep close() waiting for ever
+        if (self.task is not None or self.pipeline) and self.transport is not None:
+            self.transport.abort()
+        return False
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -226,31 +259,48 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_activity = self.loop.time()
+        if self._error is not None:
+            return  # the connection closes once the answers before the error are written
+        if self._upgrade is not None:
+            self._upgrade_body(data)
+            return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # the request asked to switch protocols: answer it over HTTP/1.1
-            # (when it is whole), then close instead of reading what follows
-            self.closing = True
-            self._pause_reading()
+        except httptools.HttpParserUpgrade as exc:
+            self._upgrade_requested(data[exc.args[0]:] if exc.args else b"")
         except httptools.HttpParserError:
-            self._bad_request("the request is not valid HTTP/1.1")
+            if self._head_bytes > self.server.max_head_bytes:
+                self._fail(431, "request_header_fields_too_large",
+                           f"request line and headers over {self.server.max_head_bytes} bytes")
+            else:
+                self._fail(400, "bad_request", "the request is not valid HTTP/1.1")
 
     # ----------------------------------------------------- parser callbacks
 
     def on_message_begin(self) -> None:
         self._url = b""
         self._headers = []
+        self._head_bytes = 0
         self._body = []
         self._size = 0
         self._req = None
         self._dispatched = False
+        self._continue = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._req is not None:
+            return  # a chunked body's trailer: not a header of the request
+        self._count_head(len(name) + len(value))
         self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+
+    def _count_head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > self.server.max_head_bytes:
+            raise _HeadTooLarge  # the parser stops; data_received answers 431
 
     def on_headers_complete(self) -> None:
         p = self.parser
@@ -261,8 +311,10 @@ class _Connection(asyncio.Protocol):
         declared = req.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             self._refuse_body(req)
-        elif req.headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        elif req.headers.get("expect", "").lower() == "100-continue":
+            self._continue = True
+            if self.task is None and not self.pipeline:
+                self._send_continue()
 
     def on_body(self, body: bytes) -> None:
         if self._dispatched:
@@ -277,8 +329,11 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         req = self._req
+        self._continue = False
         if req is None or self._dispatched:
             return
+        if self.parser.should_upgrade():
+            return  # the parser skipped its body: data_received reads it (_upgrade_requested)
         req.body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
         self._dispatch(req)
@@ -287,37 +342,101 @@ class _Connection(asyncio.Protocol):
 
     def _refuse_body(self, req: Request) -> None:
         """Hand over a request whose body is over the limit, unread; the
-        connection closes after its answer."""
+        connection closes after its answer and reads nothing more."""
         req.body_too_large = True
+        req.keep_alive = False
         self._dispatched = True
-        self.closing = True
+        self._continue = False
         self._pause_reading()
         self._dispatch(req)
 
-    def _dispatch(self, req: Request) -> None:
-        if self.task is None and not self.pipeline:
-            self._start(req)
+    def _upgrade_requested(self, rest: bytes) -> None:
+        """A request asked to switch protocols: it is answered over HTTP/1.1,
+        then the connection closes. The parser leaves its body to us."""
+        req = self._req
+        self._pause_reading()
+        if req is None or self._dispatched:
             return
+        req.keep_alive = False
+        if "chunked" in req.headers.get("transfer-encoding", "").lower():
+            self._fail(400, "bad_request", "a chunked body with an Upgrade request is not supported")
+            return
+        declared = req.headers.get("content-length", "0")
+        self._upgrade = (req, int(declared) if declared.isdigit() else 0)
+        self._resume_reading()
+        self._upgrade_body(rest)
+
+    def _upgrade_body(self, data: bytes) -> None:
+        assert self._upgrade is not None
+        req, missing = self._upgrade
+        if data and missing:
+            self._body.append(data[:missing])
+            missing -= min(missing, len(data))
+        self._upgrade = (req, missing)
+        if missing == 0 and not self._dispatched:
+            self._dispatched = True
+            req.body = b"".join(self._body)
+            self._body = []
+            self._pause_reading()  # nothing after it is read
+            self._dispatch(req)
+
+    def _dispatch(self, req: Request) -> None:
         self.pipeline.append(req)
         if len(self.pipeline) >= _MAX_PIPELINE:
             self._pause_reading()
+        if self.task is None:
+            self._advance()
 
-    def _start(self, req: Request) -> None:
+    def _advance(self) -> None:
+        """Answer the queued requests in order, until one needs its handler to run."""
+        while self.task is None and self.transport is not None:
+            if not self.pipeline:
+                self._idle()
+                return
+            req = self.pipeline.popleft()
+            if self._reading_paused and len(self.pipeline) < _MAX_PIPELINE // 2 and req.keep_alive \
+                    and self._upgrade is None and self._error is None:
+                self._resume_reading()
+            handler = self._route(req)
+            if handler is not None:
+                self.task = self.loop.create_task(self._run(req, handler))
+                return
+            if not req.keep_alive:
+                self.transport.close()
+                return
+
+    def _idle(self) -> None:
+        """Nothing queued and no handler under way: what was waiting for this."""
+        assert self.transport is not None
+        if self._error is not None:
+            resp = self.server.on_error(*self._error)
+            self._write(resp, False, False)
+            self.transport.close()
+        elif self.server.closing:
+            self.transport.close()
+        elif self._continue:
+            self._send_continue()
+
+    def _send_continue(self) -> None:
+        self._continue = False
+        if self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _route(self, req: Request) -> Handler | None:
+        """The handler for ``req``; None once the server answered it itself (404, 405)."""
         methods = self.server.routes.get(req.path)
-        handler = None
         if methods is not None:
             handler = methods.get(req.method) or (methods.get("GET") if req.method == "HEAD" else None)
-        if handler is None:
-            if methods is None:
-                resp = self.server.on_error(404, "not_found", f"no route for {req.path}")
-            else:
-                allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
-                resp = self.server.on_error(405, "method_not_allowed",
-                                            f"{req.path} takes {', '.join(allowed)}, not {req.method}")
-                resp.headers.append(("Allow", ", ".join(allowed)))
-            self._finish(req, resp)
-            return
-        self.task = self.loop.create_task(self._run(req, handler))
+            if handler is not None:
+                return handler
+            allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
+            resp = self.server.on_error(405, "method_not_allowed",
+                                        f"{req.path} takes {', '.join(allowed)}, not {req.method}")
+            resp.headers.append(("Allow", ", ".join(allowed)))
+        else:
+            resp = self.server.on_error(404, "not_found", f"no route for {req.path}")
+        self._answer(req, resp)
+        return None
 
     async def _run(self, req: Request, handler: Handler) -> None:
         try:
@@ -341,57 +460,61 @@ class _Connection(asyncio.Protocol):
             log.error("handler failed", path=req.path, error=type(exc).__name__, at=where)
             resp = self.server.on_error(500, "internal_error", "the router failed on this request")
         self.task = None
-        self._finish(req, resp)
-
-    def _finish(self, req: Request, resp: Response | None) -> None:
-        """Write the answer (unless it was streamed), then go on to the next request."""
-        transport = self.transport
-        if transport is None:
+        if self.transport is None:
             return
-        if req._state == _NEW:
-            if resp is None:
-                resp = self.server.on_error(500, "internal_error", "the router gave no answer")
-            keep = req.keep_alive and not self.closing
-            try:
-                head = self.head(resp.status, resp.headers, f"Content-Length: {len(resp.body)}\r\n", keep)
-            except ValueError:
-                log.error("answer not sent: a header has a line break", path=req.path)
-                resp = self.server.on_error(500, "internal_error", "the router built an invalid answer")
-                head = self.head(resp.status, resp.headers, f"Content-Length: {len(resp.body)}\r\n", keep)
-            transport.write(head if req._head_only or not resp.body else head + resp.body)
-            req._state = _DONE
-        elif req._state == _STREAMING:  # the handler returned mid-stream
+        if req._state == _STREAMING:  # the handler returned (or failed) mid-stream
             req.abort()
             return
-        if not req.keep_alive or self.closing:
-            transport.close()
+        if req._state == _NEW:
+            self._answer(req, resp)
+        if not req.keep_alive:
+            self.transport.close()
             return
         self.last_activity = self.loop.time()
-        if self.pipeline:
-            self._start(self.pipeline.popleft())
-        if self._reading_paused and len(self.pipeline) < _MAX_PIPELINE // 2:
-            self._reading_paused = False
-            transport.resume_reading()
-        if self.server.closing and self.task is None and not self.pipeline:
-            transport.close()
+        self._advance()
 
-    def _bad_request(self, message: str) -> None:
-        self.closing = True
-        self.pipeline.clear()
-        if self.task is None and self.transport is not None:
-            resp = self.server.on_error(400, "bad_request", message)
-            self.transport.write(self.head(resp.status, resp.headers, f"Content-Length: {len(resp.body)}\r\n",
-                                           False) + resp.body)
-            self.transport.close()
-        # with a handler under way, its answer is written first and closes the connection
+    def _answer(self, req: Request, resp: Response | None) -> None:
+        """Write a whole answer (for HEAD, without its body)."""
+        if resp is None:
+            resp = self.server.on_error(500, "internal_error", "the router gave no answer")
+        if self.server.closing:
+            req.keep_alive = False
+        try:
+            self._write(resp, req.keep_alive, req._head_only, req.version)
+        except ValueError:
+            log.error("answer not sent: a header has a line break", path=req.path)
+            self._write(self.server.on_error(500, "internal_error", "the router built an invalid answer"),
+                        req.keep_alive, req._head_only, req.version)
+        req._state = _DONE
+
+    def _write(self, resp: Response, keep_alive: bool, head_only: bool, version: str = "1.1") -> None:
+        assert self.transport is not None
+        head = self.head(resp.status, resp.headers, f"Content-Length: {len(resp.body)}\r\n", keep_alive, version)
+        self.transport.write(head if head_only or not resp.body else head + resp.body)
+
+    def _fail(self, status: int, code: str, message: str) -> None:
+        """Bytes that are not a request: answer ``status`` once the requests
+        before them are answered, then close."""
+        self._error = (status, code, message)
+        self._continue = False
+        self._pause_reading()
+        if self.task is None:
+            self._advance()
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
             self.transport.pause_reading()
 
-    def head(self, status: int, headers: Iterable[tuple[str, str]], extra: str, keep_alive: bool) -> bytes:
-        """The status line and headers; ValueError for a header with a line break."""
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def head(self, status: int, headers: Iterable[tuple[str, str]], extra: str, keep_alive: bool,
+             version: str = "1.1") -> bytes:
+        """The status line and headers; ValueError for a header with a line
+        break (or one that cannot be encoded)."""
         parts = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"]
         for name, value in headers:
             if "\n" in value or "\r" in value or "\n" in name or "\r" in name:
@@ -401,17 +524,25 @@ class _Connection(asyncio.Protocol):
         parts.append(self.server.date_header())
         if not keep_alive:
             parts.append("Connection: close\r\n")
+        elif version == "1.0":
+            parts.append("Connection: keep-alive\r\n")
         parts.append("\r\n")
-        return "".join(parts).encode("utf-8", "surrogateescape")
+        try:
+            return "".join(parts).encode("utf-8", "surrogateescape")
+        except UnicodeError as exc:
+            raise ValueError(f"a header cannot be encoded: {exc.reason}") from None
 
 
 class HttpServer:
     """Serves ``routes`` (path -> method -> handler) on one listening socket."""
 
     def __init__(self, routes: Mapping[str, Mapping[str, Handler]], *, max_body_bytes: int = 4 * 1024 * 1024,
-                 keepalive_timeout: float = 75.0, on_error: ErrorResponder = plain_error) -> None:
+                 max_head_bytes: int = 64 * 1024, keepalive_timeout: float = 75.0,
+                 on_error: ErrorResponder = plain_error) -> None:
         self.routes = {path: dict(methods) for path, methods in routes.items()}
         self.max_body_bytes = max_body_bytes
+        #: the request line and headers together; over it, 431 and the connection closes
+        self.max_head_bytes = max_head_bytes
         self.keepalive_timeout = keepalive_timeout
         self.on_error = on_error
         self.connections: set[_Connection] = set()
@@ -453,22 +584,25 @@ class HttpServer:
         self._sweeper = self.loop.call_later(1.0, self._sweep)
 
     async def close(self, grace: float = 5.0) -> None:
-        """Stop accepting; let requests under way finish for up to ``grace`` seconds."""
+        """Stop accepting; requests under way get ``grace`` seconds to be
+        answered (and their answers to be written out), then their handlers
+        are cancelled and awaited, and what is left is cut."""
         self.closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
-            conn.closing = True
             if conn.task is None and not conn.pipeline and conn.transport is not None:
-                conn.transport.close()
+                conn.transport.close()  # idle: closes once anything written is flushed
         deadline = self.loop.time() + grace
-        while any(c.task is not None for c in self.connections) and self.loop.time() < deadline:
+        while self.connections and self.loop.time() < deadline:
             await asyncio.sleep(0.02)
+        tasks = [c.task for c in self.connections if c.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
         for conn in list(self.connections):
-            if conn.task is not None:
-                conn.task.cancel()
             if conn.transport is not None:
                 conn.transport.abort()
-        await asyncio.sleep(0)  # let cancelled handlers unwind
