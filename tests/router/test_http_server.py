@@ -269,7 +269,8 @@ async def test_idle_connections_are_swept(server: HttpServer) -> None:
     writer.close()
 
 
-async def test_close_lets_a_request_under_way_finish(calls: Calls) -> None:
+async def slow_request_under_way(calls: Calls) -> tuple[HttpServer, asyncio.StreamReader, asyncio.StreamWriter]:
+    """A server of its own (the test closes it) with a /slow request being handled."""
     s = HttpServer(routes(calls))
     await s.start("127.0.0.1", 0)
     reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
@@ -277,6 +278,11 @@ async def test_close_lets_a_request_under_way_finish(calls: Calls) -> None:
     await writer.drain()
     while not calls.seen:
         await asyncio.sleep(0.01)
+    return s, reader, writer
+
+
+async def test_close_lets_a_request_under_way_finish(calls: Calls) -> None:
+    s, reader, writer = await slow_request_under_way(calls)
     closing = asyncio.create_task(s.close(grace=5.0))
     await asyncio.sleep(0.1)
     with pytest.raises(OSError):  # no longer accepting
@@ -289,13 +295,7 @@ async def test_close_lets_a_request_under_way_finish(calls: Calls) -> None:
 
 
 async def test_close_cancels_what_outlives_the_grace(calls: Calls) -> None:
-    s = HttpServer(routes(calls))
-    await s.start("127.0.0.1", 0)
-    reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
-    writer.write(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
-    await writer.drain()
-    while not calls.seen:
-        await asyncio.sleep(0.01)
+    s, _, writer = await slow_request_under_way(calls)
     await asyncio.wait_for(s.close(grace=0.2), 5)
     assert calls.cancelled.is_set()
     writer.close()
