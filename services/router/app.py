@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from kinference_common import subjects
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_common.classify_client import classify_body
+from kinference_common.compiled import CompiledFlowControl
 from kinference_common.engine import Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
 from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
@@ -41,6 +42,7 @@ from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_
 from kinference_common.messages import Observation, encode
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
+from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
@@ -50,6 +52,8 @@ from kinference_router.upstream_http import ConnectFailed, UpstreamClient, Upstr
 log = structlog.get_logger("router")
 
 OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
+#: names a flow for flow control's fairness (RESOURCES.md); absent = the tenant
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 #: hop-by-hop and client-specific headers never forwarded upstream
 _DROP_HEADERS = frozenset({
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
@@ -147,9 +151,13 @@ class _InflightCollector(Collector):
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None) -> None:
+    """An answer in OpenAI's error envelope; ``rule`` labels it in ``kinference_requests_total``."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None,
+                 rule: str = "") -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
+        self.rule = rule
 
 
 def error_response(err: ApiError, decision_id: str) -> Response:
@@ -196,16 +204,20 @@ class Router:
         self._decisions_subject = subjects.decisions_subject(self.settings.namespace, self.settings.pool)
         self._observations_subject = subjects.observations_subject(self.settings.namespace, self.settings.pool)
         self.upstream: UpstreamClient | None = None
+        self.flow = FlowQueue(on_depth=self._queue_depth)
+        self.keeper.on_rebuild = self.flow.capacity_changed
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         self.upstream = UpstreamClient()
         self.events.start()
+        self.flow.start()
         if self.nc is not None:
             await self.keeper.start(self.nc)
 
     async def stop(self) -> None:
+        await self.flow.stop()
         await self.keeper.stop()
         await self.events.stop()
         if self.upstream is not None:
@@ -313,8 +325,8 @@ class Router:
                 tags, traces = await self._classify(needed, body, decision_id)
                 req = msgspec.structs.replace(req, tags=tags)
             return await self._route(request, chat, body, req, decision_id, traces)
-        except ApiError as err:
-            self.metrics.child(self.metrics.requests, self.pool_label, "", err.code, "").inc()
+        except ApiError as err:  # counted once, here
+            self.metrics.child(self.metrics.requests, self.pool_label, err.rule, err.code, "").inc()
             return error_response(err, decision_id)
         finally:
             structlog.contextvars.reset_contextvars(**bound)
@@ -324,6 +336,30 @@ class Router:
         d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=self.rng, avoid=avoid)
         self.metrics.decision.observe(time.perf_counter() - started)
         return d
+
+    def _queue_depth(self, priority: int, n: int) -> None:
+        self.metrics.child(self.metrics.queue_depth, self.pool_label, str(priority)).set(n)
+
+    async def _wait_for_capacity(self, req: Request, settings: CompiledFlowControl, avoid: set[str]) -> Decision:
+        """Flow control (:mod:`kinference_router.flow`): wait in the pool's
+        queue until a decision on a newer state routes (or rejects for
+        another reason); 429 when shed, 503 at ``maxQueueWait``."""
+
+        def attempt() -> Decision:
+            snap = self.keeper.snapshot
+            if snap is None:
+                raise ApiError(503, "no_capacity", "the router lost its configuration", retry_after=1)
+            return self._decide(req, snap, avoid)
+
+        flow = req.headers.get(FAIRNESS_HEADER) or req.tenant
+        try:
+            return await self.flow.wait(req.priority, flow, settings, attempt)
+        except Shed:
+            raise ApiError(429, "rate_limited", "shed by flow control: the pool's queue is full",
+                           retry_after=1) from None
+        except QueueTimeout:
+            raise ApiError(503, "no_capacity", f"no capacity came back within the pool's maxQueueWait "
+                           f"({settings.max_queue_wait_seconds:g}s)", retry_after=1) from None
 
     def _publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace]) -> None:
         try:
@@ -342,6 +378,15 @@ class Router:
                 break
             # after a refused connection, decide again without what failed
             d = self._decide(req, snap, tried)
+            flow_control = snap.pool.flow_control
+            if not d.routed and d.code == "no_capacity" and flow_control is not None:
+                try:
+                    d = await self._wait_for_capacity(req, flow_control, tried)
+                except ApiError as err:
+                    self._publish_decision(d, decision_id, traces)
+                    err.rule = d.rule or ""
+                    raise
+                snap = d.snapshot  # the state it was decided on
             # built and published in a later turn of the event loop: while the
             # upstream works on the request, not before it is sent
             asyncio.get_running_loop().call_soon(self._publish_decision, d, decision_id, traces)
@@ -349,8 +394,8 @@ class Router:
             if not d.routed:
                 code = d.code or "policy_rejected"
                 status = {"model_not_found": 404, "no_capacity": 503}.get(code, 403)
-                self.metrics.child(self.metrics.requests, self.pool_label, rule, code, "").inc()
-                raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None)
+                raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None,
+                               rule=rule)
             cand = d.candidate
             tried.add(cand.ledger_key)
             result = await self._send(request, chat, body, req, d, snap, decision_id)
@@ -485,6 +530,7 @@ class Router:
             raise
         finally:
             self.ledger.finished(send)
+            self.flow.slot_freed()
             inflight[cand.backend] -= 1
             if not cand.is_local:
                 self.limiter.release(cand.ledger_key)

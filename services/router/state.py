@@ -57,6 +57,8 @@ class SnapshotKeeper:
         self.endpoints: dict[str, EndpointState] = {}
         self.providers: dict[str, ProviderState] = {}
         self.snapshot: Snapshot | None = None
+        #: called after each rebuild that produced a snapshot (flow control's trigger)
+        self.on_rebuild: Callable[[], None] | None = None
         self._dirty = False
         self._built_at = 0.0
         self._nc: nats.NATS | None = None
@@ -97,6 +99,8 @@ class SnapshotKeeper:
             self.pool, self.endpoints.values(), self.providers.values(), now=self.clock(),
             stale_after=self.stale_after, ejected=frozenset(self.ejected()),
         )
+        if self.on_rebuild is not None:
+            self.on_rebuild()
 
     # --------------------------------------------------------------- NATS
 

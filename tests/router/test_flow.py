@@ -1,0 +1,301 @@
+"""Flow control (services/router/flow.py, RESOURCES.md "Flow control"): the
+queue on its own, with decisions made up by the test, then through the
+router on a real pool whose only endpoint is saturated."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import nats
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from kinference_common import bus, subjects
+from kinference_common.compiled import CompiledFlowControl
+from kinference_common.compiler import compile_documents
+from kinference_common.manifests import load_text
+from kinference_common.messages import EndpointState, encode
+from kinference_common.natsserver import NatsServer
+from kinference_policy_compiler.publisher import ConfigPublisher
+from kinference_router.app import Router, RouterSettings
+from kinference_router.flow import FlowQueue, QueueTimeout, Shed
+from kinference_router.tenants import Authenticator
+from kinference_router.upstream import SecretFiles
+
+
+@dataclass
+class Outcome:
+    """What the queue reads of a decision."""
+
+    routed: bool
+    code: str | None = None
+
+
+class World:
+    """Capacity the test hands out: each attempt that finds a free slot takes it."""
+
+    def __init__(self) -> None:
+        self.free = 0
+        self.attempts: list[str] = []
+        self.placed: list[str] = []
+
+    def attempt(self, name: str) -> Callable[[], Any]:
+        def decide() -> Outcome:
+            self.attempts.append(name)
+            if self.free > 0:
+                self.free -= 1
+                self.placed.append(name)
+                return Outcome(True)
+            return Outcome(False, "no_capacity")
+        return decide
+
+
+SETTINGS = CompiledFlowControl(max_queue_wait_seconds=5.0, max_queued=100)
+
+
+@pytest.fixture
+async def queue() -> AsyncIterator[FlowQueue]:
+    q = FlowQueue()
+    q.start()
+    try:
+        yield q
+    finally:
+        await q.stop()
+
+
+async def until(cond: Callable[[], bool], wait: float = 3.0) -> None:
+    async with asyncio.timeout(wait):
+        while not cond():
+            await asyncio.sleep(0.005)
+
+
+async def test_priority_first_then_flows_take_turns(queue: FlowQueue) -> None:
+    world = World()
+    arrivals = [("low-a", 0, "a"), ("a1", 5, "a"), ("a2", 5, "a"), ("a3", 5, "a"), ("b1", 5, "b"),
+                ("high", 9, "c"), ("b2", 5, "b")]
+    tasks = [asyncio.create_task(queue.wait(p, flow, SETTINGS, world.attempt(name))) for name, p, flow in arrivals]
+    await until(lambda: len(queue) == len(arrivals))
+    world.free = len(arrivals)
+    queue.capacity_changed()
+    await asyncio.wait_for(asyncio.gather(*tasks), 3)
+    # priority 9, then priority 5 alternating between flows a and b (oldest first), then 0
+    assert world.placed == ["high", "a1", "b1", "a2", "b2", "a3", "low-a"]
+    assert len(queue) == 0
+
+
+async def test_a_freed_slot_places_one_waiter(queue: FlowQueue) -> None:
+    world = World()
+    tasks = [asyncio.create_task(queue.wait(0, "t", SETTINGS, world.attempt(f"r{i}"))) for i in range(3)]
+    await until(lambda: len(queue) == 3)
+    world.free = 1
+    queue.slot_freed()
+    await until(lambda: world.placed == ["r0"])
+    await asyncio.sleep(0.05)
+    assert world.attempts == ["r0"]  # nobody else was woken for a single slot
+    assert len(queue) == 2
+    world.free = 2
+    queue.slot_freed()
+    queue.slot_freed()
+    await asyncio.wait_for(asyncio.gather(*tasks), 3)
+    assert world.placed == ["r0", "r1", "r2"]
+
+
+async def test_a_waiter_still_without_capacity_keeps_its_place(queue: FlowQueue) -> None:
+    world = World()
+    tasks = [asyncio.create_task(queue.wait(0, "t", SETTINGS, world.attempt(f"r{i}"))) for i in range(2)]
+    await until(lambda: len(queue) == 2)
+    queue.capacity_changed()  # a rebuild, but nothing freed
+    await until(lambda: len(world.attempts) == 2)
+    assert world.placed == [] and len(queue) == 2
+    world.free = 2
+    queue.capacity_changed()
+    await asyncio.wait_for(asyncio.gather(*tasks), 3)
+    assert world.placed == ["r0", "r1"]
+
+
+async def test_another_rejection_leaves_the_queue_with_it(queue: FlowQueue) -> None:
+    task = asyncio.create_task(queue.wait(0, "t", SETTINGS, lambda: Outcome(False, "policy_rejected")))
+    await until(lambda: len(queue) == 1)
+    queue.capacity_changed()
+    d = await asyncio.wait_for(task, 3)
+    assert d.code == "policy_rejected" and len(queue) == 0
+
+
+async def test_waiting_ends_at_max_queue_wait(queue: FlowQueue) -> None:
+    world = World()
+    settings = CompiledFlowControl(max_queue_wait_seconds=0.2, max_queued=10)
+    started = time.monotonic()
+    with pytest.raises(QueueTimeout):
+        await queue.wait(0, "t", settings, world.attempt("r"))
+    assert time.monotonic() - started >= 0.19
+    assert len(queue) == 0
+
+
+async def test_a_full_queue_sheds_the_lowest_priority_newest(queue: FlowQueue) -> None:
+    world = World()
+    settings = CompiledFlowControl(max_queued=3, max_queue_wait_seconds=5.0)
+    old_low = asyncio.create_task(queue.wait(1, "t", settings, world.attempt("old-low")))
+    await until(lambda: len(queue) == 1)
+    new_low = asyncio.create_task(queue.wait(1, "t", settings, world.attempt("new-low")))
+    mid = asyncio.create_task(queue.wait(5, "t", settings, world.attempt("mid")))
+    await until(lambda: len(queue) == 3)
+    # full: an arrival ranking no higher than the lowest waiting is the one shed
+    with pytest.raises(Shed):
+        await queue.wait(1, "t", settings, world.attempt("arrival-low"))
+    # a higher-priority arrival takes the place of the newest lowest-priority waiter
+    high = asyncio.create_task(queue.wait(9, "t", settings, world.attempt("high")))
+    with pytest.raises(Shed):
+        await asyncio.wait_for(new_low, 3)
+    await until(lambda: len(queue) == 3)
+    world.free = 3
+    queue.capacity_changed()
+    await asyncio.wait_for(asyncio.gather(old_low, mid, high), 3)
+    assert world.placed == ["high", "mid", "old-low"]
+
+
+async def test_a_client_that_goes_away_leaves_the_queue(queue: FlowQueue) -> None:
+    depths: dict[int, int] = {}
+    q = FlowQueue(on_depth=lambda p, n: depths.__setitem__(p, n))
+    q.start()
+    try:
+        world = World()
+        task = asyncio.create_task(q.wait(3, "t", SETTINGS, world.attempt("r")))
+        await until(lambda: len(q) == 1)
+        assert depths == {3: 1}
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(q) == 0 and depths == {3: 0}
+        q.capacity_changed()  # nothing left to wake; must not fail
+        await asyncio.sleep(0.02)
+        assert world.attempts == []
+    finally:
+        await q.stop()
+
+
+# ------------------------------------------------------- through the router
+
+MANIFESTS = """
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {name: stub, namespace: default}
+spec:
+  model: {name: m, servedName: m, contextWindow: 32768}
+  engine: vLLM
+  selector: {matchLabels: {app: stub}}
+  port: 8000
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {name: local-with-headroom, namespace: default}
+spec:
+  rules:
+    - name: local-unless-queued
+      route:
+        exclude:
+          - name: big-queues
+            drop:
+              backend: {type: Local}
+              queuedPrompts: {greaterThan: 4}
+        select:
+          - {type: Local, minimize: PredictedTTFT}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {name: queued, namespace: default}
+spec:
+  destinations:
+    - {kind: InferenceWorkerSet, name: stub}
+  policyRef: {name: local-with-headroom}
+  flowControl: {maxQueueWait: 1s, maxQueued: 2}
+"""
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+
+
+@dataclass
+class Env:
+    router: Router
+    url: str
+    nc: nats.NATS
+    address: str
+
+    async def telemetry(self, queued: int) -> None:
+        state = EndpointState(namespace="default", worker_set="stub", pod="stub-0", address=self.address,
+                              model="m", ready=True, scraped_at=time.time(), queued=queued, running=0,
+                              kv_cache_usage=0.1, prefill_tokens_per_second=10000.0)
+        await self.nc.publish(subjects.endpoint_subject("default", "stub", "stub-0"), encode(state))
+        await bus.sync(self.nc)
+        await asyncio.sleep(0.15)  # delivered, snapshot rebuilt
+
+
+@pytest.fixture
+async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Env]:
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"id": "x", "object": "chat.completion", "choices": [],
+                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    upstream = TestServer(app)
+    await upstream.start_server()
+    res = compile_documents(load_text(MANIFESTS, "flow"))
+    assert not res.errors, res.errors
+    assert res.pools[("default", "queued")].flow_control is not None
+    nc = await nats.connect(nats_server.url)
+    publisher = ConfigPublisher(nc)
+    await publisher.start()
+    await publisher.publish(res.pools)
+    router = Router(RouterSettings(namespace="default", pool="queued"), Authenticator("none"),
+                    SecretFiles(tmp_path / "secrets"), nc=nc)
+    await router.start()
+    server = router.data_server()
+    await server.start("127.0.0.1", 0)
+    e = Env(router, f"http://127.0.0.1:{server.port}/v1/chat/completions", nc, f"127.0.0.1:{upstream.port}")
+    await e.telemetry(queued=10)  # saturated: every candidate excluded
+    try:
+        yield e
+    finally:
+        await server.close()
+        await router.stop()
+        await upstream.close()
+        await nc.close()
+
+
+async def post(url: str) -> tuple[int, dict[str, Any]]:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url, json=BODY) as r:
+            return r.status, json.loads(await r.read())
+
+
+async def test_a_request_waits_for_capacity_instead_of_failing(env: Env) -> None:
+    pending = asyncio.create_task(post(env.url))
+    await until(lambda: len(env.router.flow) == 1)
+    assert not pending.done()
+    await env.telemetry(queued=0)  # capacity is back
+    status, body = await asyncio.wait_for(pending, 3)
+    assert status == 200, body
+    assert len(env.router.flow) == 0
+
+
+async def test_no_capacity_at_max_queue_wait_and_shedding_when_full(env: Env) -> None:
+    first = asyncio.create_task(post(env.url))
+    second = asyncio.create_task(post(env.url))
+    await until(lambda: len(env.router.flow) == 2)
+    status, body = await post(env.url)  # the queue holds 2: the newest of equal priority is shed
+    assert status == 429 and body["error"]["code"] == "rate_limited", body
+    for task in (first, second):
+        status, body = await asyncio.wait_for(task, 3)
+        assert status == 503 and body["error"]["code"] == "no_capacity", body
+        assert "maxQueueWait" in body["error"]["message"]
+    metrics = await env.router.metrics_page(None)  # type: ignore[arg-type]
+    assert b'kinference_queue_depth{pool="default/queued",priority="0"} 0.0' in metrics.body
