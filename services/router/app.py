@@ -35,7 +35,7 @@ from kinference_common import subjects
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_common.classify_client import classify_body
 from kinference_common.compiled import CompiledFlowControl
-from kinference_common.engine import Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
+from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
 from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
@@ -99,6 +99,9 @@ class RouterMetrics:
         r.register(_InflightCollector(self.inflight))
         self.queue_depth = Gauge("kinference_queue_depth", "Requests waiting in flow control",
                                  ["pool", "priority"], registry=r)
+        self.calibration = Gauge("kinference_ttft_calibration",
+                                 "PredictedTTFT's calibration factor c (observed / predicted TTFT), as learned",
+                                 ["pool"], registry=r)
         self.dropped_events = Counter("kinference_events_dropped_total",
                                       "Decision events and observations not published", registry=r)
         self.unknown_objectives = Counter("kinference_unknown_objectives_total",
@@ -194,6 +197,7 @@ class Router:
     prefix: PrefixIndex = field(default_factory=PrefixIndex)
     health: UpstreamHealth = field(default_factory=UpstreamHealth)
     limiter: ProviderLimiter = field(default_factory=ProviderLimiter)
+    calibration: Calibration = field(default_factory=Calibration)
 
     def __post_init__(self) -> None:
         self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
@@ -206,6 +210,7 @@ class Router:
         self.upstream: UpstreamClient | None = None
         self.flow = FlowQueue(on_depth=self._queue_depth)
         self.keeper.on_rebuild = self.flow.capacity_changed
+        self.keeper.calibration = self._calibration
 
     # ------------------------------------------------------------ lifecycle
 
@@ -337,10 +342,16 @@ class Router:
         self.metrics.decision.observe(time.perf_counter() - started)
         return d
 
+    def _calibration(self) -> float:
+        c = self.calibration.value
+        self.metrics.child(self.metrics.calibration, self.pool_label).set(c)
+        return c
+
     def _queue_depth(self, priority: int, n: int) -> None:
         self.metrics.child(self.metrics.queue_depth, self.pool_label, str(priority)).set(n)
 
-    async def _wait_for_capacity(self, req: Request, settings: CompiledFlowControl, avoid: set[str]) -> Decision:
+    async def _wait_for_capacity(self, req: Request, settings: CompiledFlowControl, avoid: set[str],
+                                 deadline: float) -> Decision:
         """Flow control (:mod:`kinference_router.flow`): wait in the pool's
         queue until a decision on a newer state routes (or rejects for
         another reason); 429 when shed, 503 at ``maxQueueWait``."""
@@ -353,7 +364,7 @@ class Router:
 
         flow = req.headers.get(FAIRNESS_HEADER) or req.tenant
         try:
-            return await self.flow.wait(req.priority, flow, settings, attempt)
+            return await self.flow.wait(req.priority, flow, settings, attempt, deadline)
         except Shed:
             raise ApiError(429, "rate_limited", "shed by flow control: the pool's queue is full",
                            retry_after=1) from None
@@ -372,6 +383,8 @@ class Router:
     async def _route(self, request: HttpRequest, chat: bool, body: ParsedBody, req: Request, decision_id: str,
                      traces: list[ClassifierTrace]) -> Response | None:
         tried: set[str] = set()
+        #: when flow control gives up on this request (set when it first queues)
+        queue_deadline: float | None = None
         for attempt in range(self.settings.max_attempts):
             snap = self.keeper.snapshot
             if snap is None:
@@ -380,8 +393,10 @@ class Router:
             d = self._decide(req, snap, tried)
             flow_control = snap.pool.flow_control
             if not d.routed and d.code == "no_capacity" and flow_control is not None:
+                if queue_deadline is None:
+                    queue_deadline = asyncio.get_running_loop().time() + flow_control.max_queue_wait_seconds
                 try:
-                    d = await self._wait_for_capacity(req, flow_control, tried)
+                    d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline)
                 except ApiError as err:
                     self._publish_decision(d, decision_id, traces)
                     err.rule = d.rule or ""
@@ -438,6 +453,12 @@ class Router:
         data = body.encode(cand.served_name)
         route_headers = [("x-kinference-decision-id", decision_id), ("x-kinference-rule", d.rule or "unmatched"),
                          ("x-kinference-backend", cand.backend)]
+        # PredictedTTFT of the pick without calibration, before this send joins the
+        # ledger: what the observed TTFT is compared with to learn the calibration
+        predicted = None
+        if cand.is_local:
+            p = d.context.predicted_ttft(cand)
+            predicted = p / snap.ttft_model.calibration if p else None
         # the prefill work this adds: the prompt minus what the endpoint likely has cached
         send = self.ledger.sent(cand.ledger_key, d.prefill_tokens, time.time())
         if req.block_hashes and cand.is_local:
@@ -490,7 +511,7 @@ class Router:
                         async for chunk in upstream.chunks():
                             if first:
                                 first = False
-                                self._first_token(send, obs, started, cand.backend)
+                                self._first_token(send, obs, started, cand.backend, predicted)
                             await request.write(chunk)
                             tail = (tail + chunk)[-4096:]
                     except UpstreamError as exc:
@@ -516,7 +537,8 @@ class Router:
                         raise ApiError(504, "upstream_timeout", f"{cand.backend} stopped answering") from None
                     except UpstreamError as exc:
                         raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
-                    self._first_token(send, obs, started, cand.backend)
+                    # a whole answer's first byte comes after its last token: not a TTFT to learn from
+                    self._first_token(send, obs, started, cand.backend, None)
                     self._usage(payload, obs)
                     resp = Response(upstream.status, payload, route_headers, content_type=ctype)
                 outcome = "ok" if upstream.status < 400 else "error"
@@ -542,11 +564,14 @@ class Router:
     def _publish_observation(self, obs: Observation) -> None:
         self.events.publish(self._observations_subject, encode(obs))
 
-    def _first_token(self, send: Any, obs: Observation, started: float, backend: str) -> None:
+    def _first_token(self, send: Any, obs: Observation, started: float, backend: str,
+                     predicted: float | None) -> None:
         ttft = time.perf_counter() - started
         self.ledger.first_token(send)
         obs.ttft_seconds = ttft
         self.metrics.child(self.metrics.ttft, backend).observe(ttft)
+        if predicted is not None:
+            self.calibration.observe(ttft, predicted)
 
     @staticmethod
     def _usage(payload: bytes, obs: Observation) -> None:

@@ -102,11 +102,18 @@ class FlowQueue:
     # ------------------------------------------------------------- waiting
 
     async def wait(self, priority: int, flow: str, settings: CompiledFlowControl,
-                   attempt: Callable[[], Decision]) -> Decision:
+                   attempt: Callable[[], Decision], deadline: float | None = None) -> Decision:
         """Queue until ``attempt()`` (a decision on the current snapshot)
         routes or rejects for another reason than capacity; return it.
+        ``deadline`` (loop time) defaults to ``maxQueueWait`` from now; a
+        request queued again (a retry after a refused connection) passes the
+        one it got first, so its whole wait stays within ``maxQueueWait``.
         Raises :class:`Shed` or :class:`QueueTimeout`."""
         loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + settings.max_queue_wait_seconds
+        if deadline <= loop.time():
+            raise QueueTimeout
         w = _Waiter(priority, flow, next(self._seq), loop)
         if self._count >= settings.max_queued:
             victim = self._lowest_newest()
@@ -118,7 +125,7 @@ class FlowQueue:
                 victim.turn.set_result(None)
         self._add(w)
         try:
-            async with asyncio.timeout(settings.max_queue_wait_seconds):
+            async with asyncio.timeout_at(deadline):
                 while True:
                     await w.turn
                     if w.shed:

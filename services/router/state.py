@@ -25,7 +25,8 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 
 from kinference_common import subjects
 from kinference_common.compiled import CompiledPool, decode_pool
-from kinference_common.engine import InFlightLedger, Snapshot
+from kinference_common.engine import InFlightLedger, Snapshot, TTFTModel
+from kinference_common.engine.ttft import DEFAULT_TTFT_MODEL
 from kinference_common.messages import EndpointState, ProviderState
 
 log = structlog.get_logger("router.state")
@@ -57,8 +58,11 @@ class SnapshotKeeper:
         self.endpoints: dict[str, EndpointState] = {}
         self.providers: dict[str, ProviderState] = {}
         self.snapshot: Snapshot | None = None
-        #: called after each rebuild that produced a snapshot (flow control's trigger)
+        #: called after each rebuild (flow control's trigger)
         self.on_rebuild: Callable[[], None] | None = None
+        #: PredictedTTFT's calibration factor for the next rebuild (the router learns it)
+        self.calibration: Callable[[], float] = lambda: 1.0
+        self._ttft_model = DEFAULT_TTFT_MODEL
         self._dirty = False
         self._built_at = 0.0
         self._nc: nats.NATS | None = None
@@ -94,10 +98,15 @@ class SnapshotKeeper:
         self._built_at = time.monotonic()
         if self.pool is None:
             self.snapshot = None
+            if self.on_rebuild is not None:
+                self.on_rebuild()  # requests waiting for capacity learn the pool is gone
             return
+        c = round(self.calibration(), 3)  # steps under 0.1% are not worth a new model
+        if c != self._ttft_model.calibration:
+            self._ttft_model = TTFTModel(calibration=c)
         self.snapshot = Snapshot(
             self.pool, self.endpoints.values(), self.providers.values(), now=self.clock(),
-            stale_after=self.stale_after, ejected=frozenset(self.ejected()),
+            stale_after=self.stale_after, ejected=frozenset(self.ejected()), ttft_model=self._ttft_model,
         )
         if self.on_rebuild is not None:
             self.on_rebuild()

@@ -1,6 +1,8 @@
-"""How Router._send copes with what an upstream does (services/router/app.py),
-written during a review as failing tests; each docstring tells the defect it
-caught (all fixed). One local endpoint whose behaviour each test chooses.
+"""How Router._send copes with what an upstream does (services/router/app.py):
+most were written during a review as failing tests, and their docstrings tell
+the defect each caught (all fixed); the last checks what the router learns
+from upstream timing (TTFT calibration). One local endpoint whose behaviour
+each test chooses.
 """
 
 from __future__ import annotations
@@ -175,3 +177,43 @@ async def test_a_stream_cut_by_the_upstream_is_not_a_clean_end_for_the_client(en
         assert r.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             await r.read()
+
+
+async def test_the_router_learns_ttft_calibration_from_streams_only(env: Env) -> None:
+    """PredictedTTFT's calibration (TELEMETRY.md): an upstream whose first
+    chunk comes ~100 ms after the request, far slower than the model predicts
+    from its telemetry, moves ``c`` above 1 once enough streams were seen, and
+    the next snapshot uses it. Non-streamed answers teach nothing (their first
+    byte comes after the last token)."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        await asyncio.sleep(0.1)
+        if not body.get("stream"):
+            return web.json_response({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    env.handler.append(handler)
+    async with aiohttp.ClientSession() as s:
+        for _ in range(25):
+            async with s.post(env.url, json=BODY) as r:
+                assert r.status == 200
+    assert env.router.calibration.samples == 0
+    assert env.router.keeper.snapshot is not None and env.router.keeper.snapshot.ttft_model.calibration == 1.0
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*(_stream_once(s, env.url) for _ in range(25)))
+    assert env.router.calibration.samples == 25
+    learned = env.router.calibration.value
+    assert learned > 1.5  # observed ~0.1 s against a prediction of a few tens of ms
+    env.router.keeper.rebuild()
+    assert env.router.keeper.snapshot.ttft_model.calibration == pytest.approx(learned, abs=1e-3)
+    page = (await env.router.metrics_page(None)).body  # type: ignore[arg-type]
+    assert b'kinference_ttft_calibration{pool="default/review"}' in page
+
+
+async def _stream_once(s: aiohttp.ClientSession, url: str) -> None:
+    async with s.post(url, json={**BODY, "stream": True}) as r:
+        assert r.status == 200
+        await r.read()

@@ -33,9 +33,10 @@ from .request import Request, required_classifiers
 from .snapshot import Snapshot
 from .tokens import block_hashes, estimate_tokens
 from .trace import DecisionTrace, build_trace, encode_trace
-from .ttft import TTFTModel
+from .ttft import Calibration, TTFTModel
 
 __all__ = [
+    "Calibration",
     "Decision",
     "DecisionTrace",
     "InFlightLedger",

@@ -38,6 +38,8 @@ for the ledger part), ranking 1,000 endpoints is one multiply-add each.
 
 from __future__ import annotations
 
+import math
+
 from msgspec import Struct
 
 
@@ -63,6 +65,48 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
 
 
 DEFAULT_TTFT_MODEL = TTFTModel()
+
+
+class Calibration:
+    """``c`` learned online (TELEMETRY.md: "an online calibration factor from
+    observed/predicted TTFT"), by the router that sees both numbers.
+
+    Each sample is a streamed local request's observed TTFT (send to first
+    chunk; a non-streamed answer's first byte comes after its last token) over
+    the model's prediction for it *without* calibration, taken when the
+    request was decided. ``c`` is a moving average of those ratios on the log
+    scale (a request 3x slower than predicted weighs as much as one 3x
+    faster), each ratio clamped to [1/10, 10] so one stalled request cannot
+    swing it; ``c`` itself stays within [1/4, 4] (the model's structure is
+    trusted that far) and is 1.0 until ``min_samples`` arrived. One factor
+    per pool, as the model has one: it corrects what all endpoints share
+    (HTTP and tokenisation overhead, a prefill rate learned on another
+    workload); per-endpoint differences are the model's own signals.
+    """
+
+    def __init__(self, *, alpha: float = 0.05, min_samples: int = 20, bound: float = 4.0) -> None:
+        self.alpha = alpha
+        self.min_samples = min_samples
+        self.bound = bound
+        self.samples = 0
+        self._log_c = 0.0
+
+    def observe(self, observed_seconds: float, predicted_uncalibrated: float) -> None:
+        if not (observed_seconds > 0 and predicted_uncalibrated > 0) or math.isinf(predicted_uncalibrated):
+            return
+        ratio = min(10.0, max(0.1, observed_seconds / predicted_uncalibrated))
+        sample = math.log(ratio)
+        # the first samples average evenly, then the moving average takes over
+        weight = max(self.alpha, 1.0 / (self.samples + 1))
+        self._log_c += weight * (sample - self._log_c)
+        self.samples += 1
+
+    @property
+    def value(self) -> float:
+        if self.samples < self.min_samples:
+            return 1.0
+        limit = math.log(self.bound)
+        return math.exp(min(limit, max(-limit, self._log_c)))
 
 
 def uncached_tokens(
