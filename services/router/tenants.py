@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -73,15 +74,16 @@ class Authenticator:
             raise TenantsFileError(f"{path}: {exc}") from None
         self._keys = [(_digest(key), t.name) for t in parsed.tenants for key in t.api_keys]
 
-    def tenant(self, headers: "dict[str, str] | object") -> str | None:
-        """The tenant of a request, or None when it must be rejected (401)."""
-        get = headers.get  # type: ignore[attr-defined]
+    def tenant(self, headers: Mapping[str, str]) -> str | None:
+        """The tenant of a request, or None when it must be rejected (401).
+        ``headers`` has lower-cased names, as the router's HTTP server gives them."""
+        get = headers.get
         if self.mode == "none":
             return ANONYMOUS
         if self.mode == "header":
             value = get(TENANT_HEADER)
             return value.strip() if value and value.strip() else None
-        auth = get("Authorization") or ""
+        auth = get("authorization") or ""
         scheme, _, key = auth.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             return None

@@ -244,6 +244,12 @@ async def test_api_key_mode(env: Env, tmp_path: Path) -> None:
                               json={"model": "qwen-2.5", "messages": [{"role": "user", "content": "x"}]})
     assert r.status == 401
     assert total(env) == 0  # rejected before any other work
+    # a valid key, whatever the case of the header's name, is its tenant's
+    for name in ("Authorization", "authorization"):
+        r = await env.client.post("/v1/chat/completions", headers={name: "Bearer sk-alice"},
+                                  json={"model": "qwen-2.5", "messages": [{"role": "user", "content": CLEAN_PROMPT}],
+                                        "max_tokens": 2})
+        assert r.status == 200, await r.text()
 
 
 async def test_connect_failure_tries_the_next_endpoint_then_ejects(env: Env, classifier: ClassifierService) -> None:
