@@ -7,7 +7,7 @@ chat completion (a system and a user message) against 3 local endpoints and
 
 - ``parse``: :func:`kinference_router.body.parse` of the raw body;
 - ``engine request``: :func:`kinference_router.app.engine_request` (rewrite,
-  token estimate, block hashes, lower-cased headers);
+  token estimate, block hashes, headers);
 - ``decide``: :func:`kinference_common.engine.decide`;
 - ``trace``: ``encode_trace(build_trace(d, ..., scores=False))``, the
   decision event.
@@ -25,7 +25,6 @@ import random
 import time
 
 import msgspec
-from multidict import CIMultiDict, CIMultiDictProxy
 
 from bench.decision import build_world
 from kinference_common.engine import decide
@@ -52,7 +51,8 @@ def body(k: int) -> bytes:
     })
 
 
-HEADERS = CIMultiDictProxy(CIMultiDict({
+#: as the router's HTTP server hands them over: names lower-cased
+HEADERS = {k.lower(): v for k, v in {
     "Host": "router.default.svc:8080",
     "User-Agent": "OpenAI/Python 1.51.0",
     "Accept": "application/json",
@@ -62,7 +62,7 @@ HEADERS = CIMultiDictProxy(CIMultiDict({
     "Authorization": "Bearer sk-team-alice",
     "Connection": "keep-alive",
     "X-Stainless-Lang": "python",
-}))
+}.items()}
 
 
 def per_call_us(fn, iterations: int, rounds: int) -> float:

@@ -123,7 +123,8 @@ def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody,
     """The engine's view of one request (pure): the model after any
     InferenceModelRewrite, the objective's priority (0 when the pool has no
     such objective), the prompt-token estimate, the prompt's block hashes and
-    the lower-cased headers."""
+    the headers, whose names are lower-cased already (as the router's HTTP
+    server gives them, and explain passes them)."""
     rewritten = apply_rewrite(snap.pool, body.model, rng) or body.model
     objective = next((headers[h] for h in OBJECTIVE_HEADERS if h in headers), None)
     priority = snap.pool.objectives.get(objective, 0) if objective is not None else 0
@@ -135,7 +136,7 @@ def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody,
         priority=priority,
         prompt_tokens=estimate_prompt_tokens(body.texts),
         max_tokens=body.max_tokens,
-        headers={k.lower(): v for k, v in headers.items()},
+        headers=dict(headers),
         block_hashes=block_hashes("\n".join(body.texts)),
     )
 
