@@ -9,7 +9,6 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,18 +16,11 @@ import nats
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from prometheus_client import generate_latest
 
-from kinference_common import bus, subjects
 from kinference_common.compiled import CompiledFlowControl
-from kinference_common.compiler import compile_documents
-from kinference_common.manifests import load_text
-from kinference_common.messages import EndpointState, encode
-from kinference_common.natsserver import NatsServer
-from kinference_policy_compiler.publisher import ConfigPublisher
-from kinference_router.app import Router, RouterSettings
+from kinference_router.app import Router
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
-from kinference_router.tenants import Authenticator
-from kinference_router.upstream import SecretFiles
 
 
 @dataclass
@@ -59,16 +51,6 @@ class World:
 
 
 SETTINGS = CompiledFlowControl(max_queue_wait_seconds=5.0, max_queued=100)
-
-
-@pytest.fixture
-async def queue() -> AsyncIterator[FlowQueue]:
-    q = FlowQueue()
-    q.start()
-    try:
-        yield q
-    finally:
-        await q.stop()
 
 
 async def until(cond: Callable[[], bool], wait: float = 3.0) -> None:
@@ -221,59 +203,54 @@ spec:
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
 
-@dataclass
 class Env:
-    router: Router
-    url: str
-    nc: nats.NATS
-    address: str
+    """The pool served (tests/router/conftest.py) and the stub endpoint's address."""
 
-    async def telemetry(self, queued: int) -> None:
-        state = EndpointState(namespace="default", worker_set="stub", pod="stub-0", address=self.address,
-                              model="m", ready=True, scraped_at=time.time(), queued=queued, running=0,
-                              kv_cache_usage=0.1, prefill_tokens_per_second=10000.0)
-        await self.nc.publish(subjects.endpoint_subject("default", "stub", "stub-0"), encode(state))
-        await bus.sync(self.nc)
-        await asyncio.sleep(0.15)  # delivered, snapshot rebuilt
+    def __init__(self, served: Any, address: str) -> None:
+        self.served, self.address = served, address
+        self.router: Router = served.router
+        self.nc: nats.NATS = served.nc
+        self.url: str = served.url
+
+    async def telemetry(self, queued: int, address: str | None = None) -> None:
+        await self.served.endpoint("stub", "m", address or self.address, queued=queued)
+
+    def metrics(self) -> str:
+        return generate_latest(self.router.metrics.registry).decode()
 
 
-@pytest.fixture
-async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Env]:
+async def answering_upstream(hits: list[str] | None = None, name: str = "") -> TestServer:
+    """A stub endpoint that answers every chat completion at once (and notes it in ``hits``)."""
     async def answer(request: web.Request) -> web.Response:
         await request.read()
+        if hits is not None:
+            hits.append(name)
         return web.json_response({"id": "x", "object": "chat.completion", "choices": [],
                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
-    upstream = TestServer(app)
-    await upstream.start_server()
-    res = compile_documents(load_text(MANIFESTS, "flow"))
-    assert not res.errors, res.errors
-    assert res.pools[("default", "queued")].flow_control is not None
-    nc = await nats.connect(nats_server.url)
-    publisher = ConfigPublisher(nc)
-    await publisher.start()
-    await publisher.publish(res.pools)
-    router = Router(RouterSettings(namespace="default", pool="queued"), Authenticator("none"),
-                    SecretFiles(tmp_path / "secrets"), nc=nc)
-    await router.start()
-    server = router.data_server()
-    await server.start("127.0.0.1", 0)
-    e = Env(router, f"http://127.0.0.1:{server.port}/v1/chat/completions", nc, f"127.0.0.1:{upstream.port}")
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+@pytest.fixture
+async def env(start_pool: Any) -> AsyncIterator[Env]:
+    upstream = await answering_upstream()
+    served = await start_pool(MANIFESTS, "queued")
+    assert served.router.keeper.pool is not None and served.router.keeper.pool.flow_control is not None
+    e = Env(served, f"127.0.0.1:{upstream.port}")
     await e.telemetry(queued=10)  # saturated: every candidate excluded
     try:
         yield e
     finally:
-        await server.close()
-        await router.stop()
         await upstream.close()
-        await nc.close()
 
 
-async def post(url: str) -> tuple[int, dict[str, Any]]:
+async def post(url: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
     async with aiohttp.ClientSession() as s:
-        async with s.post(url, json=BODY) as r:
+        async with s.post(url, json=BODY, **kwargs) as r:
             return r.status, json.loads(await r.read())
 
 

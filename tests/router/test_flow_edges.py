@@ -10,41 +10,15 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
-import nats
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from kinference_common import bus, subjects
-from kinference_common.compiled import CompiledFlowControl
-from kinference_common.compiler import compile_documents
-from kinference_common.manifests import load_text
-from kinference_common.messages import EndpointState, encode
-from kinference_common.natsserver import NatsServer
-from kinference_policy_compiler.publisher import ConfigPublisher
-from kinference_router.app import Router, RouterSettings
 from kinference_router.flow import FlowQueue
-from kinference_router.tenants import Authenticator
-from kinference_router.upstream import SecretFiles
 
-from .test_flow import BODY, MANIFESTS, Outcome, World, until
-
-SETTINGS = CompiledFlowControl(max_queue_wait_seconds=5.0, max_queued=100)
-
-
-@pytest.fixture
-async def queue() -> AsyncIterator[FlowQueue]:
-    q = FlowQueue()
-    q.start()
-    try:
-        yield q
-    finally:
-        await q.stop()
+from .test_flow import MANIFESTS, SETTINGS, Env, Outcome, World, answering_upstream, post, until
 
 
 # ------------------------------------------------------------------ queue
@@ -132,78 +106,20 @@ async def test_many_freed_slots_while_a_pass_runs_place_that_many(queue: FlowQue
 # ------------------------------------------------------- through the router
 
 
-class Env:
-    def __init__(self, router: Router, url: str, nc: nats.NATS, address: str) -> None:
-        self.router, self.url, self.nc, self.address = router, url, nc, address
-
-    async def telemetry(self, queued: int, address: str | None = None) -> None:
-        state = EndpointState(namespace="default", worker_set="stub", pod="stub-0",
-                              address=address or self.address, model="m", ready=True, scraped_at=time.time(),
-                              queued=queued, running=0, kv_cache_usage=0.1, prefill_tokens_per_second=10000.0)
-        await self.nc.publish(subjects.endpoint_subject("default", "stub", "stub-0"), encode(state))
-        await bus.sync(self.nc)
-        await asyncio.sleep(0.15)
-
-    def metrics(self) -> str:
-        from prometheus_client import generate_latest
-        return generate_latest(self.router.metrics.registry).decode()
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-async def start_upstream(hits: list[str], name: str) -> TestServer:
-    async def answer(request: web.Request) -> web.Response:
-        await request.read()
-        hits.append(name)
-        return web.json_response({"id": "x", "object": "chat.completion", "choices": [],
-                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", answer)
-    server = TestServer(app)
-    await server.start_server()
-    return server
-
-
 @pytest.fixture
-async def make_env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    cleanups: list[Callable[[], Any]] = []
-
-    async def make(address: str, manifests: str = MANIFESTS) -> Env:
-        res = compile_documents(load_text(manifests, "flow"))
-        assert not res.errors, res.errors
-        nc = await nats.connect(nats_server.url)
-        publisher = ConfigPublisher(nc)
-        await publisher.start()
-        await publisher.publish(res.pools)
-        router = Router(RouterSettings(namespace="default", pool="queued"), Authenticator("none"),
-                        SecretFiles(tmp_path / "secrets"), nc=nc)
-        await router.start()
-        server = router.data_server()
-        await server.start("127.0.0.1", 0)
-
-        async def cleanup() -> None:
-            await server.close()
-            await router.stop()
-            await nc.close()
-        cleanups.append(cleanup)
-        e = Env(router, f"http://127.0.0.1:{server.port}/v1/chat/completions", nc, address)
+async def make_env(start_pool: Any) -> Callable[[str], Awaitable[Env]]:
+    """A router on the saturated flow-control pool of test_flow, its endpoint at ``address``."""
+    async def make(address: str) -> Env:
+        e = Env(await start_pool(MANIFESTS, "queued"), address)
         await e.telemetry(queued=10)  # saturated
         return e
-
-    yield make
-    for c in reversed(cleanups):
-        await c()
-
-
-async def post(url: str, **kw: Any) -> tuple[int, dict[str, Any]]:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(url, json=BODY, **kw) as r:
-            return r.status, json.loads(await r.read())
+    return make
 
 
 async def test_retry_after_connect_failure_does_not_wait_past_max_queue_wait(make_env: Any) -> None:
@@ -224,8 +140,8 @@ async def test_retry_after_connect_failure_does_not_wait_past_max_queue_wait(mak
 
 async def test_queued_request_is_proxied_on_its_decision_and_counted_once(make_env: Any) -> None:  # guard
     hits: list[str] = []
-    old = await start_upstream(hits, "old")
-    new = await start_upstream(hits, "new")
+    old = await answering_upstream(hits, "old")
+    new = await answering_upstream(hits, "new")
     try:
         env: Env = await make_env(f"127.0.0.1:{old.port}")
         events: list[dict[str, Any]] = []
@@ -234,7 +150,7 @@ async def test_queued_request_is_proxied_on_its_decision_and_counted_once(make_e
             events.append(json.loads(msg.data))
 
         sub = await env.nc.subscribe(subjects.decisions_subject("default", "queued"), cb=on_event)
-        await env.nc.flush()
+        await bus.sync(env.nc)
         pending = asyncio.create_task(post(env.url))
         await until(lambda: len(env.router.flow) == 1)
         await env.telemetry(queued=0, address=f"127.0.0.1:{new.port}")  # capacity, on a new address

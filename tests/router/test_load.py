@@ -10,23 +10,14 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import aiohttp
-import nats
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from kinference_common import bus, subjects
-from kinference_common.compiler import compile_documents
-from kinference_common.manifests import load_text
-from kinference_common.messages import EndpointState, encode
-from kinference_common.natsserver import NatsServer
-from kinference_policy_compiler.publisher import ConfigPublisher
-from kinference_router.app import Router, RouterSettings
-from kinference_router.tenants import Authenticator
-from kinference_router.upstream import SecretFiles
+from kinference_router.app import Router
 
 STREAMS = 200  # open at once
 SECONDS = 5.0  # new streams keep starting for this long
@@ -84,36 +75,17 @@ class LoadEnv:
 
 
 @pytest.fixture
-async def load_env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[LoadEnv]:
+async def load_env(start_pool: Any) -> AsyncIterator[LoadEnv]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", slow_stream)
     upstream = TestServer(app)
     await upstream.start_server()
-    res = compile_documents(load_text(MANIFESTS, "load"))
-    assert not res.errors
-    nc = await nats.connect(nats_server.url)
-    publisher = ConfigPublisher(nc)
-    await publisher.start()
-    await publisher.publish(res.pools)
-    router = Router(RouterSettings(namespace="default", pool="load"), Authenticator("none"),
-                    SecretFiles(tmp_path / "secrets"), nc=nc)
-    await router.start()
-    server = router.data_server()
-    await server.start("127.0.0.1", 0)
-    state = EndpointState(namespace="default", worker_set="load-stub", pod="stub-0",
-                          address=f"127.0.0.1:{upstream.port}", model="load-model", ready=True,
-                          scraped_at=time.time(), queued=0, running=0, kv_cache_usage=0.1,
-                          prefill_tokens_per_second=10000.0)
-    await nc.publish(subjects.endpoint_subject("default", "load-stub", "stub-0"), encode(state))
-    await bus.sync(nc)
-    await asyncio.sleep(0.2)  # delivered, snapshot rebuilt
+    served = await start_pool(MANIFESTS, "load")
+    await served.endpoint("load-stub", "load-model", f"127.0.0.1:{upstream.port}", settle=0.2)
     try:
-        yield LoadEnv(router, f"http://127.0.0.1:{server.port}/v1/chat/completions")
+        yield LoadEnv(served.router, served.url)
     finally:
-        await server.close()
-        await router.stop()
         await upstream.close()
-        await nc.close()
 
 
 def content_of(raw: bytes) -> tuple[list[str], bool]:

@@ -9,27 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-import nats
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from kinference_common import bus, subjects
-from kinference_common.compiler import compile_documents
-from kinference_common.manifests import load_text
-from kinference_common.messages import EndpointState, encode
-from kinference_common.natsserver import NatsServer
-from kinference_policy_compiler.publisher import ConfigPublisher
-from kinference_router.app import Router, RouterSettings
-from kinference_router.tenants import Authenticator
-from kinference_router.upstream import SecretFiles
+from kinference_common import subjects
+from kinference_router.app import Router
 
 MANIFESTS = """
 apiVersion: kinference.buoyant.io/v1alpha1
@@ -72,7 +62,7 @@ class Env:
 
 
 @pytest.fixture
-async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Env]:
+async def env(start_pool: Any) -> AsyncIterator[Env]:
     handler: list[Handler] = []
 
     async def dispatch(request: web.Request) -> web.StreamResponse:
@@ -82,37 +72,18 @@ async def env(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Env]:
     app.router.add_post("/v1/chat/completions", dispatch)
     upstream = TestServer(app)
     await upstream.start_server()
-    res = compile_documents(load_text(MANIFESTS, "review"))
-    assert not res.errors, res.errors
-    nc = await nats.connect(nats_server.url)
-    publisher = ConfigPublisher(nc)
-    await publisher.start()
-    await publisher.publish(res.pools)
-    router = Router(RouterSettings(namespace="default", pool="review", first_byte_timeout=2.0),
-                    Authenticator("none"), SecretFiles(tmp_path / "secrets"), nc=nc)
-    await router.start()
-    server = router.data_server()
-    await server.start("127.0.0.1", 0)
+    served = await start_pool(MANIFESTS, "review", first_byte_timeout=2.0)
     observations: list[dict[str, Any]] = []
 
     async def on_obs(msg: Any) -> None:
         observations.append(json.loads(msg.data))
 
-    await nc.subscribe(subjects.observations_subject("default", "review"), cb=on_obs)
-    state = EndpointState(namespace="default", worker_set="stub", pod="stub-0",
-                          address=f"127.0.0.1:{upstream.port}", model="m", ready=True,
-                          scraped_at=time.time(), queued=0, running=0, kv_cache_usage=0.1,
-                          prefill_tokens_per_second=10000.0)
-    await nc.publish(subjects.endpoint_subject("default", "stub", "stub-0"), encode(state))
-    await bus.sync(nc)
-    await asyncio.sleep(0.2)
+    await served.nc.subscribe(subjects.observations_subject("default", "review"), cb=on_obs)
+    await served.endpoint("stub", "m", f"127.0.0.1:{upstream.port}", settle=0.2)
     try:
-        yield Env(router, f"http://127.0.0.1:{server.port}/v1/chat/completions", handler, observations)
+        yield Env(served.router, served.url, handler, observations)
     finally:
-        await server.close()
-        await router.stop()
         await upstream.close()
-        await nc.close()
 
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
