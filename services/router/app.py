@@ -164,6 +164,11 @@ class ApiError(Exception):
         self.rule = rule
 
 
+def new_decision_id() -> str:
+    """128 random bits, as 32 hex digits."""
+    return os.urandom(16).hex()
+
+
 def error_response(err: ApiError, decision_id: str) -> Response:
     """OpenAI's error envelope (INTERFACES.md), with the decision id."""
     body = {"error": {"message": err.message, "type": _ERROR_TYPES.get(err.status, "server_error"),
@@ -178,7 +183,7 @@ def server_error(status: int, code: str, message: str) -> Response:
     """The answer to what the HTTP server refuses before any handler (an
     unknown path, a wrong method, a request that is not HTTP) or to a
     handler that failed: the same envelope, with a fresh decision id."""
-    return error_response(ApiError(status, code, message), os.urandom(16).hex())
+    return error_response(ApiError(status, code, message), new_decision_id())
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -315,7 +320,7 @@ class Router:
         return frozenset(tags), traces
 
     async def _handle(self, request: HttpRequest, chat: bool) -> Response | None:
-        decision_id = os.urandom(16).hex()  # 128 random bits, as 32 hex digits
+        decision_id = new_decision_id()
         bound = structlog.contextvars.bind_contextvars(decision_id=decision_id)
         try:
             tenant = self.auth.tenant(request.headers)
