@@ -4,6 +4,7 @@ what its docstring promises, byte by byte where a client library would hide it."
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -213,7 +214,13 @@ async def test_an_aborted_stream_has_no_terminating_chunk(server: HttpServer) ->
 
 
 async def test_slow_reader_holds_the_writer_back(server: HttpServer, calls: Calls) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port, limit=65536)
+    # the client's receive buffer is fixed small before it connects, so what
+    # the path holds does not depend on the kernel's autotuning
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=65536)
     writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
     await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     await asyncio.sleep(0.3)

@@ -20,6 +20,11 @@ import pytest
 from kinference_router.http_server import HttpServer, Request, Response
 
 
+#: the most 64 KiB pieces /firehose writes (64 MiB): a broken back-pressure
+#: fails the tests that use it instead of filling the machine's memory
+FIREHOSE_CAP = 1000
+
+
 class State:
     def __init__(self) -> None:
         self.seen: list[Request] = []
@@ -74,12 +79,16 @@ def routes(st: State) -> dict[str, Any]:
         req.end_stream()
 
     async def firehose(req: Request) -> None:
+        # a small send buffer on the server's side, so how much the kernel
+        # takes before the writer is held back does not depend on its tuning
+        req._conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
         req.start_stream(200, [("Content-Type", "application/octet-stream")])
         st.started.set()
         try:
-            while True:
+            while st.wrote < FIREHOSE_CAP:  # never without bound, even if back-pressure broke
                 await req.write(b"x" * 65536)
                 st.wrote += 1
+            req.end_stream()
         except asyncio.CancelledError:
             st.cancelled.set()
             raise
@@ -147,6 +156,28 @@ async def read_all_until_close(reader: asyncio.StreamReader, wait: float = 5.0) 
 def statuses(raw: bytes) -> list[int]:
     """The status of every answer in ``raw`` (a body is followed by the next status line directly)."""
     return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", raw)]
+
+
+async def small_window_connection(port: int, limit: int = 65536) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client whose receive buffer is fixed small before it connects (no
+    autotuning), so a firehose fills the path between the two in a few pieces."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return await asyncio.open_connection(sock=sock, limit=limit)
+
+
+async def held_back(st: State, wait: float = 5.0) -> int:
+    """Wait until /firehose stops writing (the buffers are full); its count then.
+    Fails if it is still writing after ``wait`` seconds or reached its cap."""
+    last = -1
+    async with asyncio.timeout(wait):
+        while st.wrote != last:
+            last = st.wrote
+            await asyncio.sleep(0.2)
+    assert last < FIREHOSE_CAP, "the writer was never held back"
+    return last
 
 
 async def wait_until(cond: Any, wait: float = 3.0) -> bool:
@@ -265,17 +296,11 @@ async def test_half_close_cancels_a_handler_blocked_on_a_full_socket(server: Htt
     """Docstring: a client that half-closes cancels its handler. With the write
     buffer full, eof_received -> transport.close() waits for a flush that never
     comes: connection_lost never runs, the handler waits in drain() forever."""
-    sock = socket.create_connection(("127.0.0.1", server.port))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    reader, writer = await asyncio.open_connection(sock=sock)
+    reader, writer = await small_window_connection(server.port)
     writer.write(b"GET /firehose HTTP/1.1\r\nHost: x\r\n\r\n")
     await writer.drain()
     await asyncio.wait_for(st.started.wait(), 3)
-    last = -1
-    while st.wrote != last:  # until the handler is held back by the full buffers
-        last = st.wrote
-        await asyncio.sleep(0.2)
+    await held_back(st)
     writer.write_eof()
     try:
         await asyncio.wait_for(st.cancelled.wait(), 3)
@@ -424,14 +449,11 @@ async def test_guard_client_closing_mid_stream_cancels_and_leaks_no_connection(s
 
 async def test_guard_write_waits_for_a_slow_reader_then_resumes(server: HttpServer, st: State) -> None:
     # guard
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port, limit=65536)
+    reader, writer = await small_window_connection(server.port)
     writer.write(b"GET /firehose HTTP/1.1\r\nHost: x\r\n\r\n")
     await asyncio.wait_for(st.started.wait(), 3)
-    last = -1
-    while st.wrote != last:
-        last = st.wrote
-        await asyncio.sleep(0.2)
-    assert st.wrote < 400  # held back, not buffering without bound
+    last = await held_back(st)
+    assert last < 100  # held back, not buffering without bound
     for _ in range(200):
         await asyncio.wait_for(reader.read(1 << 20), 3)
     assert st.wrote > last  # resumed
