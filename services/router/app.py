@@ -357,20 +357,24 @@ class Router:
         self.metrics.child(self.metrics.queue_depth, self.pool_label, str(priority)).set(n)
 
     async def _wait_for_capacity(self, req: Request, settings: CompiledFlowControl, avoid: set[str],
-                                 deadline: float) -> Decision:
+                                 deadline: float, last: list[Decision]) -> Decision:
         """Flow control (:mod:`kinference_router.flow`): wait in the pool's
         queue until a decision on a newer state routes (or rejects for
-        another reason); 429 when shed, 503 at ``maxQueueWait``."""
+        another reason); 429 when shed, 503 at ``maxQueueWait``. ``last``
+        holds the request's latest decision (it starts with the one that
+        sent it here; a routed one means it queued behind earlier waiters)."""
 
         def attempt() -> Decision:
             snap = self.keeper.snapshot
             if snap is None:
                 raise ApiError(503, "no_capacity", "the router lost its configuration", retry_after=1)
-            return self._decide(req, snap, avoid)
+            last[0] = self._decide(req, snap, avoid)
+            return last[0]
 
         flow = req.headers.get(FAIRNESS_HEADER) or req.tenant
         try:
-            return await self.flow.wait(req.priority, flow, settings, attempt, deadline)
+            return await self.flow.wait(req.priority, flow, settings, attempt, deadline,
+                                        capacity_seen=last[0].routed)
         except Shed:
             raise ApiError(429, "rate_limited", "shed by flow control: the pool's queue is full",
                            retry_after=1) from None
@@ -398,12 +402,21 @@ class Router:
             # after a refused connection, decide again without what failed
             d = self._decide(req, snap, tried)
             flow_control = snap.pool.flow_control
-            if not d.routed and d.code == "no_capacity" and flow_control is not None:
+            if flow_control is not None and (
+                    (not d.routed and d.code == "no_capacity")
+                    # no cutting in line: earlier waiters get the capacity first (flow.py)
+                    or (d.routed and not tried and self.flow.waiting_at_or_above(req.priority))):
                 if queue_deadline is None:
                     queue_deadline = asyncio.get_running_loop().time() + flow_control.max_queue_wait_seconds
+                last = [d]
                 try:
-                    d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline)
+                    d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, last)
                 except ApiError as err:
+                    d = last[0]
+                    if d.routed and (snap := self.keeper.snapshot) is not None:
+                        # held behind earlier waiters without a turn: the event
+                        # says why it failed, decided on the state it failed in
+                        d = self._decide(req, snap, tried)
                     self._publish_decision(d, decision_id, traces)
                     err.rule = d.rule or ""
                     raise

@@ -20,11 +20,22 @@ at once, and is decided again as capacity may have come back.
 - **Time limit.** A request still waiting at ``maxQueueWait`` is rejected as
   ``no_capacity`` (503). A client that goes away leaves the queue.
 
-Decisions where the spec is silent: requests that route on arrival do not
-wait behind queued ones (only rejected requests queue; the queue is short
-lived by construction, at most ``maxQueueWait``); a pool whose configuration
-drops ``flowControl`` keeps serving the requests already waiting until they
-are placed or time out.
+- **No cutting in line.** A request that would route on arrival while
+  requests of its priority or higher are waiting joins the queue instead
+  (``capacity_seen``): the capacity it saw goes to whoever is first in
+  dispatch order, which may be itself. It brings one placement with it, so
+  the number of requests placed is the same as if it had gone straight
+  through; only the order follows the rules above. Without this, a request
+  arriving between a slot being freed and the dispatcher's turn would take
+  the slot, and under sustained load the queued requests would starve until
+  ``maxQueueWait``. Requests of a higher priority than every waiter, and
+  retries after a refused connection, go straight through.
+
+Decisions where the spec is silent: the rule above (the spec says "higher
+priority is dispatched first" and fair between flows, which newcomers
+overtaking the queue would break); a pool whose configuration drops
+``flowControl`` keeps serving the requests already waiting until they are
+placed or time out.
 """
 
 from __future__ import annotations
@@ -87,6 +98,10 @@ class FlowQueue:
 
     # ------------------------------------------------------------ triggers
 
+    def waiting_at_or_above(self, priority: int) -> bool:
+        """Whether a request of ``priority`` arriving now would overtake a waiter."""
+        return bool(self._levels) and max(self._levels) >= priority
+
     def slot_freed(self) -> None:
         """One of this router's requests finished: try to place one waiter."""
         if self._count:
@@ -102,12 +117,15 @@ class FlowQueue:
     # ------------------------------------------------------------- waiting
 
     async def wait(self, priority: int, flow: str, settings: CompiledFlowControl,
-                   attempt: Callable[[], Decision], deadline: float | None = None) -> Decision:
+                   attempt: Callable[[], Decision], deadline: float | None = None,
+                   capacity_seen: bool = False) -> Decision:
         """Queue until ``attempt()`` (a decision on the current snapshot)
         routes or rejects for another reason than capacity; return it.
         ``deadline`` (loop time) defaults to ``maxQueueWait`` from now; a
         request queued again (a retry after a refused connection) passes the
         one it got first, so its whole wait stays within ``maxQueueWait``.
+        ``capacity_seen``: the request could have routed and queues only not
+        to overtake earlier waiters; one placement is made for it at once.
         Raises :class:`Shed` or :class:`QueueTimeout`."""
         loop = asyncio.get_running_loop()
         if deadline is None:
@@ -118,12 +136,18 @@ class FlowQueue:
         if self._count >= settings.max_queued:
             victim = self._lowest_newest()
             if victim is None or victim.priority >= priority:
+                if capacity_seen:  # the capacity it saw still goes to the first in line
+                    self._budget += 1
+                    self._wake.set()
                 raise Shed
             self._remove(victim)
             victim.shed = True
             if not victim.turn.done():
                 victim.turn.set_result(None)
         self._add(w)
+        if capacity_seen:
+            self._budget += 1
+            self._wake.set()
         try:
             async with asyncio.timeout_at(deadline):
                 while True:

@@ -163,6 +163,38 @@ async def test_a_client_that_goes_away_leaves_the_queue(queue: FlowQueue) -> Non
         await q.stop()
 
 
+async def test_an_arrival_that_could_route_does_not_overtake_the_waiters(queue: FlowQueue) -> None:
+    world = World()
+    waiters = [asyncio.create_task(queue.wait(5, "t", SETTINGS, world.attempt(f"r{i}"))) for i in range(2)]
+    await until(lambda: len(queue) == 2)
+    assert queue.waiting_at_or_above(5) and queue.waiting_at_or_above(0) and not queue.waiting_at_or_above(6)
+    # one slot came free and a newcomer saw it before the dispatcher's turn:
+    # it queues, and the slot goes to the first in line
+    world.free = 1
+    arrival = asyncio.create_task(queue.wait(5, "new", SETTINGS, world.attempt("arrival"), capacity_seen=True))
+    await until(lambda: world.placed == ["r0"])
+    await asyncio.sleep(0.05)
+    assert world.attempts == ["r0"] and len(queue) == 2  # one slot, one placement
+    world.free = 2
+    queue.slot_freed()
+    queue.slot_freed()
+    await asyncio.wait_for(asyncio.gather(*waiters, arrival), 3)
+    # then flows take turns: flow t was just served, so the arrival's flow goes first
+    assert world.placed == ["r0", "arrival", "r1"]
+
+
+async def test_an_arrival_shed_from_a_full_queue_passes_the_capacity_it_saw_on(queue: FlowQueue) -> None:
+    world = World()
+    settings = CompiledFlowControl(max_queued=1, max_queue_wait_seconds=5.0)
+    waiter = asyncio.create_task(queue.wait(0, "t", settings, world.attempt("waiter")))
+    await until(lambda: len(queue) == 1)
+    world.free = 1
+    with pytest.raises(Shed):
+        await queue.wait(0, "t", settings, world.attempt("arrival"), capacity_seen=True)
+    await asyncio.wait_for(waiter, 3)
+    assert world.placed == ["waiter"]
+
+
 # ------------------------------------------------------- through the router
 
 MANIFESTS = """
@@ -276,3 +308,40 @@ async def test_no_capacity_at_max_queue_wait_and_shedding_when_full(env: Env) ->
         assert "maxQueueWait" in body["error"]["message"]
     metrics = await env.router.metrics_page(None)  # type: ignore[arg-type]
     assert b'kinference_queue_depth{pool="default/queued",priority="0"} 0.0' in metrics.body
+
+
+async def test_a_newcomer_does_not_overtake_a_queued_request(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Capacity comes back but the dispatcher has not had its turn yet (here:
+    a rebuild that wakes nobody); a request arriving then queues behind the
+    waiter and brings its capacity with it, so the waiter is answered first."""
+    order: list[str] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        order.append((await request.json())["messages"][0]["content"])
+        return web.json_response({"id": "x", "object": "chat.completion", "choices": [],
+                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    upstream = TestServer(app)
+    await upstream.start_server()
+    try:
+        await env.telemetry(queued=10, address=f"127.0.0.1:{upstream.port}")  # saturated
+
+        async def ask(content: str) -> tuple[int, dict[str, Any]]:
+            async with aiohttp.ClientSession() as s:
+                body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+                async with s.post(env.url, json=body) as r:
+                    return r.status, json.loads(await r.read())
+
+        first = asyncio.create_task(ask("queued first"))
+        await until(lambda: len(env.router.flow) == 1)
+        monkeypatch.setattr(env.router.keeper, "on_rebuild", lambda: None)
+        await env.telemetry(queued=0, address=f"127.0.0.1:{upstream.port}")  # capacity is back
+        assert len(env.router.flow) == 1  # and nobody told the queue
+        status, body = await ask("arrived later")
+        assert status == 200, body
+        assert (await asyncio.wait_for(first, 3))[0] == 200
+        assert order == ["queued first", "arrived later"]
+    finally:
+        await upstream.close()

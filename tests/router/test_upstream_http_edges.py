@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from kinference_router import upstream_http
-from kinference_router.upstream_http import UpstreamBroken, UpstreamClient, UpstreamTimeout
+from kinference_router.upstream_http import UpstreamBroken, UpstreamClient
 
 
 async def serve(handler) -> tuple[web.AppRunner, int]:  # type: ignore[no-untyped-def]
