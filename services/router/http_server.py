@@ -150,13 +150,19 @@ class Request:
         """Send one piece of a streamed answer; waits while the client is behind."""
         if self._state != _STREAMING:
             raise RuntimeError("write() before start_stream() or after end_stream()")
-        conn = self._conn
-        if conn.transport is None:
+        transport = self._conn.transport
+        # is_closing(): a send that failed (the client reset the connection)
+        # closes the transport at once but calls connection_lost only on the
+        # loop's next turn; until then writes would vanish without an error,
+        # and a handler that never waits on anything else would spin for ever
+        if transport is None or transport.is_closing():
             raise ConnectionResetError("the client went away")
         if data and not self._head_only:
-            conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
-            if conn.write_paused:
-                await conn.drain()
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+            if self._conn.write_paused:
+                await self._conn.drain()
+            elif transport.is_closing():
+                raise ConnectionResetError("the client went away")
 
     def end_stream(self) -> None:
         """Finish a streamed answer (the terminating chunk)."""

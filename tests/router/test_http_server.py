@@ -20,6 +20,7 @@ class Calls:
         self.cancelled = asyncio.Event()
         self.release = asyncio.Event()
         self.wrote = 0
+        self.error: BaseException | None = None
 
 
 @pytest.fixture
@@ -69,9 +70,24 @@ def routes(calls: Calls) -> dict[str, Any]:
     async def bad_header(req: Request) -> Response:
         return Response(200, b"x", [("x-evil", "a\r\nSet-Cookie: pwned=1")])
 
+    async def write_after_reset(req: Request) -> None:
+        # the server does not notice the reset on its reading side (reading
+        # paused here, as it would be if the loop were busy): only a write does
+        req._conn.transport.pause_reading()
+        req.start_stream(200, [])
+        calls.seen.append(req)
+        await calls.release.wait()  # the client has reset the connection
+        try:
+            for _ in range(1000):  # a handler that never waits on anything but write()
+                await req.write(b"x" * 1024)
+                calls.wrote += 1
+        except Exception as exc:
+            calls.error = exc
+            raise
+
     return {"/echo": {"POST": echo, "GET": echo}, "/slow": {"POST": slow}, "/stream": {"POST": stream},
             "/big": {"GET": big_stream}, "/boom": {"GET": boom}, "/cut": {"GET": cut},
-            "/bad-header": {"GET": bad_header}}
+            "/bad-header": {"GET": bad_header}, "/write-after-reset": {"GET": write_after_reset}}
 
 
 @pytest.fixture
@@ -232,6 +248,24 @@ async def test_slow_reader_holds_the_writer_back(server: HttpServer, calls: Call
         received += len(chunk)
     assert calls.wrote == 400
     writer.close()
+
+
+async def test_a_write_to_a_reset_connection_fails_instead_of_dropping_data(server: HttpServer, calls: Calls) -> None:
+    """A send that fails closes the transport at once, but tells the
+    protocol only on the loop's next turn; a handler writing again before
+    that must get ConnectionResetError, not spin on writes that go nowhere."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /write-after-reset HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    writer.transport.abort()  # RST: the client has gone
+    await asyncio.sleep(0.2)
+    calls.release.set()
+    for _ in range(300):
+        if calls.error is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert isinstance(calls.error, ConnectionResetError), (calls.error, calls.wrote)
+    assert calls.wrote <= 1
 
 
 async def test_client_going_away_cancels_the_handler(server: HttpServer, calls: Calls) -> None:
