@@ -85,6 +85,7 @@ async def classify(
             request_id=request_id,
             roles=list(roles),
             unreadable=unreadable,
+            sent_at=time.time(),
         )
     )
     try:

@@ -129,6 +129,10 @@ class ClassifyRequest(_Msg, kw_only=True):
     #: parts the caller could not turn into text (images, audio, token ids):
     #: a classifier that finds nothing answers "unknown" rather than "none"
     unreadable: int = 0
+    #: the caller's wall clock (Unix seconds) when it sent the request: a
+    #: classifier behind on its backlog answers requests whose caller gave
+    #: up long ago with the failure tag, without running its detectors
+    sent_at: float | None = None
 
 
 class ClassifyReply(_Msg, kw_only=True):

@@ -15,6 +15,14 @@ closed: a request it cannot decode is answered with the failure tag
 (``outcome="error"``); the detector's own failures are handled in
 :mod:`kinference_classifier.core`.
 
+A request is answered without running a detector (``outcome="deadline"``,
+detail ``expired before it was read``) when it waited in this replica's
+backlog longer than its deadline plus :data:`CLOCK_SKEW_ALLOWANCE`, measured
+from the caller's ``sentAt``: its caller has given up already, and working on
+it would only make the requests behind it late too (under a burst the backlog
+would otherwise never recover). The allowance keeps a clock that is off by
+less than it from failing fresh requests.
+
 Logs never carry prompt text or exception messages (a validator's message may
 quote its input): only sizes, tags, outcomes, timings and request ids.
 """
@@ -38,6 +46,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+#: how far the caller's clock may be ahead of or behind ours before a fresh
+#: request could be taken for an expired one (NTP keeps a cluster well within it)
+CLOCK_SKEW_ALLOWANCE = 1.0
 
 _BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 20e-3, 50e-3)
 
@@ -200,6 +212,7 @@ class ClassifierService:
             t0 = time.perf_counter()
             reply: ClassifyReply
             chars = 0
+            stale = False
             if len(msg.data) > self._max_bytes:
                 reply = ClassifyReply(
                     classifier=name,
@@ -218,31 +231,35 @@ class ClassifierService:
                         detail="undecodable request",
                     )
                 else:
-                    chars = sum(len(t) for t in req.texts)
-                    reply = self.classifiers.classify(
-                        name,
-                        req.texts,
-                        roles=req.roles,
-                        unreadable=req.unreadable,
-                        deadline_ms=req.deadline_ms,
-                        request_id=req.request_id,
-                    )
+                    waited = time.time() - req.sent_at if req.sent_at is not None else 0.0
+                    if req.deadline_ms is not None and waited > req.deadline_ms / 1000.0 + CLOCK_SKEW_ALLOWANCE:
+                        # its caller gave up long ago: no detector runs, and no
+                        # warning per request (a backlog would flood the log):
+                        # kinference_classify_requests_total counts them
+                        stale = True
+                        reply = ClassifyReply(
+                            classifier=name,
+                            tags=[info.failure_tag],
+                            outcome="deadline",
+                            request_id=req.request_id,
+                            detail=f"expired before it was read ({waited:.1f}s after it was sent)",
+                        )
+                    else:
+                        chars = sum(len(t) for t in req.texts)
+                        reply = self.classifiers.classify(
+                            name,
+                            req.texts,
+                            roles=req.roles,
+                            unreadable=req.unreadable,
+                            deadline_ms=req.deadline_ms,
+                            request_id=req.request_id,
+                        )
             elapsed = time.perf_counter() - t0
             tag = reply.tags[0] if reply.tags else ""
             metrics.requests.labels(name, tag, reply.outcome).inc()
             metrics.seconds.labels(name, reply.outcome).observe(elapsed)
             metrics.input_chars.labels(name).observe(chars)
-            if reply.outcome != "ok":
-                log.warning(
-                    "classify failed closed",
-                    classifier=name,
-                    tag=tag,
-                    outcome=reply.outcome,
-                    detail=reply.detail,
-                    request_id=reply.request_id,
-                    chars=chars,
-                )
-            else:
+            if reply.outcome == "ok":
                 log.debug(
                     "classified",
                     classifier=name,
@@ -251,6 +268,16 @@ class ClassifierService:
                     request_id=reply.request_id,
                     chars=chars,
                     micros=reply.micros,
+                )
+            elif not stale:
+                log.warning(
+                    "classify failed closed",
+                    classifier=name,
+                    tag=tag,
+                    outcome=reply.outcome,
+                    detail=reply.detail,
+                    request_id=reply.request_id,
+                    chars=chars,
                 )
             if msg.reply:
                 try:

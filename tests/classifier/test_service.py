@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
@@ -20,11 +21,11 @@ import nats
 import pytest
 from kinference_common import bus
 from kinference_common.classify_client import classify, classify_body
-from kinference_classifier.core import Budget, Classifiers, Detection
+from kinference_classifier.core import Budget, Classifiers, Detection, Verdict
 from kinference_classifier.pii import TAGS as PII_TAGS
 from kinference_classifier.service import ClassifierService
 from kinference_common.classifiers import PII
-from kinference_common.messages import ClassifyReply, decoder, encode
+from kinference_common.messages import ClassifyReply, ClassifyRequest, decoder, encode
 from kinference_common.natsserver import NatsServer
 from kinference_common.subjects import classify_subject
 from nats.aio.client import Client as NATS
@@ -131,6 +132,70 @@ async def test_crashing_detector_yields_failure_tag(nats_server: NatsServer, nc:
     async with svc:
         reply = await classify(nc, "pii", ["hello"], 2.0)
     assert (reply.tags, reply.outcome, reply.detail) == (["pii-unknown"], "error", "RuntimeError")
+
+
+class Slow:
+    """A PII detector that takes 100 ms a request, counting how many it ran."""
+
+    info = PII
+    tags = PII_TAGS
+
+    def __init__(self) -> None:
+        self.ran = 0
+
+    def detect(
+        self, texts: Sequence[str], roles: Sequence[str], unreadable: int, budget: Budget
+    ) -> Detection:
+        self.ran += 1
+        time.sleep(0.1)
+        return Detection(Verdict.NONE)
+
+
+async def test_a_request_that_went_stale_in_the_backlog_runs_no_detector(
+    service: ClassifierService, nc: NATS
+) -> None:
+    def ask(sent_at: float | None) -> bytes:
+        req = ClassifyRequest(texts=["mail jane@gmail.com"], deadline_ms=20.0, sent_at=sent_at)
+        return encode(req)
+
+    async def answer(sent_at: float | None) -> ClassifyReply:
+        raw = await nc.request(classify_subject("pii"), ask(sent_at), timeout=2.0)
+        return decoder(ClassifyReply).decode(raw.data)
+
+    stale = await answer(time.time() - 5.0)
+    assert (stale.tags, stale.outcome) == (["pii-unknown"], "deadline")
+    assert stale.detail.startswith("expired before it was read (5.")
+    fresh = await answer(time.time())
+    assert (fresh.tags, fresh.outcome) == (["pii-confirmed"], "ok")
+    # a clock a little off (within the allowance), or an older caller that
+    # does not say when it sent: classified as usual
+    assert (await answer(time.time() + 0.5)).outcome == "ok"
+    assert (await answer(time.time() - 0.5)).outcome == "ok"
+    assert (await answer(None)).outcome == "ok"
+
+
+async def test_a_burst_beyond_the_deadlines_does_not_make_every_request_late(
+    nats_server: NatsServer, nc: NATS
+) -> None:
+    """40 requests at 100 ms each arrive at once: about 4 s of work for callers
+    that wait 100 ms. Requests still in the backlog 1.1 s after they were sent
+    (deadline plus the clock allowance) are answered without running the
+    detector, so the backlog clears in about 1.1 s instead of 4."""
+    slow = Slow()
+    svc = ClassifierService(
+        nats_url=nats_server.url,
+        health_port=0,
+        names=["pii"],
+        classifiers=Classifiers(detectors=[slow]),
+    )
+    async with svc:
+        burst = [classify(nc, "pii", [f"request {i}"], 0.1) for i in range(40)]
+        replies = await asyncio.gather(*burst)
+        assert {r.outcome for r in replies} == {"deadline"}  # every caller gave up at 100 ms
+        # the backlog is cleared: a request sent now gets its answer
+        after = await classify(nc, "pii", ["hello"], 5.0)
+    assert (after.tags, after.outcome) == (["pii-none"], "ok")
+    assert 5 <= slow.ran < 30, slow.ran  # about 12 ran: the rest were stale
 
 
 async def test_absent_classifier_yields_failure_tag(nc: NATS) -> None:
