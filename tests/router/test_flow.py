@@ -18,6 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import generate_latest
 
+from kinference_common import bus, subjects
 from kinference_common.compiled import CompiledFlowControl
 from kinference_router.app import Router
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
@@ -344,4 +345,47 @@ async def test_a_newcomer_does_not_overtake_a_queued_request(env: Env, monkeypat
         assert (await asyncio.wait_for(first, 3))[0] == 200
         assert order == ["queued first", "arrived later"]
     finally:
+        await upstream.close()
+
+
+async def test_a_newcomer_held_behind_a_waiter_until_max_queue_wait_is_published_as_rejected(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The newcomer could route when it arrived, but the capacity went to the
+    request queued before it, which never finishes. At maxQueueWait it gets
+    503, and its decision event says no_capacity, not the pick it never got."""
+    release = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response({"id": "x", "object": "chat.completion", "choices": []})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", hang)
+    upstream = TestServer(app)
+    await upstream.start_server()
+    events: list[dict[str, Any]] = []
+
+    async def on_event(msg: Any) -> None:
+        events.append(json.loads(msg.data))
+
+    sub = await env.nc.subscribe(subjects.decisions_subject("default", "queued"), cb=on_event)
+    try:
+        await bus.sync(env.nc)
+        await env.telemetry(queued=10, address=f"127.0.0.1:{upstream.port}")  # saturated
+        first = asyncio.create_task(post(env.url))
+        await until(lambda: len(env.router.flow) == 1)
+        monkeypatch.setattr(env.router.keeper, "on_rebuild", lambda: None)
+        # capacity for one more: the queued request takes it and then hangs
+        await env.telemetry(queued=4, address=f"127.0.0.1:{upstream.port}")
+        status, body = await post(env.url)
+        assert status == 503 and body["error"]["code"] == "no_capacity", body
+        assert "maxQueueWait" in body["error"]["message"]
+        assert not first.done()  # placed, and still waiting for its answer
+        await asyncio.sleep(0.2)
+        mine = [e for e in events if e["decision_id"] == body["error"]["decision_id"]]
+        assert len(mine) == 1 and mine[0]["outcome"]["type"] != "Routed", events
+    finally:
+        release.set()
+        await sub.unsubscribe()
+        await asyncio.gather(first, return_exceptions=True)
         await upstream.close()
