@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,20 +252,28 @@ class Env:
         return generate_latest(self.router.metrics.registry).decode()
 
 
+COMPLETION = {"id": "x", "object": "chat.completion", "choices": [],
+              "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+
+
+async def stub_upstream(handler: Callable[[web.Request], Awaitable[web.Response]]) -> TestServer:
+    """A stub endpoint whose chat completions ``handler`` answers."""
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
 async def answering_upstream(hits: list[str] | None = None, name: str = "") -> TestServer:
     """A stub endpoint that answers every chat completion at once (and notes it in ``hits``)."""
     async def answer(request: web.Request) -> web.Response:
         await request.read()
         if hits is not None:
             hits.append(name)
-        return web.json_response({"id": "x", "object": "chat.completion", "choices": [],
-                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+        return web.json_response(COMPLETION)
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", answer)
-    server = TestServer(app)
-    await server.start_server()
-    return server
+    return await stub_upstream(answer)
 
 
 @pytest.fixture
@@ -281,9 +289,9 @@ async def env(start_pool: Any) -> AsyncIterator[Env]:
         await upstream.close()
 
 
-async def post(url: str, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+async def post(url: str, body: dict[str, Any] = BODY, **kwargs: Any) -> tuple[int, dict[str, Any]]:
     async with aiohttp.ClientSession() as s:
-        async with s.post(url, json=BODY, **kwargs) as r:
+        async with s.post(url, json=body, **kwargs) as r:
             return r.status, json.loads(await r.read())
 
 
@@ -319,21 +327,14 @@ async def test_a_newcomer_does_not_overtake_a_queued_request(env: Env, monkeypat
 
     async def answer(request: web.Request) -> web.Response:
         order.append((await request.json())["messages"][0]["content"])
-        return web.json_response({"id": "x", "object": "chat.completion", "choices": [],
-                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+        return web.json_response(COMPLETION)
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", answer)
-    upstream = TestServer(app)
-    await upstream.start_server()
+    upstream = await stub_upstream(answer)
     try:
         await env.telemetry(queued=10, address=f"127.0.0.1:{upstream.port}")  # saturated
 
-        async def ask(content: str) -> tuple[int, dict[str, Any]]:
-            async with aiohttp.ClientSession() as s:
-                body = {"model": "m", "messages": [{"role": "user", "content": content}]}
-                async with s.post(env.url, json=body) as r:
-                    return r.status, json.loads(await r.read())
+        def ask(content: str) -> Awaitable[tuple[int, dict[str, Any]]]:
+            return post(env.url, body={"model": "m", "messages": [{"role": "user", "content": content}]})
 
         first = asyncio.create_task(ask("queued first"))
         await until(lambda: len(env.router.flow) == 1)
@@ -357,12 +358,9 @@ async def test_a_newcomer_held_behind_a_waiter_until_max_queue_wait_is_published
 
     async def hang(request: web.Request) -> web.Response:
         await release.wait()
-        return web.json_response({"id": "x", "object": "chat.completion", "choices": []})
+        return web.json_response(COMPLETION)
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", hang)
-    upstream = TestServer(app)
-    await upstream.start_server()
+    upstream = await stub_upstream(hang)
     events: list[dict[str, Any]] = []
 
     async def on_event(msg: Any) -> None:
