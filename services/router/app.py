@@ -17,6 +17,7 @@ One request, in order (ARCHITECTURE.md, "The hot path"):
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import random
 import time
@@ -162,6 +163,17 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
         self.rule = rule
+
+
+def flow_control_rejection(d: Decision, err: ApiError) -> Decision:
+    """The decision event of a request flow control gave up on (shed, or
+    ``maxQueueWait``): its last decision with the outcome it really had. That
+    decision may have routed (a newcomer queued behind earlier waiters, the
+    capacity went to them); the event then still shows which rules and tiers
+    applied, but names no backend the request never reached."""
+    out = copy.copy(d)
+    out.routed, out.candidate, out.code, out.reason = False, None, err.code, err.message
+    return out
 
 
 def new_decision_id() -> str:
@@ -374,7 +386,7 @@ class Router:
         flow = req.headers.get(FAIRNESS_HEADER) or req.tenant
         try:
             return await self.flow.wait(req.priority, flow, settings, attempt, deadline,
-                                        capacity_seen=last[0].routed)
+                                        capacity_seen=last[0].routed, model=last[0].canonical_model)
         except Shed:
             raise ApiError(429, "rate_limited", "shed by flow control: the pool's queue is full",
                            retry_after=1) from None
@@ -405,7 +417,7 @@ class Router:
             if flow_control is not None and (
                     (not d.routed and d.code == "no_capacity")
                     # no cutting in line: earlier waiters get the capacity first (flow.py)
-                    or (d.routed and not tried and self.flow.waiting_at_or_above(req.priority))):
+                    or (d.routed and not tried and self.flow.waiting_at_or_above(req.priority, d.canonical_model))):
                 if queue_deadline is None:
                     queue_deadline = asyncio.get_running_loop().time() + flow_control.max_queue_wait_seconds
                 last = [d]
@@ -413,10 +425,8 @@ class Router:
                     d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, last)
                 except ApiError as err:
                     d = last[0]
-                    if d.routed and (snap := self.keeper.snapshot) is not None:
-                        # held behind earlier waiters without a turn: the event
-                        # says why it failed, decided on the state it failed in
-                        d = self._decide(req, snap, tried)
+                    if d.routed or d.code != err.code:
+                        d = flow_control_rejection(d, err)
                     self._publish_decision(d, decision_id, traces)
                     err.rule = d.rule or ""
                     raise

@@ -21,15 +21,20 @@ at once, and is decided again as capacity may have come back.
   ``no_capacity`` (503). A client that goes away leaves the queue.
 
 - **No cutting in line.** A request that would route on arrival while
-  requests of its priority or higher are waiting joins the queue instead
-  (``capacity_seen``): the capacity it saw goes to whoever is first in
-  dispatch order, which may be itself. It brings one placement with it, so
-  the number of requests placed is the same as if it had gone straight
-  through; only the order follows the rules above. Without this, a request
-  arriving between a slot being freed and the dispatcher's turn would take
-  the slot, and under sustained load the queued requests would starve until
-  ``maxQueueWait``. Requests of a higher priority than every waiter, and
-  retries after a refused connection, go straight through.
+  requests for the same model, of its priority or higher, are waiting joins
+  the queue instead (``capacity_seen``): the capacity it saw goes to
+  whoever is first in dispatch order, which may be itself. It brings one
+  placement with it, so the number of requests placed is the same as if it
+  had gone straight through; only the order follows the rules above. It
+  passes that placement on however it leaves (placed, shed, timed out,
+  gone). Without this, a request arriving between a slot being freed and
+  the dispatcher's turn would take the slot, and under sustained load the
+  queued requests would starve until ``maxQueueWait``. Requests for another
+  model go straight through: waiters for a saturated model do not compete
+  for an idle model's endpoints (the model is the request's canonical
+  model, a cheap stand-in for "the same candidates"). So do requests of a
+  higher priority than every waiter for their model, and retries after a
+  refused connection.
 
 Decisions where the spec is silent: the rule above (the spec says "higher
 priority is dispatched first" and fair between flows, which newcomers
@@ -58,11 +63,12 @@ class QueueTimeout(Exception):
 
 
 class _Waiter:
-    __slots__ = ("priority", "flow", "seq", "turn", "report", "shed")
+    __slots__ = ("priority", "flow", "model", "seq", "turn", "report", "shed")
 
-    def __init__(self, priority: int, flow: str, seq: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, priority: int, flow: str, model: str, seq: int, loop: asyncio.AbstractEventLoop) -> None:
         self.priority = priority
         self.flow = flow
+        self.model = model
         self.seq = seq
         #: resolved by the dispatcher: this waiter's turn to decide again
         self.turn: asyncio.Future[None] = loop.create_future()
@@ -78,6 +84,8 @@ class FlowQueue:
         #: priority -> flow -> waiters, oldest first; flows in turn order
         self._levels: dict[int, OrderedDict[str, deque[_Waiter]]] = {}
         self._count = 0
+        #: model -> priority -> how many wait (no zero entries)
+        self._models: dict[str, dict[int, int]] = {}
         self._seq = itertools.count()
         self._on_depth = on_depth
         #: placements the next pass may make (a freed slot adds one; a rebuild: everyone)
@@ -98,9 +106,11 @@ class FlowQueue:
 
     # ------------------------------------------------------------ triggers
 
-    def waiting_at_or_above(self, priority: int) -> bool:
-        """Whether a request of ``priority`` arriving now would overtake a waiter."""
-        return bool(self._levels) and max(self._levels) >= priority
+    def waiting_at_or_above(self, priority: int, model: str) -> bool:
+        """Whether a request for ``model`` of ``priority`` arriving now would
+        overtake a waiter for the same model."""
+        counts = self._models.get(model)
+        return counts is not None and max(counts) >= priority
 
     def slot_freed(self) -> None:
         """One of this router's requests finished: try to place one waiter."""
@@ -118,36 +128,35 @@ class FlowQueue:
 
     async def wait(self, priority: int, flow: str, settings: CompiledFlowControl,
                    attempt: Callable[[], Decision], deadline: float | None = None,
-                   capacity_seen: bool = False) -> Decision:
+                   capacity_seen: bool = False, model: str = "") -> Decision:
         """Queue until ``attempt()`` (a decision on the current snapshot)
         routes or rejects for another reason than capacity; return it.
         ``deadline`` (loop time) defaults to ``maxQueueWait`` from now; a
         request queued again (a retry after a refused connection) passes the
         one it got first, so its whole wait stays within ``maxQueueWait``.
         ``capacity_seen``: the request could have routed and queues only not
-        to overtake earlier waiters; one placement is made for it at once.
+        to overtake earlier waiters; one placement is made at once, for the
+        first in line (which it passes on even if it never queues).
+        ``model``: what the request asks for (see "No cutting in line").
         Raises :class:`Shed` or :class:`QueueTimeout`."""
         loop = asyncio.get_running_loop()
+        if capacity_seen:  # the capacity it saw goes to the first in line, whatever happens next
+            self._budget += 1
+            self._wake.set()
         if deadline is None:
             deadline = loop.time() + settings.max_queue_wait_seconds
         if deadline <= loop.time():
             raise QueueTimeout
-        w = _Waiter(priority, flow, next(self._seq), loop)
+        w = _Waiter(priority, flow, model, next(self._seq), loop)
         if self._count >= settings.max_queued:
             victim = self._lowest_newest()
             if victim is None or victim.priority >= priority:
-                if capacity_seen:  # the capacity it saw still goes to the first in line
-                    self._budget += 1
-                    self._wake.set()
                 raise Shed
             self._remove(victim)
             victim.shed = True
             if not victim.turn.done():
                 victim.turn.set_result(None)
         self._add(w)
-        if capacity_seen:
-            self._budget += 1
-            self._wake.set()
         try:
             async with asyncio.timeout_at(deadline):
                 while True:
@@ -180,6 +189,8 @@ class FlowQueue:
         flows = self._levels.setdefault(w.priority, OrderedDict())
         flows.setdefault(w.flow, deque()).append(w)
         self._count += 1
+        counts = self._models.setdefault(w.model, {})
+        counts[w.priority] = counts.get(w.priority, 0) + 1
         self._depth(w.priority)
 
     def _remove(self, w: _Waiter) -> None:
@@ -189,6 +200,12 @@ class FlowQueue:
             return
         queue.remove(w)
         self._count -= 1
+        counts = self._models[w.model]
+        counts[w.priority] -= 1
+        if not counts[w.priority]:
+            del counts[w.priority]
+            if not counts:
+                del self._models[w.model]
         if not queue:
             del flows[w.flow]  # type: ignore[union-attr]
         if not flows:

@@ -455,8 +455,13 @@ class _Connection(asyncio.Protocol):
             return
         except Exception as exc:
             self.task = None
-            if self.transport is None:  # the client went away mid-answer: nobody to tell
+            if self.transport is None or self.transport.is_closing():
+                # the client went away mid-answer (a write that found the
+                # connection reset raises before connection_lost has run):
+                # nobody to tell, and nothing wrong with the handler
                 log.debug("handler ended without a client", path=req.path, error=type(exc).__name__)
+                if self.transport is not None:
+                    self.transport.abort()
                 return
             # never the message or traceback text: it could quote the request
             tb = exc.__traceback__

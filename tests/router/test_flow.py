@@ -168,7 +168,7 @@ async def test_an_arrival_that_could_route_does_not_overtake_the_waiters(queue: 
     world = World()
     waiters = [asyncio.create_task(queue.wait(5, "t", SETTINGS, world.attempt(f"r{i}"))) for i in range(2)]
     await until(lambda: len(queue) == 2)
-    assert queue.waiting_at_or_above(5) and queue.waiting_at_or_above(0) and not queue.waiting_at_or_above(6)
+    assert queue.waiting_at_or_above(5, "") and queue.waiting_at_or_above(0, "") and not queue.waiting_at_or_above(6, "")
     # one slot came free and a newcomer saw it before the dispatcher's turn:
     # it queues, and the slot goes to the first in line
     world.free = 1
