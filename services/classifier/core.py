@@ -158,6 +158,8 @@ class Classifiers:
             total += len(t)
         if total > self.max_chars:
             return reply(info.failure_tag, "oversize", detail=f"{total} chars > {self.max_chars}")
+        if deadline_ms is not None and not deadline_ms > 0:  # no time at all (or nonsense)
+            return reply(info.failure_tag, "deadline", detail="no time left")
         until = None if deadline_ms is None else t0 + deadline_ms / 1000.0
         try:
             found = detector.detect(texts, roles, unreadable, Budget(self.clock, until))

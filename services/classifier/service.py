@@ -79,6 +79,14 @@ class Metrics:
             buckets=(256, 1024, 4096, 16384, 65536, 262144, 1048576),
             registry=self.registry,
         )
+        self.expired = Counter(
+            "kinference_classify_expired",
+            "Requests answered unread (failure tag, outcome deadline): older than "
+            "their deadline plus the clock allowance. Under load: a backlog being "
+            "shed; at rest: the callers' clocks are off.",
+            ["classifier"],
+            registry=self.registry,
+        )
         self.connected = Gauge(
             "kinference_classify_nats_connected",
             "1 while connected to NATS.",
@@ -232,11 +240,16 @@ class ClassifierService:
                     )
                 else:
                     waited = time.time() - req.sent_at if req.sent_at is not None else 0.0
-                    if req.deadline_ms is not None and waited > req.deadline_ms / 1000.0 + CLOCK_SKEW_ALLOWANCE:
+                    if (
+                        req.sent_at is not None
+                        and req.deadline_ms is not None
+                        and waited > req.deadline_ms / 1000.0 + CLOCK_SKEW_ALLOWANCE
+                    ):
                         # its caller gave up long ago: no detector runs, and no
                         # warning per request (a backlog would flood the log):
-                        # kinference_classify_requests_total counts them
+                        # kinference_classify_expired_total counts them
                         stale = True
+                        metrics.expired.labels(name).inc()
                         reply = ClassifyReply(
                             classifier=name,
                             tags=[info.failure_tag],

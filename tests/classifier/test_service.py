@@ -172,6 +172,8 @@ async def test_a_request_that_went_stale_in_the_backlog_runs_no_detector(
     assert (await answer(time.time() + 0.5)).outcome == "ok"
     assert (await answer(time.time() - 0.5)).outcome == "ok"
     assert (await answer(None)).outcome == "ok"
+    expired = service.metrics.expired.labels("pii")._value.get()
+    assert expired == 1.0  # only the stale one
 
 
 async def test_a_burst_beyond_the_deadlines_does_not_make_every_request_late(
