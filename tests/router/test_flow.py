@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,6 +277,17 @@ async def answering_upstream(hits: list[str] | None = None, name: str = "") -> T
     return await stub_upstream(answer)
 
 
+async def hanging_upstream() -> tuple[TestServer, asyncio.Event]:
+    """A stub endpoint whose chat completions hang until the returned event is set."""
+    release = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await release.wait()
+        return web.json_response(COMPLETION)
+
+    return await stub_upstream(hang), release
+
+
 @pytest.fixture
 async def env(start_pool: Any) -> AsyncIterator[Env]:
     upstream = await answering_upstream()
@@ -293,6 +305,35 @@ async def post(url: str, body: dict[str, Any] = BODY, **kwargs: Any) -> tuple[in
     async with aiohttp.ClientSession() as s:
         async with s.post(url, json=body, **kwargs) as r:
             return r.status, json.loads(await r.read())
+
+
+def ask(env: Env, content: str, model: str = "m") -> Awaitable[tuple[int, dict[str, Any]]]:
+    """Post a chat completion for ``model`` with one user message, ``content``."""
+    return post(env.url, body={"model": model, "messages": [{"role": "user", "content": content}]})
+
+
+@asynccontextmanager
+async def decision_events(nc: nats.NATS) -> AsyncIterator[list[dict[str, Any]]]:
+    """The decision events of the pool default/queued, collected while the block runs."""
+    events: list[dict[str, Any]] = []
+
+    async def on_event(msg: Any) -> None:
+        events.append(json.loads(msg.data))
+
+    sub = await nc.subscribe(subjects.decisions_subject("default", "queued"), cb=on_event)
+    try:
+        await bus.sync(nc)
+        yield events
+    finally:
+        await sub.unsubscribe()
+
+
+async def events_for(
+        nc: nats.NATS, events: list[dict[str, Any]], decision_id: str) -> list[dict[str, Any]]:
+    """The events for ``decision_id``, once the events under way have arrived."""
+    await bus.sync(nc)
+    await asyncio.sleep(0.2)
+    return [e for e in events if e["decision_id"] == decision_id]
 
 
 async def test_a_request_waits_for_capacity_instead_of_failing(env: Env) -> None:
@@ -332,16 +373,12 @@ async def test_a_newcomer_does_not_overtake_a_queued_request(env: Env, monkeypat
     upstream = await stub_upstream(answer)
     try:
         await env.telemetry(queued=10, address=f"127.0.0.1:{upstream.port}")  # saturated
-
-        def ask(content: str) -> Awaitable[tuple[int, dict[str, Any]]]:
-            return post(env.url, body={"model": "m", "messages": [{"role": "user", "content": content}]})
-
-        first = asyncio.create_task(ask("queued first"))
+        first = asyncio.create_task(ask(env, "queued first"))
         await until(lambda: len(env.router.flow) == 1)
         monkeypatch.setattr(env.router.keeper, "on_rebuild", lambda: None)
         await env.telemetry(queued=0, address=f"127.0.0.1:{upstream.port}")  # capacity is back
         assert len(env.router.flow) == 1  # and nobody told the queue
-        status, body = await ask("arrived later")
+        status, body = await ask(env, "arrived later")
         assert status == 200, body
         assert (await asyncio.wait_for(first, 3))[0] == 200
         assert order == ["queued first", "arrived later"]
@@ -354,36 +391,24 @@ async def test_a_newcomer_held_behind_a_waiter_until_max_queue_wait_is_published
     """The newcomer could route when it arrived, but the capacity went to the
     request queued before it, which never finishes. At maxQueueWait it gets
     503, and its decision event says no_capacity, not the pick it never got."""
-    release = asyncio.Event()
-
-    async def hang(request: web.Request) -> web.Response:
-        await release.wait()
-        return web.json_response(COMPLETION)
-
-    upstream = await stub_upstream(hang)
-    events: list[dict[str, Any]] = []
-
-    async def on_event(msg: Any) -> None:
-        events.append(json.loads(msg.data))
-
-    sub = await env.nc.subscribe(subjects.decisions_subject("default", "queued"), cb=on_event)
+    upstream, release = await hanging_upstream()
+    first: asyncio.Task[Any] | None = None
     try:
-        await bus.sync(env.nc)
-        await env.telemetry(queued=10, address=f"127.0.0.1:{upstream.port}")  # saturated
-        first = asyncio.create_task(post(env.url))
-        await until(lambda: len(env.router.flow) == 1)
-        monkeypatch.setattr(env.router.keeper, "on_rebuild", lambda: None)
-        # capacity for one more: the queued request takes it and then hangs
-        await env.telemetry(queued=4, address=f"127.0.0.1:{upstream.port}")
-        status, body = await post(env.url)
-        assert status == 503 and body["error"]["code"] == "no_capacity", body
-        assert "maxQueueWait" in body["error"]["message"]
-        assert not first.done()  # placed, and still waiting for its answer
-        await asyncio.sleep(0.2)
-        mine = [e for e in events if e["decision_id"] == body["error"]["decision_id"]]
-        assert len(mine) == 1 and mine[0]["outcome"]["type"] != "Routed", events
+        async with decision_events(env.nc) as events:
+            await env.telemetry(queued=10, address=f"127.0.0.1:{upstream.port}")  # saturated
+            first = asyncio.create_task(post(env.url))
+            await until(lambda: len(env.router.flow) == 1)
+            monkeypatch.setattr(env.router.keeper, "on_rebuild", lambda: None)
+            # capacity for one more: the queued request takes it and then hangs
+            await env.telemetry(queued=4, address=f"127.0.0.1:{upstream.port}")
+            status, body = await post(env.url)
+            assert status == 503 and body["error"]["code"] == "no_capacity", body
+            assert "maxQueueWait" in body["error"]["message"]
+            assert not first.done()  # placed, and still waiting for its answer
+            mine = await events_for(env.nc, events, body["error"]["decision_id"])
+            assert len(mine) == 1 and mine[0]["outcome"]["type"] != "Routed", events
     finally:
         release.set()
-        await sub.unsubscribe()
-        await asyncio.gather(first, return_exceptions=True)
+        if first is not None:
+            await asyncio.gather(first, return_exceptions=True)
         await upstream.close()

@@ -9,27 +9,27 @@ docstrings say what was wrong and what is expected; all six are fixed).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import structlog
-from aiohttp import web
-from kinference_common import bus, subjects
 from kinference_router.flow import FlowQueue, QueueTimeout
 from kinference_router.http_server import HttpServer, Request
 
 from .test_flow import (
-    COMPLETION,
     MANIFESTS,
     SETTINGS,
     Env,
     Outcome,
     World,
     answering_upstream,
+    ask,
+    decision_events,
+    events_for,
+    hanging_upstream,
     post,
-    stub_upstream,
     until,
 )
 
@@ -105,10 +105,6 @@ async def make_env(start_pool: Any) -> Callable[..., Awaitable[Env]]:
     return make
 
 
-def ask(env: Env, content: str, model: str = "m") -> Awaitable[tuple[int, dict[str, Any]]]:
-    return post(env.url, body={"model": model, "messages": [{"role": "user", "content": content}]})
-
-
 async def test_an_arrival_shed_with_429_is_not_published_as_routed(
         make_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The queue (maxQueued 2) is full; capacity came back but the dispatcher
@@ -121,32 +117,21 @@ async def test_an_arrival_shed_with_429_is_not_published_as_routed(
     Expected: the event for a shed request is not ``Routed``."""
     upstream = await answering_upstream()
     env: Env = await make_env(f"127.0.0.1:{upstream.port}")
-    events: list[dict[str, Any]] = []
-
-    async def on_event(msg: Any) -> None:
-        events.append(json.loads(msg.data))
-
-    sub = await env.nc.subscribe(subjects.decisions_subject("default", "queued"), cb=on_event)
     waiters: list[asyncio.Task[Any]] = []
     try:
-        await bus.sync(env.nc)
-        waiters = [asyncio.create_task(ask(env, f"queued {i}")) for i in range(2)]
-        await until(lambda: len(env.router.flow) == 2)
-        monkeypatch.setattr(env.router.keeper, "on_rebuild", lambda: None)
-        await env.telemetry(queued=0)  # capacity is back, nobody told the queue
-        status, body = await ask(env, "newcomer")
-        assert status == 429 and body["error"]["code"] == "rate_limited", body
-        await asyncio.gather(*waiters, return_exceptions=True)
-        await bus.sync(env.nc)
-        await asyncio.sleep(0.2)
-        mine = [e for e in events if e["decision_id"] == body["error"]["decision_id"]]
-        assert len(mine) == 1, events
-        assert mine[0]["outcome"]["type"] != "Routed", mine[0]["outcome"]
+        async with decision_events(env.nc) as events:
+            waiters = [asyncio.create_task(ask(env, f"queued {i}")) for i in range(2)]
+            await until(lambda: len(env.router.flow) == 2)
+            monkeypatch.setattr(env.router.keeper, "on_rebuild", lambda: None)
+            await env.telemetry(queued=0)  # capacity is back, nobody told the queue
+            status, body = await ask(env, "newcomer")
+            assert status == 429 and body["error"]["code"] == "rate_limited", body
+            await asyncio.gather(*waiters, return_exceptions=True)
+            mine = await events_for(env.nc, events, body["error"]["decision_id"])
+            assert len(mine) == 1, events
+            assert mine[0]["outcome"]["type"] != "Routed", mine[0]["outcome"]
     finally:
-        await sub.unsubscribe()
-        for t in waiters:
-            t.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
+        await cancel_all(waiters)
         await upstream.close()
 
 
@@ -166,6 +151,29 @@ spec:
 """
 
 
+@asynccontextmanager
+async def two_model_env(
+        make_env: Any, manifests: str = TWO_MODELS) -> AsyncIterator[tuple[Env, list[str]]]:
+    """A two-model pool, m's endpoint saturated and m2's idle, and which endpoint answered each call."""
+    hits: list[str] = []
+    m_upstream = await answering_upstream(hits, "m")
+    m2_upstream = await answering_upstream(hits, "m2")
+    try:
+        env: Env = await make_env(f"127.0.0.1:{m_upstream.port}", manifests)
+        await env.served.endpoint("stub2", "m2", f"127.0.0.1:{m2_upstream.port}", pod="stub2-0", queued=0)
+        yield env, hits
+    finally:
+        await m_upstream.close()
+        await m2_upstream.close()
+
+
+async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel the requests still under way and wait for them to end."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_a_request_for_an_idle_model_is_not_shed_behind_waiters_for_a_saturated_one(make_env: Any) -> None:
     """Pool with two models: m's only endpoint is saturated, m2's is idle.
     Two requests for m fill the queue (maxQueued 2). A request for m2 routes
@@ -176,48 +184,31 @@ async def test_a_request_for_an_idle_model_is_not_shed_behind_waiters_for_a_satu
     flow.py docstring promises "the number of requests placed is the same
     as if it had gone straight through"; before this change it got 200.
     Expected: 200 from m2's endpoint."""
-    hits: list[str] = []
-    m_upstream = await answering_upstream(hits, "m")
-    m2_upstream = await answering_upstream(hits, "m2")
     waiters: list[asyncio.Task[Any]] = []
-    try:
-        env: Env = await make_env(f"127.0.0.1:{m_upstream.port}", TWO_MODELS)
-        await env.served.endpoint("stub2", "m2", f"127.0.0.1:{m2_upstream.port}", pod="stub2-0", queued=0)
-        assert (await ask(env, "warm-up", "m2"))[0] == 200  # m2 is idle and routes while nobody waits
-        waiters = [asyncio.create_task(ask(env, f"for m {i}")) for i in range(2)]
-        await until(lambda: len(env.router.flow) == 2)
-        status, body = await ask(env, "for m2", "m2")
-        assert status == 200, body
-        assert hits == ["m2", "m2"]
-    finally:
-        for t in waiters:
-            t.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
-        await m_upstream.close()
-        await m2_upstream.close()
+    async with two_model_env(make_env) as (env, hits):
+        try:
+            assert (await ask(env, "warm-up", "m2"))[0] == 200  # m2 is idle and routes while nobody waits
+            waiters = [asyncio.create_task(ask(env, f"for m {i}")) for i in range(2)]
+            await until(lambda: len(env.router.flow) == 2)
+            status, body = await ask(env, "for m2", "m2")
+            assert status == 200, body
+            assert hits == ["m2", "m2"]
+        finally:
+            await cancel_all(waiters)
 
 
 async def test_a_request_for_an_idle_model_behind_waiters_for_a_saturated_one_still_routes(make_env: Any) -> None:  # guard
     """Same pool, queue not full: the m2 request queues with its placement, the
     m waiter's turn finds no capacity, and the placement reaches the m2 request."""
-    hits: list[str] = []
-    m_upstream = await answering_upstream(hits, "m")
-    m2_upstream = await answering_upstream(hits, "m2")
-    waiter: asyncio.Task[Any] | None = None
-    try:
-        env: Env = await make_env(f"127.0.0.1:{m_upstream.port}", TWO_MODELS)
-        await env.served.endpoint("stub2", "m2", f"127.0.0.1:{m2_upstream.port}", pod="stub2-0", queued=0)
+    async with two_model_env(make_env) as (env, hits):
         waiter = asyncio.create_task(ask(env, "for m"))
-        await until(lambda: len(env.router.flow) == 1)
-        status, body = await asyncio.wait_for(ask(env, "for m2", "m2"), 3)
-        assert status == 200, body
-        assert hits == ["m2"] and len(env.router.flow) == 1
-    finally:
-        if waiter is not None:
-            waiter.cancel()
-            await asyncio.gather(waiter, return_exceptions=True)
-        await m_upstream.close()
-        await m2_upstream.close()
+        try:
+            await until(lambda: len(env.router.flow) == 1)
+            status, body = await asyncio.wait_for(ask(env, "for m2", "m2"), 3)
+            assert status == 200, body
+            assert hits == ["m2"] and len(env.router.flow) == 1
+        finally:
+            await cancel_all([waiter])
 
 
 # ------------------------------------------------------------ http server
@@ -322,39 +313,31 @@ async def test_a_request_for_an_idle_model_does_not_re_decide_every_waiter_for_a
     length) decisions (up to maxQueued, 1000 by default) and waits that
     long, although none of those waiters can use m2's capacity.
     Expected: the m waiters are not decided again because of an m2 request."""
-    hits: list[str] = []
-    m_upstream = await answering_upstream(hits, "m")
-    m2_upstream = await answering_upstream(hits, "m2")
+    manifests = TWO_MODELS.replace("flowControl: {maxQueueWait: 1s, maxQueued: 2}",
+                                   "flowControl: {maxQueueWait: 5s, maxQueued: 100}")
     waiters: list[asyncio.Task[Any]] = []
-    try:
-        manifests = TWO_MODELS.replace("flowControl: {maxQueueWait: 1s, maxQueued: 2}",
-                                       "flowControl: {maxQueueWait: 5s, maxQueued: 100}")
-        env: Env = await make_env(f"127.0.0.1:{m_upstream.port}", manifests)
-        await env.served.endpoint("stub2", "m2", f"127.0.0.1:{m2_upstream.port}", pod="stub2-0", queued=0)
-        waiters = [asyncio.create_task(ask(env, f"for m {i}")) for i in range(20)]
-        await until(lambda: len(env.router.flow) == 20)
-        decided: list[str] = []
-        real = env.router._decide
+    async with two_model_env(make_env, manifests) as (env, hits):
+        try:
+            waiters = [asyncio.create_task(ask(env, f"for m {i}")) for i in range(20)]
+            await until(lambda: len(env.router.flow) == 20)
+            decided: list[str] = []
+            real = env.router._decide
 
-        def counting(req: Any, snap: Any, avoid: Any) -> Any:
-            decided.append(req.model)
-            return real(req, snap, avoid)
+            def counting(req: Any, snap: Any, avoid: Any) -> Any:
+                decided.append(req.model)
+                return real(req, snap, avoid)
 
-        monkeypatch.setattr(env.router, "_decide", counting)
-        status, body = await asyncio.wait_for(ask(env, "for m2", "m2"), 5)
-        assert status == 200, body
-        assert hits == ["m2"]
-        # from its arrival to its placement: decided once, nobody else decided
-        # (its finishing afterwards frees a slot, which gives waiters turns, as
-        # any finished request does)
-        upto = decided[:decided.index("m2") + 1]
-        assert upto == ["m2"], f"{upto.count('m')} decisions for m waiters because of the m2 request"
-    finally:
-        for t in waiters:
-            t.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
-        await m_upstream.close()
-        await m2_upstream.close()
+            monkeypatch.setattr(env.router, "_decide", counting)
+            status, body = await asyncio.wait_for(ask(env, "for m2", "m2"), 5)
+            assert status == 200, body
+            assert hits == ["m2"]
+            # from its arrival to its placement: decided once, nobody else decided
+            # (its finishing afterwards frees a slot, which gives waiters turns, as
+            # any finished request does)
+            upto = decided[:decided.index("m2") + 1]
+            assert upto == ["m2"], f"{upto.count('m')} decisions for m waiters because of the m2 request"
+        finally:
+            await cancel_all(waiters)
 
 
 async def test_a_newcomer_timed_out_in_the_queue_is_not_published_as_routed(
@@ -367,40 +350,26 @@ async def test_a_newcomer_timed_out_in_the_queue_is_not_published_as_routed(
     is "a fresh decision on the state it failed in", which now routes: the
     decision event says ``Routed`` for a request answered 503. Expected: the
     event of a request that timed out in the queue is never ``Routed``."""
-    release = asyncio.Event()
-
-    async def hang(request: web.Request) -> web.Response:
-        await release.wait()
-        return web.json_response(COMPLETION)
-
-    upstream = await stub_upstream(hang)
-    events: list[dict[str, Any]] = []
-
-    async def on_event(msg: Any) -> None:
-        events.append(json.loads(msg.data))
-
+    upstream, release = await hanging_upstream()
     first: asyncio.Task[Any] | None = None
     env: Env = await make_env(f"127.0.0.1:{upstream.port}")
-    sub = await env.nc.subscribe(subjects.decisions_subject("default", "queued"), cb=on_event)
     try:
-        await bus.sync(env.nc)
-        first = asyncio.create_task(post(env.url))
-        await until(lambda: len(env.router.flow) == 1)
-        monkeypatch.setattr(env.router.keeper, "on_rebuild", lambda: None)
-        await env.telemetry(queued=4)  # room for one: the queued request takes it and hangs
-        newcomer = asyncio.create_task(post(env.url))
-        await until(lambda: len(env.router.flow) == 1 and env.router.metrics.inflight.get("Local/stub") == 1)
-        await env.telemetry(queued=3)  # room for one more; the queue is not told
-        status, body = await asyncio.wait_for(newcomer, 5)
-        assert status == 503 and body["error"]["code"] == "no_capacity", body
-        await bus.sync(env.nc)
-        await asyncio.sleep(0.2)
-        mine = [e for e in events if e["decision_id"] == body["error"]["decision_id"]]
-        assert len(mine) == 1, events
-        assert mine[0]["outcome"]["type"] != "Routed", mine[0]["outcome"]
+        async with decision_events(env.nc) as events:
+            first = asyncio.create_task(post(env.url))
+            await until(lambda: len(env.router.flow) == 1)
+            monkeypatch.setattr(env.router.keeper, "on_rebuild", lambda: None)
+            await env.telemetry(queued=4)  # room for one: the queued request takes it and hangs
+            newcomer = asyncio.create_task(post(env.url))
+            await until(lambda: len(env.router.flow) == 1
+                        and env.router.metrics.inflight.get("Local/stub") == 1)
+            await env.telemetry(queued=3)  # room for one more; the queue is not told
+            status, body = await asyncio.wait_for(newcomer, 5)
+            assert status == 503 and body["error"]["code"] == "no_capacity", body
+            mine = await events_for(env.nc, events, body["error"]["decision_id"])
+            assert len(mine) == 1, events
+            assert mine[0]["outcome"]["type"] != "Routed", mine[0]["outcome"]
     finally:
         release.set()
-        await sub.unsubscribe()
         if first is not None:
             await asyncio.gather(first, return_exceptions=True)
         await upstream.close()

@@ -7,7 +7,6 @@ deadline per request)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -15,10 +14,19 @@ from typing import Any
 
 import pytest
 
-from kinference_common import bus, subjects
 from kinference_router.flow import FlowQueue
 
-from .test_flow import MANIFESTS, SETTINGS, Env, Outcome, World, answering_upstream, post, until
+from .test_flow import (
+    MANIFESTS,
+    SETTINGS,
+    Env,
+    Outcome,
+    World,
+    answering_upstream,
+    decision_events,
+    post,
+    until,
+)
 
 
 # ------------------------------------------------------------------ queue
@@ -144,21 +152,14 @@ async def test_queued_request_is_proxied_on_its_decision_and_counted_once(make_e
     new = await answering_upstream(hits, "new")
     try:
         env: Env = await make_env(f"127.0.0.1:{old.port}")
-        events: list[dict[str, Any]] = []
-
-        async def on_event(msg: Any) -> None:
-            events.append(json.loads(msg.data))
-
-        sub = await env.nc.subscribe(subjects.decisions_subject("default", "queued"), cb=on_event)
-        await bus.sync(env.nc)
-        pending = asyncio.create_task(post(env.url))
-        await until(lambda: len(env.router.flow) == 1)
-        await env.telemetry(queued=0, address=f"127.0.0.1:{new.port}")  # capacity, on a new address
-        status, body = await asyncio.wait_for(pending, 3)
-        assert status == 200, body
-        assert hits == ["new"]
-        await asyncio.sleep(0.2)
-        await sub.unsubscribe()
+        async with decision_events(env.nc) as events:
+            pending = asyncio.create_task(post(env.url))
+            await until(lambda: len(env.router.flow) == 1)
+            await env.telemetry(queued=0, address=f"127.0.0.1:{new.port}")  # capacity, on a new address
+            status, body = await asyncio.wait_for(pending, 3)
+            assert status == 200, body
+            assert hits == ["new"]
+            await asyncio.sleep(0.2)
         assert len(events) == 1 and events[0]["outcome"]["type"] == "Routed", events
         text = env.metrics()
         lines = [ln for ln in text.splitlines() if ln.startswith("kinference_requests_total{")]
