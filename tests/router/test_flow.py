@@ -24,6 +24,8 @@ from kinference_common.compiled import CompiledFlowControl
 from kinference_router.app import Router
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 
+from .manifests import BIG_QUEUES, one_worker_set_pool
+
 
 @dataclass
 class Outcome:
@@ -199,40 +201,8 @@ async def test_an_arrival_shed_from_a_full_queue_passes_the_capacity_it_saw_on(q
 
 # ------------------------------------------------------- through the router
 
-MANIFESTS = """
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: {name: stub, namespace: default}
-spec:
-  model: {name: m, servedName: m, contextWindow: 32768}
-  engine: vLLM
-  selector: {matchLabels: {app: stub}}
-  port: 8000
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePolicy
-metadata: {name: local-with-headroom, namespace: default}
-spec:
-  rules:
-    - name: local-unless-queued
-      route:
-        exclude:
-          - name: big-queues
-            drop:
-              backend: {type: Local}
-              queuedPrompts: {greaterThan: 4}
-        select:
-          - {type: Local, minimize: PredictedTTFT}
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: {name: queued, namespace: default}
-spec:
-  destinations:
-    - {kind: InferenceWorkerSet, name: stub}
-  policyRef: {name: local-with-headroom}
-  flowControl: {maxQueueWait: 1s, maxQueued: 2}
-"""
+MANIFESTS = one_worker_set_pool("queued", policy="local-with-headroom", rule="local-unless-queued",
+                                exclude=BIG_QUEUES, flow_control="{maxQueueWait: 1s, maxQueued: 2}")
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 

@@ -19,39 +19,15 @@ from aiohttp.test_utils import TestServer
 
 from kinference_router.app import Router
 
+from .manifests import one_worker_set_pool
+
 STREAMS = 200  # open at once
 SECONDS = 5.0  # new streams keep starting for this long
 CHUNKS = 20  # content chunks per stream
 INTERVAL = 0.05  # seconds between chunks: a stream lasts about a second
 
-MANIFESTS = """
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: {name: load-stub, namespace: default}
-spec:
-  model: {name: load-model, servedName: load-model-served, contextWindow: 32768}
-  engine: vLLM
-  selector: {matchLabels: {app: load-stub}}
-  port: 8000
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePolicy
-metadata: {name: load-catch-all, namespace: default}
-spec:
-  rules:
-    - name: everything-local
-      route:
-        select:
-          - {type: Local, minimize: PredictedTTFT}
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: {name: load, namespace: default}
-spec:
-  destinations:
-    - {kind: InferenceWorkerSet, name: load-stub}
-  policyRef: {name: load-catch-all}
-"""
+MANIFESTS = one_worker_set_pool("load", worker_set="load-stub", model="load-model", served_name="load-model-served",
+                                policy="load-catch-all")
 
 
 async def slow_stream(request: web.Request) -> web.StreamResponse:

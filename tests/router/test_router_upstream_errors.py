@@ -21,34 +21,9 @@ from aiohttp.test_utils import TestServer
 from kinference_common import subjects
 from kinference_router.app import Router
 
-MANIFESTS = """
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: {name: stub, namespace: default}
-spec:
-  model: {name: m, servedName: m-served, contextWindow: 32768}
-  engine: vLLM
-  selector: {matchLabels: {app: stub}}
-  port: 8000
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePolicy
-metadata: {name: all-local, namespace: default}
-spec:
-  rules:
-    - name: everything-local
-      route:
-        select:
-          - {type: Local, minimize: PredictedTTFT}
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: {name: review, namespace: default}
-spec:
-  destinations:
-    - {kind: InferenceWorkerSet, name: stub}
-  policyRef: {name: all-local}
-"""
+from .manifests import one_worker_set_pool
+
+MANIFESTS = one_worker_set_pool("review", served_name="m-served")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
