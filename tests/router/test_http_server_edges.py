@@ -153,6 +153,20 @@ async def read_all_until_close(reader: asyncio.StreamReader, wait: float = 5.0) 
     return out
 
 
+async def behind_slow(port: int, st: State, queued: bytes) -> bytes:
+    """Send ``queued`` pipelined behind a /slow request, let /slow finish once
+    the bytes are in, and return everything the server wrote until it closed."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" + queued)
+    await asyncio.wait_for(st.started.wait(), 3)
+    await asyncio.sleep(0.05)
+    st.release.set()
+    try:
+        return await read_all_until_close(reader)
+    finally:
+        writer.close()
+
+
 def statuses(raw: bytes) -> list[int]:
     """The status of every answer in ``raw`` (a body is followed by the next status line directly)."""
     return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", raw)]
@@ -194,28 +208,15 @@ async def test_pipelined_body_over_limit_behind_a_running_request_still_gets_its
         server: HttpServer, st: State) -> None:
     """The 413 request is parsed while /slow runs; `closing` is set on its behalf,
     so the answer to /slow closes the connection and the refused request is never handled."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
-                 b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
-    await asyncio.wait_for(st.started.wait(), 3)
-    await asyncio.sleep(0.05)
-    st.release.set()
-    raw = await read_all_until_close(reader)
-    writer.close()
+    raw = await behind_slow(server.port, st, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")
     assert statuses(raw) == [200, 200]  # /slow, then the over-limit request's handler answer
     assert len(st.seen) == 2 and st.seen[1].body_too_large
 
 
 async def test_pipelined_upgrade_request_behind_a_running_request_is_answered(server: HttpServer, st: State) -> None:
     """Same root cause as above: an Upgrade request queued behind /slow is dropped unanswered."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
-                 b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-    await asyncio.wait_for(st.started.wait(), 3)
-    await asyncio.sleep(0.05)
-    st.release.set()
-    raw = await read_all_until_close(reader)
-    writer.close()
+    raw = await behind_slow(server.port, st,
+                            b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
     assert statuses(raw) == [200, 200]
 
 
@@ -359,13 +360,7 @@ async def test_guard_surrogate_escaped_line_break_in_a_header_is_never_sent(serv
 async def test_a_request_that_is_not_http_behind_a_running_one_gets_a_400(server: HttpServer, st: State) -> None:
     """Docstring: a request that is not HTTP gets a 400. Behind a running
     handler the 400 is never written: the client sees the connection drop."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\nHELLO THERE\r\n\r\n")
-    await asyncio.wait_for(st.started.wait(), 3)
-    await asyncio.sleep(0.05)
-    st.release.set()
-    raw = await read_all_until_close(reader)
-    writer.close()
+    raw = await behind_slow(server.port, st, b"HELLO THERE\r\n\r\n")
     assert statuses(raw) == [200, 400]
 
 
