@@ -21,7 +21,7 @@ import nats
 import pytest
 from kinference_common import bus
 from kinference_common.classify_client import classify, classify_body
-from kinference_classifier.core import Budget, Classifiers, Detection, Verdict
+from kinference_classifier.core import Budget, Classifiers, Detection
 from kinference_classifier.pii import TAGS as PII_TAGS
 from kinference_classifier.service import ClassifierService
 from kinference_common.classifiers import PII
@@ -29,6 +29,8 @@ from kinference_common.messages import ClassifyReply, ClassifyRequest, decoder, 
 from kinference_common.natsserver import NatsServer
 from kinference_common.subjects import classify_subject
 from nats.aio.client import Client as NATS
+
+from .fakes import CountingDetector
 
 pytestmark = pytest.mark.nats
 
@@ -41,13 +43,6 @@ class Crashing:
         self, texts: Sequence[str], roles: Sequence[str], unreadable: int, budget: Budget
     ) -> Detection:
         raise RuntimeError("boom")
-
-
-@pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    conn = await nats.connect(nats_server.url)
-    yield conn
-    await conn.close()
 
 
 @pytest.fixture
@@ -134,23 +129,6 @@ async def test_crashing_detector_yields_failure_tag(nats_server: NatsServer, nc:
     assert (reply.tags, reply.outcome, reply.detail) == (["pii-unknown"], "error", "RuntimeError")
 
 
-class Slow:
-    """A PII detector that takes 100 ms a request, counting how many it ran."""
-
-    info = PII
-    tags = PII_TAGS
-
-    def __init__(self) -> None:
-        self.ran = 0
-
-    def detect(
-        self, texts: Sequence[str], roles: Sequence[str], unreadable: int, budget: Budget
-    ) -> Detection:
-        self.ran += 1
-        time.sleep(0.1)
-        return Detection(Verdict.NONE)
-
-
 async def test_a_request_that_went_stale_in_the_backlog_runs_no_detector(
     service: ClassifierService, nc: NATS
 ) -> None:
@@ -183,7 +161,7 @@ async def test_a_burst_beyond_the_deadlines_does_not_make_every_request_late(
     that wait 100 ms. Requests still in the backlog 1.1 s after they were sent
     (deadline plus the clock allowance) are answered without running the
     detector, so the backlog clears in about 1.1 s instead of 4."""
-    slow = Slow()
+    slow = CountingDetector(delay=0.1)  # 100 ms a request
     svc = ClassifierService(
         nats_url=nats_server.url,
         health_port=0,

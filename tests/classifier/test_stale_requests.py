@@ -7,46 +7,25 @@ crashes, never fails open, and classifies what it should."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
-import nats
 import pytest
-from kinference_classifier.core import Budget, Classifiers, Detection, Verdict
+from kinference_classifier.core import Classifiers
 from kinference_classifier.pii import TAGS as PII_TAGS
 from kinference_classifier.service import ClassifierService
-from kinference_common.classifiers import PII
 from kinference_common.messages import ClassifyReply, decoder
 from kinference_common.natsserver import NatsServer
 from kinference_common.subjects import classify_subject
 from nats.aio.client import Client as NATS
 
+from .fakes import CountingDetector
+
 pytestmark = pytest.mark.nats
 
 
-class Counting:
-    """A pii detector that counts its runs and finds nothing."""
-
-    info = PII
-    tags = PII_TAGS
-
-    def __init__(self) -> None:
-        self.ran = 0
-
-    def detect(self, texts: Sequence[str], roles: Sequence[str], unreadable: int, budget: Budget) -> Detection:
-        self.ran += 1
-        return Detection(Verdict.NONE)
-
-
 @pytest.fixture
-async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    conn = await nats.connect(nats_server.url)
-    yield conn
-    await conn.close()
-
-
-@pytest.fixture
-async def counting(nats_server: NatsServer) -> AsyncIterator[Counting]:
-    det = Counting()
+async def counting(nats_server: NatsServer) -> AsyncIterator[CountingDetector]:
+    det = CountingDetector()
     svc = ClassifierService(nats_url=nats_server.url, health_host="127.0.0.1", health_port=0, names=["pii"],
                             classifiers=Classifiers(detectors=[det]))
     async with svc:
@@ -60,7 +39,7 @@ async def ask(nc: NATS, raw: bytes) -> ClassifyReply:
 
 
 @pytest.mark.parametrize("sent_at", ["-1e308", "1e308", "0", "-0.0", "99999999999999999999999999", "1e-320"])
-async def test_extreme_sent_at_is_answered_and_never_fails_open(counting: Counting, nc: NATS, sent_at: str) -> None:  # guard
+async def test_extreme_sent_at_is_answered_and_never_fails_open(counting: CountingDetector, nc: NATS, sent_at: str) -> None:  # guard
     raw = b'{"texts":["hello"],"deadlineMs":20,"sentAt":' + sent_at.encode() + b"}"
     reply = await ask(nc, raw)
     assert len(reply.tags) == 1 and reply.tags[0] in PII_TAGS.values()
@@ -73,7 +52,7 @@ async def test_extreme_sent_at_is_answered_and_never_fails_open(counting: Counti
 
 
 @pytest.mark.parametrize("sent_at", ["NaN", "Infinity", "-Infinity", "1e400", '"1"', "true"])
-async def test_unrepresentable_sent_at_is_undecodable_and_fails_closed(counting: Counting, nc: NATS,
+async def test_unrepresentable_sent_at_is_undecodable_and_fails_closed(counting: CountingDetector, nc: NATS,
                                                                       sent_at: str) -> None:  # guard
     raw = b'{"texts":["hello"],"deadlineMs":20,"sentAt":' + sent_at.encode() + b"}"
     reply = await ask(nc, raw)
@@ -81,18 +60,18 @@ async def test_unrepresentable_sent_at_is_undecodable_and_fails_closed(counting:
     assert counting.ran == 0
 
 
-async def test_no_deadline_means_no_expiry_however_old(counting: Counting, nc: NATS) -> None:  # guard
+async def test_no_deadline_means_no_expiry_however_old(counting: CountingDetector, nc: NATS) -> None:  # guard
     raw = b'{"texts":["hello"],"sentAt":%d}' % (time.time() - 3600)
     assert (await ask(nc, raw)).outcome == "ok"
     assert counting.ran == 1
 
 
-async def test_negative_deadline_fails_closed_without_sent_at(counting: Counting, nc: NATS) -> None:  # guard
+async def test_negative_deadline_fails_closed_without_sent_at(counting: CountingDetector, nc: NATS) -> None:  # guard
     reply = await ask(nc, b'{"texts":["hello"],"deadlineMs":-5000}')
     assert (reply.tags, reply.outcome) == (["pii-unknown"], "deadline")
 
 
-async def test_stale_requests_run_no_detector_and_are_counted(counting: Counting, nc: NATS) -> None:  # guard
+async def test_stale_requests_run_no_detector_and_are_counted(counting: CountingDetector, nc: NATS) -> None:  # guard
     old = time.time() - 10
     for _ in range(3):
         reply = await ask(nc, b'{"texts":["hello"],"deadlineMs":20,"sentAt":%f,"requestId":"r"}' % old)
