@@ -163,6 +163,8 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
         self.rule = rule
+        #: the decision its event should show (set by flow control's 429 and 503)
+        self.decision: Decision | None = None
 
 
 def flow_control_rejection(d: Decision, err: ApiError) -> Decision:
@@ -369,30 +371,35 @@ class Router:
         self.metrics.child(self.metrics.queue_depth, self.pool_label, str(priority)).set(n)
 
     async def _wait_for_capacity(self, req: Request, settings: CompiledFlowControl, avoid: set[str],
-                                 deadline: float, last: list[Decision]) -> Decision:
+                                 deadline: float, first: Decision) -> Decision:
         """Flow control (:mod:`kinference_router.flow`): wait in the pool's
         queue until a decision on a newer state routes (or rejects for
-        another reason); 429 when shed, 503 at ``maxQueueWait``. ``last``
-        holds the request's latest decision (it starts with the one that
-        sent it here; a routed one means it queued behind earlier waiters)."""
+        another reason); 429 when shed, 503 at ``maxQueueWait``. ``first`` is
+        the decision that sent the request here (a routed one: it queues
+        behind earlier waiters). A 429 or 503 of its own carries, in
+        ``decision``, what the decision event should say."""
+        last = first
 
         def attempt() -> Decision:
+            nonlocal last
             snap = self.keeper.snapshot
             if snap is None:
                 raise ApiError(503, "no_capacity", "the router lost its configuration", retry_after=1)
-            last[0] = self._decide(req, snap, avoid)
-            return last[0]
+            last = self._decide(req, snap, avoid)
+            return last
 
         flow = req.headers.get(FAIRNESS_HEADER) or req.tenant
         try:
             return await self.flow.wait(req.priority, flow, settings, attempt, deadline,
-                                        capacity_seen=last[0].routed, model=last[0].canonical_model)
-        except Shed:
-            raise ApiError(429, "rate_limited", "shed by flow control: the pool's queue is full",
-                           retry_after=1) from None
-        except QueueTimeout:
-            raise ApiError(503, "no_capacity", f"no capacity came back within the pool's maxQueueWait "
-                           f"({settings.max_queue_wait_seconds:g}s)", retry_after=1) from None
+                                        capacity_seen=first.routed, model=first.canonical_model)
+        except (Shed, QueueTimeout) as exc:
+            if isinstance(exc, Shed):
+                err = ApiError(429, "rate_limited", "shed by flow control: the pool's queue is full", retry_after=1)
+            else:
+                err = ApiError(503, "no_capacity", f"no capacity came back within the pool's maxQueueWait "
+                               f"({settings.max_queue_wait_seconds:g}s)", retry_after=1)
+            err.decision = last if not last.routed and last.code == err.code else flow_control_rejection(last, err)
+            raise err from None
 
     def _publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace]) -> None:
         try:
@@ -420,13 +427,10 @@ class Router:
                     or (d.routed and not tried and self.flow.waiting_at_or_above(req.priority, d.canonical_model))):
                 if queue_deadline is None:
                     queue_deadline = asyncio.get_running_loop().time() + flow_control.max_queue_wait_seconds
-                last = [d]
                 try:
-                    d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, last)
+                    d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, d)
                 except ApiError as err:
-                    d = last[0]
-                    if d.routed or d.code != err.code:
-                        d = flow_control_rejection(d, err)
+                    d = err.decision or d
                     self._publish_decision(d, decision_id, traces)
                     err.rule = d.rule or ""
                     raise
