@@ -239,11 +239,11 @@ class ClassifierService:
                         detail="undecodable request",
                     )
                 else:
-                    waited = time.time() - req.sent_at if req.sent_at is not None else 0.0
                     if (
                         req.sent_at is not None
                         and req.deadline_ms is not None
-                        and waited > req.deadline_ms / 1000.0 + CLOCK_SKEW_ALLOWANCE
+                        and (waited := time.time() - req.sent_at)
+                        > req.deadline_ms / 1000.0 + CLOCK_SKEW_ALLOWANCE
                     ):
                         # its caller gave up long ago: no detector runs, and no
                         # warning per request (a backlog would flood the log):
