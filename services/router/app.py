@@ -28,9 +28,7 @@ from typing import Any
 import msgspec
 import nats
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kinference_common import subjects
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
@@ -44,6 +42,7 @@ from kinference_common.messages import Observation, encode
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
+from kinference_router.metrics import RouterMetrics
 from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
@@ -77,48 +76,6 @@ class RouterSettings:
     stale_after: float = 5.0
 
 
-class RouterMetrics:
-    """The router's Prometheus metrics. :meth:`child` returns a metric's
-    child for a label set, kept after the first use: ``labels()`` costs a lock
-    and a tuple lookup on every call, which adds up on the hot path (label
-    sets are bounded by the pool's rules, outcomes and backends)."""
-
-    def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        self.requests = Counter("kinference_requests_total", "Requests by outcome",
-                                ["pool", "rule", "outcome", "backend_type"], registry=r)
-        self.decision = Histogram("kinference_decision_seconds", "Decision time (engine call only)",
-                                  buckets=(5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2),
-                                  registry=r)
-        self.classifier = Histogram("kinference_classifier_seconds", "Classifier round trip",
-                                    ["classifier", "outcome"], registry=r)
-        self.ttft = Histogram("kinference_upstream_ttft_seconds", "Time to first byte from upstream",
-                              ["backend"], registry=r)
-        #: requests open upstream, per backend; read by the registry at scrape
-        #: time (a Gauge would take a lock twice per request)
-        self.inflight: dict[str, int] = {}
-        r.register(_InflightCollector(self.inflight))
-        self.queue_depth = Gauge("kinference_queue_depth", "Requests waiting in flow control",
-                                 ["pool", "priority"], registry=r)
-        self.calibration = Gauge("kinference_ttft_calibration",
-                                 "PredictedTTFT's calibration factor c (observed / predicted TTFT), as learned",
-                                 ["pool"], registry=r)
-        self.dropped_events = Counter("kinference_events_dropped_total",
-                                      "Decision events and observations not published", registry=r)
-        self.unknown_objectives = Counter("kinference_unknown_objectives_total",
-                                          "Requests naming an InferenceObjective the pool does not have",
-                                          registry=r)
-        self._children: dict[tuple[Any, ...], Any] = {}
-
-    def child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, kept after the first use."""
-        key = (metric, *labels)
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*labels)
-        return found
-
-
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
                    rng: random.Random) -> Request:
     """The engine's view of one request (pure): the model after any
@@ -140,19 +97,6 @@ def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody,
         headers=dict(headers),
         block_hashes=block_hashes("\n".join(body.texts)),
     )
-
-
-class _InflightCollector(Collector):
-    """``kinference_inflight{backend}`` from the router's own counts."""
-
-    def __init__(self, counts: dict[str, int]) -> None:
-        self._counts = counts
-
-    def collect(self) -> Any:
-        g = GaugeMetricFamily("kinference_inflight", "Requests open upstream", labels=["backend"])
-        for backend, n in list(self._counts.items()):
-            g.add_metric([backend], n)
-        yield g
 
 
 class ApiError(Exception):
