@@ -88,8 +88,12 @@ class NatsServer:
             self.proc.kill()
             self.proc.wait()
 
-    def restart(self, timeout: float = 10.0) -> None:
-        """Start again on the same port and store after :meth:`kill`."""
+    def restart(self, timeout: float = 10.0, *, wipe: bool = False) -> None:
+        """Start again on the same port and store after :meth:`kill`;
+        ``wipe``: with its storage emptied first (a server that lost its disk)."""
+        if wipe and self.store_dir:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+            os.makedirs(self.store_dir, exist_ok=True)
         binary = find_binary()
         if binary is None:
             raise NatsServerUnavailable("nats-server binary not found")

@@ -36,6 +36,24 @@ def config_key(namespace: str, pool: str) -> str:
     return f"{token(namespace)}.{token(pool)}"
 
 
+#: keys of the config bucket under this prefix are not pools: the compiler's
+#: record of each manifest file's last good version (a Kubernetes namespace
+#: never starts with ``_``, so no pool key can look like one)
+CONFIG_SOURCE_PREFIX = "_sources"
+
+
+def config_source_key(digest: str) -> str:
+    """The config bucket's key for the last good version of one manifest file
+    (``digest``: hex digest of the file's name)."""
+    return f"{CONFIG_SOURCE_PREFIX}.{digest}"
+
+
+def is_pool_key(key: str) -> bool:
+    """A key of the config bucket that holds a compiled pool (readers listing
+    the bucket skip the others)."""
+    return not key.startswith("_")
+
+
 def endpoint_subject(namespace: str, worker_set: str, pod: str) -> str:
     return f"{TELEMETRY_ENDPOINT_PREFIX}.{token(namespace)}.{token(worker_set)}.{token(pod)}"
 

@@ -2,53 +2,136 @@
 
 Each pool goes to the KV bucket ``kinference-config`` under ``<ns>.<pool>``
 (a starting router reads them all at once) and to the subject
-``kinference.config.<ns>.<pool>`` (running routers stay current). Only pools
-whose revision changed are published. A removed pool is deleted from the
-bucket and announced on its subject with an empty body.
+``kinference.config.<ns>.<pool>`` (running routers stay current). A removed
+pool is deleted from the bucket and announced on its subject with an empty
+body.
+
+Level-triggered: what the bucket holds is *read*, not remembered. Before the
+first write, after any failure, on every reconnect and on every periodic
+resync (:meth:`ConfigPublisher.resync`) the bucket is opened again (created
+when missing: a NATS restarted with empty storage) and its keys are read;
+then only the differences from the desired state are written. So a bus that
+lost everything is given everything again, and one that kept everything is
+given nothing.
+
+Next to the pools, the bucket keeps the last good text of every manifest
+file (``_sources.<sha256 of the file's name>``, a JSON object ``{file,
+text}``), so a compiler restarted while a file is broken compiles that
+file's last good version instead of deleting what it published. A record is
+removed only when its file is removed.
 """
 
 from __future__ import annotations
 
+import hashlib
+
+import msgspec
 import nats
-from nats.js.errors import BucketNotFoundError
+import structlog
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 from kinference_common import subjects
-from kinference_common.compiled import CompiledPool, encode_pool
+from kinference_common.compiled import CompiledPool, decode_pool, encode_pool
+
+log = structlog.get_logger("policy-compiler.publisher")
+
+
+class SourceRecord(msgspec.Struct, frozen=True):
+    """One manifest file's last good version, as stored in the config bucket."""
+
+    file: str
+    text: str
+
+
+_record_decoder = msgspec.json.Decoder(SourceRecord)
+
+
+def source_digest(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:32]
 
 
 class ConfigPublisher:
     def __init__(self, nc: nats.NATS) -> None:
         self._nc = nc
         self._kv: KeyValue | None = None
-        self._published: dict[tuple[str, str], str] = {}  # key -> revision
+        #: what the bucket held when last read, plus what was written since
+        self._published: dict[tuple[str, str], str] = {}  # pool key -> revision
+        self._sources: dict[str, str] = {}  # file name -> text
+        self._stale = True  # read the bucket again before the next write
+        self._opened_once = False
+        #: times the bucket had to be created again after it was seen (bus lost its storage)
+        self.recreated = 0
+        self.syncs = 0
 
-    async def start(self) -> None:
+    def resync(self) -> None:
+        """Read the bucket again before the next write (reconnect, periodic)."""
+        self._stale = True
+
+    async def start(self) -> dict[str, str]:
+        """Open (or create) the bucket and read it; returns the stored last
+        good texts by file name, for the source to restore."""
+        await self._sync()
+        return dict(self._sources)
+
+    async def _sync(self) -> None:
         js = self._nc.jetstream()
         try:
-            self._kv = await js.key_value(subjects.CONFIG_BUCKET)
+            kv = await js.key_value(subjects.CONFIG_BUCKET)
         except BucketNotFoundError:
-            self._kv = await js.create_key_value(bucket=subjects.CONFIG_BUCKET, history=5)
-        # Learn what is already there, so a restart publishes only changes and
-        # removes pools that no longer exist.
+            kv = await js.create_key_value(bucket=subjects.CONFIG_BUCKET, history=5)
+            if self._opened_once:
+                self.recreated += 1
+                log.warning("config bucket was missing (NATS lost its storage): recreated, republishing",
+                            bucket=subjects.CONFIG_BUCKET, pools=len(self._published))
+        self._kv = kv
+        self._opened_once = True
         try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
+            keys = await kv.keys()
+        except NoKeysError:
             keys = []
+        published: dict[tuple[str, str], str] = {}
+        sources: dict[str, str] = {}
         for key in keys:
-            entry = await self._kv.get(key)
-            if entry.value:
-                try:
-                    from kinference_common.compiled import decode_pool
+            try:
+                entry = await kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if not entry.value:
+                continue
+            if not subjects.is_pool_key(key):
+                if key.startswith(subjects.CONFIG_SOURCE_PREFIX + "."):
+                    try:
+                        rec = _record_decoder.decode(entry.value)
+                        sources[rec.file] = rec.text
+                    except msgspec.DecodeError:
+                        pass  # unreadable: overwritten or deleted by the next publish
+                continue
+            try:
+                pool = decode_pool(entry.value)
+                published[(pool.namespace, pool.name)] = pool.revision
+            except Exception:  # an unreadable old value: overwrite or delete it
+                published[tuple(key.split(".", 1))] = ""  # type: ignore[assignment]
+        self._published, self._sources = published, sources
+        self._stale = False
+        self.syncs += 1
 
-                    pool = decode_pool(entry.value)
-                    self._published[(pool.namespace, pool.name)] = pool.revision
-                except Exception:  # an unreadable old value: overwrite or delete it
-                    self._published[tuple(key.split(".", 1))] = ""  # type: ignore[assignment]
+    async def publish(self, pools: dict[tuple[str, str], CompiledPool],
+                      last_good: dict[str, str] | None = None) -> tuple[int, int]:
+        """Write what differs from the bucket; return (pools published, pools
+        deleted). ``last_good``: file name -> text of its last good version
+        (None: the source keeps no such records)."""
+        try:
+            if self._stale or self._kv is None:
+                await self._sync()
+            return await self._write(pools, last_good)
+        except BaseException:
+            self._stale = True  # a half-done pass: read the bucket before trusting memory again
+            raise
 
-    async def publish(self, pools: dict[tuple[str, str], CompiledPool]) -> tuple[int, int]:
-        """Publish what changed; return (published, deleted)."""
-        assert self._kv is not None, "start() first"
+    async def _write(self, pools: dict[tuple[str, str], CompiledPool],
+                     last_good: dict[str, str] | None) -> tuple[int, int]:
+        assert self._kv is not None
         published = deleted = 0
         for key, pool in sorted(pools.items()):
             if self._published.get(key) == pool.revision:
@@ -58,9 +141,20 @@ class ConfigPublisher:
             await self._nc.publish(subjects.config_subject(*key), data)
             self._published[key] = pool.revision
             published += 1
+        if last_good is not None:
+            for name, text in sorted(last_good.items()):
+                if self._sources.get(name) == text:
+                    continue
+                await self._kv.put(subjects.config_source_key(source_digest(name)),
+                                   msgspec.json.encode(SourceRecord(name, text)))
+                self._sources[name] = text
         for key in sorted(set(self._published) - set(pools)):
             await self._kv.delete(subjects.config_key(*key))
             await self._nc.publish(subjects.config_subject(*key), b"")
             del self._published[key]
             deleted += 1
+        if last_good is not None:
+            for name in sorted(set(self._sources) - set(last_good)):
+                await self._kv.delete(subjects.config_source_key(source_digest(name)))
+                del self._sources[name]
         return published, deleted

@@ -5,9 +5,12 @@ Every ``interval`` the source is polled; on a change, and at least every
 force and the differences are published and written. Nothing assumes an
 event arrived: a missed change is picked up by the next pass.
 
-Publishing failures (NATS down) are temporary: the loop logs, keeps the
+Publishing failures (NATS down) are temporary: the loop logs once, keeps the
 statuses current, and publishes on the next pass once NATS is back (the
-client reconnects by itself).
+client reconnects by itself). On reconnect and on every resync the publisher
+reads the config bucket again and writes what differs (recreating the
+bucket when the server lost its storage), so the bus converges to the
+desired state whatever happened to it.
 """
 
 from __future__ import annotations
@@ -72,19 +75,39 @@ class PolicyCompilerService:
         self._runner: web.AppRunner | None = None
         self._wake = asyncio.Event()
         self._unpublished = True
+        self._publish_failing = False
         self.http_port: int | None = None
 
     async def start(self) -> None:
         self._nc = await bus.connect(self.settings.nats_url, name="kinference-policy-compiler",
                                      on_reconnect=self._on_reconnect)
         self._publisher = ConfigPublisher(self._nc)
-        await self._publisher.start()
+        await self._restore_last_good()
         await self._start_http()
         self.source.poll()
         self.reconcile()  # compile once before publishing, so start() returns with state
         await self._publish()
         self._task = asyncio.create_task(self._loop(), name="policy-compiler-loop")
         log.info("started", manifests=str(self.settings.manifests), nats=self.settings.nats_url)
+
+    async def _restore_last_good(self) -> None:
+        """Read the config bucket (waiting for JetStream, saying so once) and
+        give the source its stored last good versions, so a file broken now
+        keeps what it published before the restart."""
+        assert self._publisher is not None
+        waiting = False
+        while True:
+            try:
+                texts = await self._publisher.start()
+                break
+            except Exception as exc:  # JetStream not ready yet (a NATS just started)
+                if not waiting:
+                    waiting = True
+                    log.warning("config bucket unavailable, retrying", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(0.5)
+        restore = getattr(self.source, "restore_last_good", None)
+        if restore is not None and texts:
+            restore(texts)
 
     async def _start_http(self) -> None:
         if self.settings.http_port is None:
@@ -131,6 +154,8 @@ class PolicyCompilerService:
             self._wake.clear()
             changed = self.source.poll()
             if changed or time.monotonic() - last_full >= self.settings.resync:
+                if not changed and self._publisher is not None:
+                    self._publisher.resync()  # level-triggered: compare with what the bus holds now
                 last_full = time.monotonic()
                 self.reconcile()
                 self._unpublished = True
@@ -166,16 +191,25 @@ class PolicyCompilerService:
             return
         if self._nc is None or not self._nc.is_connected:
             return
+        last_good = getattr(self.source, "last_good_texts", None)
         try:
-            published, deleted = await self._publisher.publish(self.last_result.pools)
-        except Exception as exc:  # temporary: NATS went away mid-publish
-            log.warning("publish failed, will retry", error=str(exc))
+            published, deleted = await self._publisher.publish(
+                self.last_result.pools, last_good() if last_good is not None else None)
+        except Exception as exc:  # temporary: NATS went away mid-publish, JetStream not ready
+            if not self._publish_failing:  # once per outage, not every interval
+                self._publish_failing = True
+                log.warning("publish failed, will retry", error=str(exc) or type(exc).__name__)
             return
+        if self._publish_failing:
+            self._publish_failing = False
+            log.info("publishing again")
         self._unpublished = False
         if published or deleted:
             log.info("published", pools=published, deleted=deleted)
 
     async def _on_reconnect(self) -> None:
+        if self._publisher is not None:
+            self._publisher.resync()  # the server may have lost everything: read it again
         self._unpublished = True
         self.wake()
 

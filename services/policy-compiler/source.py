@@ -9,6 +9,12 @@ force": a file that fails to read, to parse, or has any document the API
 server would reject keeps contributing the documents of its last good
 version (if it ever had one), and its errors are reported. A file that is
 removed stops contributing.
+
+The last good versions outlive the process: the compiler stores each file's
+last good text next to the pools it published (see ``publisher.py``) and
+hands them back with :meth:`DirectorySource.restore_last_good` before the
+first poll, so a file that is broken when the compiler starts keeps its
+last good version in force instead of deleting what it published.
 """
 
 from __future__ import annotations
@@ -42,17 +48,31 @@ class ManifestSource(Protocol):
         """Errors of the current versions (files kept at their last good version)."""
 
 
+class LastGoodSource(Protocol):
+    """A source whose last good versions can be stored and read back (the
+    directory source; the Kubernetes API server keeps its own)."""
+
+    def last_good_texts(self) -> dict[str, str]:
+        """File (relative to the root) -> the text of its last good version."""
+
+    def restore_last_good(self, texts: dict[str, str]) -> None:
+        """Last good versions read back from storage, for files broken at start."""
+
+
 @dataclass
 class _File:
     stamp: tuple[int, int, int]
     current_errors: list[ManifestError]
     good: list[Loaded] | None  # last good documents, None if never good
+    good_text: str | None = None  # the text they were read from
 
 
 @dataclass
 class DirectorySource:
     root: Path
     _files: dict[Path, _File] = field(default_factory=dict)
+    #: last good versions read back from storage: path -> (text, documents)
+    _restored: dict[Path, tuple[str, list[Loaded]]] = field(default_factory=dict)
 
     def _scan(self) -> dict[Path, tuple[int, int, int]]:
         found: dict[Path, tuple[int, int, int]] = {}
@@ -81,27 +101,47 @@ class DirectorySource:
             prev = self._files.get(path)
             if prev is not None and prev.stamp == stamp:
                 continue
-            loaded, errors = self._read(path)
+            text, loaded, errors = self._read(path)
             if errors:
-                self._files[path] = _File(stamp, errors, prev.good if prev else None)
+                if prev is not None and prev.good is not None:
+                    good, good_text = prev.good, prev.good_text
+                elif path in self._restored:  # broken since start: the stored last good version
+                    good_text, good = self._restored[path]
+                else:
+                    good, good_text = None, None
+                self._files[path] = _File(stamp, errors, good, good_text)
                 changed = True  # errors to report
             else:
-                self._files[path] = _File(stamp, [], loaded)
+                self._files[path] = _File(stamp, [], loaded, text)
                 changed = True
+            self._restored.pop(path, None)  # read once; from now on memory has it
         return changed
 
     @staticmethod
-    def _read(path: Path) -> tuple[list[Loaded], list[ManifestError]]:
+    def _read(path: Path) -> tuple[str | None, list[Loaded], list[ManifestError]]:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            return [], [ManifestError(DocumentRef(str(path), 0), "", f"cannot read: {exc}")]
-        loaded = load_text(text, str(path))
-        errors = [x for x in loaded if isinstance(x, ManifestError)]
-        for x in loaded:
-            if isinstance(x, LoadedObject):
-                errors.extend(ManifestError(x.document, p, m) for p, m in validate.problems(x.obj))
-        return loaded, errors
+            return None, [], [ManifestError(DocumentRef(str(path), 0), "", f"cannot read: {exc}")]
+        loaded, errors = _load(text, str(path))
+        return text, loaded, errors
+
+    def last_good_texts(self) -> dict[str, str]:
+        return {self._name(p): f.good_text for p, f in sorted(self._files.items())
+                if f.good is not None and f.good_text is not None}
+
+    def restore_last_good(self, texts: dict[str, str]) -> None:
+        for name, text in texts.items():
+            path = self.root / name
+            loaded, errors = _load(text, str(path))
+            if not errors:  # a stored version is good by construction; never trust it blindly
+                self._restored[path] = (text, loaded)
+
+    def _name(self, path: Path) -> str:
+        try:
+            return path.relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
 
     def documents(self) -> list[Loaded]:
         out: list[Loaded] = []
@@ -116,3 +156,12 @@ class DirectorySource:
     def kept_at_last_good(self) -> list[str]:
         """Files whose current version is bad but whose last good one is in force."""
         return [str(p) for p, f in sorted(self._files.items()) if f.current_errors and f.good]
+
+
+def _load(text: str, source: str) -> tuple[list[Loaded], list[ManifestError]]:
+    loaded = load_text(text, source)
+    errors = [x for x in loaded if isinstance(x, ManifestError)]
+    for x in loaded:
+        if isinstance(x, LoadedObject):
+            errors.extend(ManifestError(x.document, p, m) for p, m in validate.problems(x.obj))
+    return loaded, errors

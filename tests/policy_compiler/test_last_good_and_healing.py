@@ -1,0 +1,189 @@
+"""The policy-compiler across restarts and bus losses, against a real
+nats-server: a broken file never deletes what its last good version
+published (also when the compiler restarts while it is broken; the last good
+version is read back from the config bucket), only a removed file removes
+objects, and a NATS restarted with empty storage is given everything again."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import nats
+import pytest
+import structlog
+
+from kinference_common import subjects
+from kinference_common.compiled import decode_pool
+from kinference_common.natsserver import NatsServer
+from kinference_policy_compiler.service import PolicyCompilerService, Settings
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "deploy" / "examples"
+KEY = "default.inference-all"
+BROKEN = "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePool\nmetadata: {name: inference-all\n"
+
+
+@pytest.fixture
+def manifests(tmp_path: Path) -> Path:
+    d = tmp_path / "manifests"
+    shutil.copytree(EXAMPLES, d)
+    return d
+
+
+def compiler(url: str, manifests: Path, **kw: object) -> PolicyCompilerService:
+    return PolicyCompilerService(Settings(manifests=manifests, nats_url=url, interval=0.05, **kw))  # type: ignore[arg-type]
+
+
+async def pool_revision(nc: nats.NATS) -> str | None:
+    try:
+        kv = await nc.jetstream().key_value(subjects.CONFIG_BUCKET)
+        entry = await kv.get(KEY)
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.KeyNotFoundError):
+        return None
+    return decode_pool(entry.value).revision if entry.value else None
+
+
+async def eventually(check, timeout: float = 15.0):  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            if result := await check():
+                return result
+        except Exception:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+async def test_restart_while_broken_keeps_the_pool_and_removing_the_file_deletes_it(
+        nats_server: NatsServer, manifests: Path) -> None:
+    first = compiler(nats_server.url, manifests)
+    await first.start()
+    await first.stop()
+    nc = await nats.connect(nats_server.url)
+    try:
+        revision = await pool_revision(nc)
+        assert revision is not None
+        pool_file = manifests / "20-pool.yaml"
+        pool_file.write_text(BROKEN)  # broken while no compiler runs
+
+        second = compiler(nats_server.url, manifests)
+        await second.start()
+        try:
+            assert second.last_result is not None
+            assert ("default", "inference-all") in second.last_result.pools  # its last good version
+            assert any("20-pool.yaml" in str(e.document) for e in second.source.errors())
+            await asyncio.sleep(0.3)  # a few passes of the loop
+            assert await pool_revision(nc) == revision  # never deleted, never changed
+
+            # restarted again, still broken: the record survived the second run too
+            await second.stop()
+            third = compiler(nats_server.url, manifests)
+            await third.start()
+            assert await pool_revision(nc) == revision
+
+            pool_file.unlink()  # only a removed file removes objects
+            await eventually(lambda: _none(pool_revision(nc)))
+            kv = await nc.jetstream().key_value(subjects.CONFIG_BUCKET)
+            keys = await kv.keys()
+            assert not any(k.startswith(subjects.CONFIG_SOURCE_PREFIX) and "20-pool" in k for k in keys)
+            await third.stop()
+        finally:
+            await second.stop()
+    finally:
+        await nc.close()
+
+
+async def _none(coro) -> bool:  # type: ignore[no-untyped-def]
+    return await coro is None
+
+
+async def test_a_stored_record_is_not_trusted_when_it_does_not_compile(nats_server: NatsServer,
+                                                                      manifests: Path) -> None:
+    """A record someone wrote by hand that is itself broken is ignored (the
+    file then contributes nothing, as a file broken from its first version)."""
+    first = compiler(nats_server.url, manifests)
+    await first.start()
+    await first.stop()
+    nc = await nats.connect(nats_server.url)
+    try:
+        from kinference_policy_compiler.publisher import SourceRecord, source_digest
+        import msgspec
+
+        kv = await nc.jetstream().key_value(subjects.CONFIG_BUCKET)
+        await kv.put(subjects.config_source_key(source_digest("20-pool.yaml")),
+                     msgspec.json.encode(SourceRecord("20-pool.yaml", BROKEN)))
+        (manifests / "20-pool.yaml").write_text(BROKEN)
+        svc = compiler(nats_server.url, manifests)
+        await svc.start()
+        try:
+            assert svc.last_result is not None
+            assert ("default", "inference-all") not in svc.last_result.pools
+        finally:
+            await svc.stop()
+    finally:
+        await nc.close()
+
+
+async def test_nats_restarted_with_empty_storage_gets_everything_back(nats_server: NatsServer,
+                                                                      manifests: Path) -> None:
+    svc = compiler(nats_server.url, manifests)
+    with structlog.testing.capture_logs() as logs:
+        await svc.start()
+        nc: nats.NATS | None = None
+        try:
+            # a file broken before the bus loses everything: its last good version is republished too
+            revision = None
+            nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+            revision = await pool_revision(nc)
+            (manifests / "20-pool.yaml").write_text(BROKEN)
+            await eventually(lambda: _has_errors(svc))
+            nats_server.kill()
+            nats_server.restart(wipe=True)
+            await eventually(lambda: _equals(pool_revision(nc), revision))
+            kv = await nc.jetstream().key_value(subjects.CONFIG_BUCKET)
+            keys = await kv.keys()
+            assert any(k.startswith(subjects.CONFIG_SOURCE_PREFIX + ".") for k in keys)  # records too
+
+            # and again: healing is not a one-off
+            nats_server.kill()
+            nats_server.restart(wipe=True)
+            await eventually(lambda: _equals(pool_revision(nc), revision))
+        finally:
+            await svc.stop()
+            if nc is not None:
+                await nc.close()
+    recreated = [e for e in logs if "recreated" in e["event"]]
+    assert len(recreated) == 2, [e["event"] for e in logs]  # once per loss, not once per pass
+    failures = [e for e in logs if e["event"] == "publish failed, will retry"]
+    assert len(failures) <= 2
+
+
+async def _has_errors(svc: PolicyCompilerService) -> bool:
+    return bool(svc.source.errors())
+
+
+async def _equals(coro, value) -> bool:  # type: ignore[no-untyped-def]
+    return await coro == value
+
+
+async def test_a_deleted_key_is_written_again_at_the_periodic_resync(nats_server: NatsServer,
+                                                                     manifests: Path) -> None:
+    """Level-triggered: the compiler compares with what the bucket holds, not
+    with what it remembers sending."""
+    svc = compiler(nats_server.url, manifests, resync=0.3)
+    await svc.start()
+    nc = await nats.connect(nats_server.url)
+    try:
+        revision = await pool_revision(nc)
+        kv = await nc.jetstream().key_value(subjects.CONFIG_BUCKET)
+        await kv.delete(KEY)
+        assert await pool_revision(nc) is None
+        await eventually(lambda: _equals(pool_revision(nc), revision))
+    finally:
+        await svc.stop()
+        await nc.close()
