@@ -47,11 +47,14 @@ class SnapshotKeeper:
         max_age: float = 0.5,
         clock: Callable[[], float] = time.time,
         ejected: Callable[[], set[str]] = set,
+        config_resync: float = 30.0,
     ) -> None:
         self.namespace, self.pool_name = namespace, pool
         self.ledger = ledger
         self.stale_after = stale_after
         self.rebuild_interval, self.max_age = rebuild_interval, max_age
+        #: seconds between reads of the compiled pool from the KV bucket
+        self.config_resync = config_resync
         self.clock = clock
         self.ejected = ejected
         self.pool: CompiledPool | None = None
@@ -74,6 +77,8 @@ class SnapshotKeeper:
 
     def set_pool(self, pool: CompiledPool | None) -> None:
         if pool is None or self.pool is None or pool.revision != self.pool.revision:
+            if pool is not None and self.pool is None:  # once per unready -> ready
+                log.info("configuration loaded", pool=f"{self.namespace}/{self.pool_name}", revision=pool.revision)
             self.pool = pool
             self.rebuild()
 
@@ -198,9 +203,29 @@ class SnapshotKeeper:
             log.warning("telemetry resync failed", error=str(exc))
         self.rebuild()
 
+    async def resync_config(self) -> None:
+        """Read the compiled pool from the KV bucket (level-triggered: a
+        missed or never-sent update is picked up here)."""
+        if self._nc is None or not self._nc.is_connected:
+            return
+        try:
+            kv = await self._nc.jetstream().key_value(subjects.CONFIG_BUCKET)
+            entry = await kv.get(subjects.config_key(self.namespace, self.pool_name))
+            if entry.value:
+                self._apply_config(entry.value)
+        except (BucketNotFoundError, KeyNotFoundError):
+            pass
+        except Exception as exc:  # NATS away or JetStream not ready: the next period retries
+            log.debug("configuration resync failed", error=str(exc))
+
     async def _rebuild_loop(self) -> None:
+        next_config = time.monotonic() + self.config_resync
         while True:
             await asyncio.sleep(self.rebuild_interval)
+            if time.monotonic() >= next_config:
+                # every config_resync, and every second while there is no pool
+                next_config = time.monotonic() + (self.config_resync if self.pool is not None else 1.0)
+                await self.resync_config()
             age = time.monotonic() - self._built_at
             if self._dirty or age >= self.max_age:
                 try:

@@ -44,26 +44,49 @@ class NatsBus:
         self._nc = nc
         self._bucket = bucket
         self._kv: object | None = None
+        self._opened_once = False
+        #: times the bucket had to be created again after it was seen (NATS lost its storage)
+        self.recreated = 0
 
     async def start(self) -> None:
-        """Open the KV bucket, creating it when missing."""
+        """Open the KV bucket, creating it when missing (at start, or when a
+        NATS restarted with empty storage lost it: said once in the log)."""
+        from nats.js.errors import BucketNotFoundError
+
         js = self._nc.jetstream()  # type: ignore[attr-defined]
         try:
             self._kv = await js.key_value(self._bucket)
-        except Exception:  # nats.js.errors.BucketNotFoundError, or the stream missing
+        except BucketNotFoundError:
             self._kv = await js.create_key_value(bucket=self._bucket, history=1)
+            if self._opened_once:
+                self.recreated += 1
+                log.warning("telemetry_bucket_recreated", bucket=self._bucket,
+                            reason="missing after reconnect (NATS lost its storage)")
+        self._opened_once = True
+
+    def reopen(self) -> None:
+        """Open the bucket again before the next write (after a reconnect)."""
+        self._kv = None
 
     async def put(self, subject: str, key: str, data: bytes) -> None:
         if self._kv is None:
             await self.start()
         await self._nc.publish(subject, data)  # type: ignore[attr-defined]
-        await self._kv.put(key, data)  # type: ignore[union-attr]
+        try:
+            await self._kv.put(key, data)  # type: ignore[union-attr]
+        except Exception:
+            self._kv = None  # the stream may be gone ("no response from stream"): open or create it again
+            raise
 
     async def delete(self, subject: str, key: str, data: bytes) -> None:
         if self._kv is None:
             await self.start()
         await self._nc.publish(subject, data)  # type: ignore[attr-defined]
-        await self._kv.delete(key)  # type: ignore[union-attr]
+        try:
+            await self._kv.delete(key)  # type: ignore[union-attr]
+        except Exception:
+            self._kv = None
+            raise
 
 
 class NullBus:

@@ -324,20 +324,66 @@ class ServiceConfig:
     collector: CollectorConfig = field(default_factory=CollectorConfig)
 
 
-async def connect_nats(url: str, stop: asyncio.Event) -> object | None:
+class NatsLog:
+    """What the collector says about its NATS connection: one line per state
+    change (disconnected, reconnected, a different error), and while NATS stays
+    away one summary every ``summary_every`` seconds, not one line per retry
+    (the client retries twice a second)."""
+
+    def __init__(self, url: str, summary_every: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.url = url
+        self.summary_every = summary_every
+        self._clock = clock
+        self.down_since: float | None = None
+        self._last_error: str | None = None
+        self._errors = 0
+        self._last_summary = 0.0
+
+    def error(self, exc: Exception) -> None:
+        now = self._clock()
+        what = describe(exc)
+        self._errors += 1
+        if what != self._last_error:
+            self._last_error = what
+            log.warning("nats_error", url=self.url, error=what)
+        elif self.down_since is not None and now - self._last_summary >= self.summary_every:
+            self._last_summary = now
+            log.warning("nats_still_unavailable", url=self.url, down_seconds=round(now - self.down_since, 1),
+                        errors=self._errors, error=what)
+
+    def disconnected(self) -> None:
+        if self.down_since is None:
+            self.down_since = self._last_summary = self._clock()
+            self._errors = 0
+            log.warning("nats_disconnected", url=self.url)
+
+    def reconnected(self) -> None:
+        down = None if self.down_since is None else round(self._clock() - self.down_since, 1)
+        self.down_since, self._last_error = None, None
+        log.info("nats_reconnected", url=self.url, down_seconds=down, errors=self._errors)
+
+
+async def connect_nats(url: str, stop: asyncio.Event,
+                       on_reconnect: Callable[[], None] | None = None) -> object | None:
     """Connect (retrying until ``stop``); reconnects forever once connected."""
     import nats
 
+    state = NatsLog(url)
+
     async def on_error(exc: Exception) -> None:
-        log.warning("nats_error", error=describe(exc))
+        state.error(exc)
 
     async def on_disconnected() -> None:
-        log.warning("nats_disconnected")
+        state.disconnected()
 
     async def on_reconnected() -> None:
-        log.info("nats_reconnected")
+        state.reconnected()
+        if on_reconnect is not None:
+            on_reconnect()
 
     delay = 0.5
+    failures = 0
     while not stop.is_set():
         try:
             return await nats.connect(
@@ -346,7 +392,9 @@ async def connect_nats(url: str, stop: asyncio.Event) -> object | None:
                 disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
             )
         except Exception as exc:
-            log.warning("nats_connect_failed", url=url, error=describe(exc), retry_in=delay)
+            failures += 1
+            if failures == 1 or failures % 10 == 0:  # once, then a summary every ~50 s
+                log.warning("nats_connect_failed", url=url, error=describe(exc), attempts=failures)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
             delay = min(delay * 2, 5.0)
@@ -373,12 +421,14 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
         await runner.setup()
         await web.TCPSite(runner, config.http_host, config.http_port).start()
         log.info("http_listening", host=config.http_host, port=config.http_port)
-    nc = await connect_nats(config.nats_url, stop)
+    reopen: list[Callable[[], None]] = []
+    nc = await connect_nats(config.nats_url, stop, on_reconnect=lambda: [f() for f in reopen])
     if nc is None:
         if runner is not None:
             await runner.cleanup()
         return 0
     bus: Bus = NatsBus(nc)
+    reopen.append(bus.reopen)  # type: ignore[attr-defined]  # the server may have lost the bucket
     try:
         await bus.start()  # type: ignore[attr-defined]
     except Exception as exc:
