@@ -39,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     p.add_argument("--connect-timeout", type=float, default=2.0, help="seconds (providers may set their own)")
     p.add_argument("--first-byte-timeout", type=float, default=120.0, help="seconds (providers may set their own)")
-    p.add_argument("--stale-after", type=float, default=5.0, help="telemetry older than this is stale, seconds")
+    p.add_argument("--stale-after", type=float, default=2.0,
+                   help="telemetry older than this is stale, seconds (default 2: two missed heartbeats of the collector)")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
     logs.add_arguments(p)
     return p.parse_args(argv)

@@ -73,7 +73,7 @@ class RouterSettings:
     connect_timeout: float = 2.0
     first_byte_timeout: float = 120.0
     #: the collector's freshness bound: older telemetry is stale
-    stale_after: float = 5.0
+    stale_after: float = 2.0
 
 
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,

@@ -42,7 +42,7 @@ class SnapshotKeeper:
         pool: str,
         ledger: InFlightLedger,
         *,
-        stale_after: float = 5.0,
+        stale_after: float = 2.0,
         rebuild_interval: float = 0.05,
         max_age: float = 0.5,
         clock: Callable[[], float] = time.time,

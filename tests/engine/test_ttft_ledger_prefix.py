@@ -61,6 +61,8 @@ def test_own_unseen_sends_count_in_queue_and_ttft() -> None:
     ledger.first_token(send)
     assert ledger.in_flight(KEY0) == 1 and ledger.loads[KEY0].pending_count == 0
     ledger.finished(send)
+    assert ledger.loads[KEY0].drained_count == 1  # the last scrape still counts it waiting
+    ledger.observed(KEY0, NOW + 3)
     assert KEY0 not in ledger.loads
 
 

@@ -11,8 +11,19 @@ knows for certain about its own sends, updated the moment they happen:
 - ``unseen``: the pending sends made after the endpoint's last scrape, which
   the engine's own ``num_requests_waiting`` cannot include yet.
 
-So ``queuedPrompts = engine waiting + unseen``; when the endpoint's telemetry
-is stale or unknown, ``queuedPrompts = pending`` (this router's own view).
+- ``drained``: sends the last scrape saw waiting that have produced their
+  first token since: they left the engine's queue, but the engine's
+  ``num_requests_waiting`` of that scrape still counts them.
+
+So ``queuedPrompts = engine waiting - drained + unseen``; when the endpoint's
+telemetry is stale or unknown, ``queuedPrompts = pending`` (this router's own
+view). ``drained`` keeps the estimate moving between scrapes, and when
+telemetry stops arriving (the collector or NATS gone) it keeps it honest
+until the telemetry counts as stale: a frozen "saturated" scrape no longer
+holds back an endpoint whose queue this router has watched drain. It is reset
+by each new telemetry message (so a first token between a scrape and its
+message arriving, a few milliseconds, is not counted: an under-estimate of
+the drain, never an over-estimate).
 
 Keys: ``<namespace>/<workerset>/<pod>`` for an endpoint,
 ``<namespace>/<provider>`` for a provider (see ``Candidate.ledger_key``).
@@ -31,7 +42,8 @@ from collections import deque
 class EndpointLoad:
     """What this router has open to one endpoint or provider."""
 
-    __slots__ = ("in_flight", "pending_count", "pending_tokens", "unseen_count", "unseen_tokens")
+    __slots__ = ("in_flight", "pending_count", "pending_tokens", "unseen_count", "unseen_tokens",
+                 "drained_count")
 
     def __init__(self) -> None:
         self.in_flight = 0
@@ -39,14 +51,15 @@ class EndpointLoad:
         self.pending_tokens = 0
         self.unseen_count = 0
         self.unseen_tokens = 0
+        self.drained_count = 0
 
     def is_idle(self) -> bool:
-        return self.in_flight == 0 and self.pending_count == 0
+        return self.in_flight == 0 and self.pending_count == 0 and self.drained_count == 0
 
     def __repr__(self) -> str:
         return (
             f"EndpointLoad(in_flight={self.in_flight}, pending={self.pending_count}/"
-            f"{self.pending_tokens}t, unseen={self.unseen_count})"
+            f"{self.pending_tokens}t, unseen={self.unseen_count}, drained={self.drained_count})"
         )
 
 
@@ -102,6 +115,8 @@ class InFlightLedger:
             send.seen = True  # leaves the unseen count; dropped from the deque lazily
             load.unseen_count -= 1
             load.unseen_tokens -= send.tokens
+        else:  # the last scrape counted it waiting; it is not any more
+            load.drained_count += 1
         self._gc(send.key, load)
 
     def finished(self, send: Send) -> None:
@@ -117,10 +132,14 @@ class InFlightLedger:
     def observed(self, key: str, scraped_at: float) -> None:
         """Telemetry for ``key`` scraped at ``scraped_at`` arrived: sends made
         before then are now in the engine's own counts."""
+        load = self.loads.get(key)
+        if load is not None and load.drained_count:
+            load.drained_count = 0  # the new scrape's waiting count no longer holds them
+            if load.is_idle():
+                self.loads.pop(key, None)
         queue = self._unseen.get(key)
         if not queue:
             return
-        load = self.loads.get(key)
         while queue and queue[0].sent_at <= scraped_at:
             send = queue.popleft()
             if not send.seen:

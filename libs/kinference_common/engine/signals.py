@@ -60,14 +60,17 @@ class DecisionContext:
     # -- signals that join the ledger ---------------------------------------
 
     def queued(self, c: Candidate) -> int | None:
-        """``queuedPrompts``: engine waiting + this router's unseen sends; the
-        router's own pending sends when the engine's count is unknown."""
+        """``queuedPrompts``: engine waiting - this router's sends that left
+        the queue since the scrape + its unseen sends; the router's own
+        pending sends when the engine's count is unknown."""
         if not c.is_local:
             return None
         load = self.loads.get(c.ledger_key)
         if c.queued is None:
             return load.pending_count if load is not None else 0
-        return c.queued + load.unseen_count if load is not None else c.queued
+        if load is None:
+            return c.queued
+        return max(0, c.queued - load.drained_count) + load.unseen_count
 
     def in_flight(self, c: Candidate) -> int:
         load = self.loads.get(c.ledger_key)
@@ -80,7 +83,7 @@ class DecisionContext:
             return c.base_queue_tokens
         if c.queued is None:
             return float(load.pending_tokens)
-        others = c.queued - (load.pending_count - load.unseen_count)
+        others = c.queued - (load.pending_count - load.unseen_count) - load.drained_count
         if others < 0:
             others = 0
         return others * self.model.queued_prompt_tokens + load.pending_tokens
