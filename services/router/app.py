@@ -195,7 +195,8 @@ class Router:
     # -------------------------------------------------------------- routes
 
     def data_server(self) -> HttpServer:
-        """The data port's server (not started): the OpenAI API, health and metrics."""
+        """The data port's server (not started): the OpenAI API and health (metrics
+        are on the admin port only)."""
         return self._server({
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
@@ -204,11 +205,10 @@ class Router:
 
     def admin_server(self) -> HttpServer:
         """The admin port's server (not started): explain, health and metrics."""
-        return self._server({"/debug/explain": {"POST": self.explain}})
+        return self._server({"/debug/explain": {"POST": self.explain}, "/metrics": {"GET": self.metrics_page}})
 
     def _server(self, routes: dict[str, Any]) -> HttpServer:
-        common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz},
-                  "/metrics": {"GET": self.metrics_page}}
+        common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz}}
         return HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes, on_error=server_error)
 
     async def healthz(self, _: HttpRequest) -> Response:

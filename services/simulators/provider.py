@@ -11,12 +11,14 @@ faults: 429 with ``Retry-After`` (``--rate-429``, ``--retry-after``), 500
 It keeps its own record of what it received, so tests can prove what did
 (or did not) leave the cluster: ``GET /sim/requests`` returns the last
 ``--keep`` requests as ``{model, stream, authorized, prompt_sha256,
-prompt_text, path, status, time, body}`` (oldest first; ``?limit=N`` for the
-last N). ``prompt_text`` is the messages' text joined by newlines (the
+prompt_text, path, status, time, body, headers}`` (oldest first; ``?limit=N``
+for the last N; ``headers`` as received, the API key masked). ``prompt_text`` is the messages' text joined by newlines (the
 prompt of a completion); ``body`` is the raw request body, so a test can
 look for a secret anywhere in what arrived. Unauthorized and malformed
 requests are recorded too. ``DELETE /sim/requests`` clears the record;
-``--log-file`` appends the same records as JSON lines.
+``--log-file`` appends the same records as JSON lines. ``POST /sim/faults``
+``{"rate429": .., "rate5xx": .., "timeoutRate": ..}`` changes the fault rates
+while it runs (the chaos suite's failing and hanging provider).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Record(msgspec.Struct):
     time: float
     #: the whole request body as received (a prompt may hide in any field)
     body: str
+    #: the request's headers as received (the API key's value is masked)
+    headers: dict[str, str] = {}
 
 
 @dataclass
@@ -141,7 +145,27 @@ def make_app(config: ProviderSimConfig) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/sim/requests", _get_requests)
     app.router.add_delete("/sim/requests", _clear_requests)
+    app.router.add_post("/sim/faults", _set_faults)
     return app
+
+
+async def _set_faults(request: web.Request) -> web.Response:
+    """Change the fault rates at run time (the chaos suite): a JSON object with
+    any of ``rate429``, ``rate5xx``, ``timeoutRate``; the others become 0.
+    Requests hanging under the previous rates are released (answered)."""
+    st = request.app[STATE]
+    try:
+        spec = await request.json()
+        rates = {"429": float(spec.get("rate429", 0.0)), "5xx": float(spec.get("rate5xx", 0.0)),
+                 "timeout": float(spec.get("timeoutRate", 0.0))}
+        st.faults = Faults(random.Random(st.latency.random()), rates)
+    except (ValueError, TypeError, AttributeError) as exc:
+        return error_response(400, f"bad fault rates: {exc}", "invalid_request_error")
+    if rates["timeout"] == 0.0:
+        for fut in list(st.hanging):
+            if not fut.done():
+                fut.set_result(None)
+    return web.json_response({"rate429": rates["429"], "rate5xx": rates["5xx"], "timeoutRate": rates["timeout"]})
 
 
 def _authorized(request: web.Request, keys: tuple[str, ...]) -> bool:
@@ -180,6 +204,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
                 status=status,
                 time=time.time(),
                 body=body_text,
+                headers={k: ("<masked>" if k.lower() == "authorization" else v)
+                         for k, v in request.headers.items()},
             )
         )
 

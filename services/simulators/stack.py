@@ -11,13 +11,22 @@ policy-compiler       compiles ``deploy/examples`` (status: .run)   8090
 classifier            pii and injection tags                        8083
 vllm sim qwen-0/1     worker set qwen-2-5-32b                       8001, 8002
 vllm sim qwen-spot-0  worker set qwen-2-5-32b-spot                  8003
-dcgm sim              GPUs of the three pods                        9400
+dcgm sim              GPUs of the three pods                        9410
 provider sim          stands in for Databricks (API key checked)    8300
-telemetry-collector   scrapes the sims, publishes state             9090
+telemetry-collector   scrapes the sims, publishes state             9091
 router                the OpenAI-compatible endpoint                8080 (admin 8081)
 ====================  ============================================  ===========
 
-``--port-offset N`` shifts every port (to run two stacks, or in tests).
+``--port-offset N`` shifts every port (to run two stacks, or in tests). No
+two of these ports end in the same two digits, so stacks whose offsets are
+different multiples of 100 never collide (the collector moved from 9090 and
+the DCGM simulator from 9400 for that; the services' own defaults are
+unchanged). A stack with an offset keeps its state in ``.run-<offset>``.
+
+It is a supervisor: a process that dies is started again (after 0.5 s,
+doubling up to 30 s while it keeps dying; back to 0.5 s once it stayed up
+for 30 s), and each exit and restart is printed with the tail of its log,
+so what the rest of the stack does without it can be watched.
 Each process logs to ``.run/logs/<name>.log``; statuses are in
 ``.run/status``. Ctrl-C (or SIGTERM) stops everything: SIGTERM to each
 process in reverse order, SIGKILL to what has not exited after a few seconds.
@@ -55,6 +64,13 @@ PODS = [  # (worker set, pod, port)
     ("qwen-2-5-32b-spot", "qwen-spot-0", 8003),
 ]
 
+#: every port of the stack before the offset; no two end in the same two
+#: digits, so two stacks whose offsets differ by a multiple of 100 never collide
+PORTS = {
+    "nats": 4222, "compiler": 8090, "classifier": 8083, **{pod: port for _ws, pod, port in PODS},
+    "dcgm": 9410, "provider": 8300, "collector": 9091, "router": 8080, "admin": 8081,
+}
+
 
 class StackError(RuntimeError):
     """The stack could not start; the message says which process and why."""
@@ -68,6 +84,12 @@ class Proc:
     ready_port: int | None = None  # or a TCP port that must accept
     process: asyncio.subprocess.Process | None = None
     log: Path | None = None
+    #: supervision: restarts so far, the next delay, when it last started
+    restarts: int = 0
+    backoff: float = 0.0
+    started_at: float = 0.0
+    #: not restarted while held (the chaos suite holds a process it keeps down)
+    held: bool = False
 
 
 @dataclass
@@ -79,6 +101,11 @@ class Stack:
     def port(self, base: int) -> int:
         return base + self.offset
 
+    @property
+    def nats_dir(self) -> Path:
+        """nats-server's JetStream storage."""
+        return self.run_dir / "nats"
+
     def plan(self, speed_profile: str, time_scale: float) -> list[Proc]:
         py = sys.executable
         nats_url = f"nats://127.0.0.1:{self.port(4222)}"
@@ -89,7 +116,7 @@ class Stack:
             raise StackError("make run: nats-server not found; run `make install` first")
         procs = [
             Proc("nats-server", [nats_bin, "-a", "127.0.0.1", "-p", str(self.port(4222)), "-js",
-                                 "-sd", str(self.run_dir / "nats")], ready_port=self.port(4222)),
+                                 "-sd", str(self.nats_dir)], ready_port=self.port(4222)),
             Proc("policy-compiler", [py, "-m", "kinference_policy_compiler", "--manifests", str(self.run_dir / "manifests"),
                                      "--status-dir", str(status), "--nats-url", nats_url,
                                      "--http-port", str(self.port(8090)), "--log-format", "json"],
@@ -108,8 +135,8 @@ class Stack:
         for _ws, pod, port in PODS:
             gpus += ["--gpu", f"default/{pod}=http://127.0.0.1:{self.port(port)}"]
         procs.append(Proc("dcgm", [py, "-m", "kinference_simulators.dcgm", "--host", "127.0.0.1",
-                                   "--port", str(self.port(9400)), *gpus],
-                          ready_url=f"http://127.0.0.1:{self.port(9400)}/metrics"))
+                                   "--port", str(self.port(PORTS['dcgm'])), *gpus],
+                          ready_url=f"http://127.0.0.1:{self.port(PORTS['dcgm'])}/metrics"))
         procs.append(Proc("provider", [py, "-m", "kinference_simulators.provider", "--host", "127.0.0.1",
                                        "--port", str(self.port(8300)), "--api-key", PROVIDER_KEY,
                                        "--model", "databricks-qwen25-32b", "--ttft-ms", "400",
@@ -118,9 +145,9 @@ class Stack:
         procs.append(Proc("telemetry-collector", [
             py, "-m", "kinference_collector", "--nats-url", nats_url,
             "--endpoints-file", str(self.run_dir / "endpoints.yaml"),
-            "--dcgm", f"127.0.0.1:{self.port(9400)}", "--http-host", "127.0.0.1",
-            "--http-port", str(self.port(9090)), "--log-format", "json",
-        ], ready_url=f"http://127.0.0.1:{self.port(9090)}/healthz"))
+            "--dcgm", f"127.0.0.1:{self.port(PORTS['dcgm'])}", "--http-host", "127.0.0.1",
+            "--http-port", str(self.port(PORTS['collector'])), "--log-format", "json",
+        ], ready_url=f"http://127.0.0.1:{self.port(PORTS['collector'])}/healthz"))
         procs.append(Proc("router", [
             py, "-m", "kinference_router", "--pool", "default/inference-all", "--nats-url", nats_url,
             "--port", str(self.port(8080)), "--admin-port", str(self.port(8081)), "--auth", "none",
@@ -163,19 +190,69 @@ class Stack:
             raise StackError(f"make run: ports already in use: {', '.join(map(str, busy))} "
                              "(another stack running? try --port-offset 100)")
         for proc in self.plan(speed_profile, time_scale):
-            proc.log = self.run_dir / "logs" / f"{proc.name}.log"
-            out = open(proc.log, "ab")  # noqa: SIM115 - handed to the child
-            proc.process = await asyncio.create_subprocess_exec(
-                *proc.argv, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL, cwd=str(REPO),
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-            out.close()
+            await self.spawn(proc)
             self.procs.append(proc)
             await self._wait_ready(proc, timeout)
             print(f"  started {proc.name:<22} pid {proc.process.pid}", flush=True)
 
     def _ports(self) -> list[int]:
-        return [self.port(p) for p in (4222, 8090, 8083, 8001, 8002, 8003, 9400, 8300, 9090, 8080, 8081)]
+        return [self.port(p) for p in PORTS.values()]
+
+    # ---------------------------------------------------------- supervision
+
+    def proc(self, name: str) -> Proc:
+        for p in self.procs:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    async def spawn(self, proc: Proc) -> None:
+        """Start ``proc`` (again), its output appended to its log."""
+        proc.log = self.run_dir / "logs" / f"{proc.name}.log"
+        out = open(proc.log, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            proc.process = await asyncio.create_subprocess_exec(
+                *proc.argv, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL, cwd=str(REPO),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        finally:
+            out.close()
+        proc.started_at = time.monotonic()
+
+    async def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to a process and wait for it to exit (the supervisor
+        restarts it unless it is held)."""
+        p = self.proc(name).process
+        if p is not None and p.returncode is None:
+            p.send_signal(sig)
+            await p.wait()
+
+    async def supervise(self, stop: asyncio.Event, *, initial: float = 0.5, longest: float = 30.0,
+                        stable: float = 30.0, say=print) -> None:  # type: ignore[no-untyped-def]
+        """Until ``stop``: restart each process that exited, with backoff."""
+        due: dict[str, float] = {}
+        while not stop.is_set():
+            now = time.monotonic()
+            for proc in self.procs:
+                p = proc.process
+                if p is None or p.returncode is None or proc.held:
+                    continue
+                if proc.name not in due:
+                    up = now - proc.started_at
+                    proc.backoff = initial if up >= stable or proc.backoff == 0 else min(proc.backoff * 2, longest)
+                    due[proc.name] = now + proc.backoff
+                    say(f"{proc.name} exited (code {p.returncode}) after {up:.1f}s; restarting in "
+                        f"{proc.backoff:.1f}s. Last lines of {proc.log}:\n{_tail(proc.log, 5)}", flush=True)
+                elif now >= due[proc.name]:
+                    del due[proc.name]
+                    await self.spawn(proc)
+                    proc.restarts += 1
+                    assert proc.process is not None
+                    say(f"  restarted {proc.name:<20} pid {proc.process.pid} (restart #{proc.restarts})", flush=True)
+            try:
+                await asyncio.wait_for(stop.wait(), 0.1)
+            except TimeoutError:
+                pass
 
     async def _wait_ready(self, proc: Proc, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -285,15 +362,7 @@ async def amain(args: argparse.Namespace) -> int:
             print(json.dumps(result, indent=2), flush=True)
             return 0 if result["status"] == 200 else 1
         print(banner(stack), flush=True)
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                dead = stack.exited()
-                if dead is not None:
-                    print(f"{dead.name} exited (code {dead.process.returncode}); stopping. "  # type: ignore[union-attr]
-                          f"See {dead.log}:\n{_tail(dead.log)}", file=sys.stderr)
-                    return 1
+        await stack.supervise(stop)
         return 0
     except StackError as exc:
         print(exc, file=sys.stderr)
@@ -306,13 +375,17 @@ async def amain(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make run", description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--run-dir", default=str(REPO / ".run"), help="state, logs and statuses (default .run)")
+    p.add_argument("--run-dir", default=None,
+                   help="state, logs and statuses (default .run, or .run-<offset> with a port offset)")
     p.add_argument("--port-offset", type=int, default=int(os.environ.get("KINFERENCE_PORT_OFFSET", "0")),
                    help="add this to every port (env KINFERENCE_PORT_OFFSET)")
     p.add_argument("--speed-profile", default="h100", help="GPU speed profile of the engine simulators")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per real second")
     p.add_argument("--smoke", action="store_true", help="start, send one request, stop")
-    return asyncio.run(amain(p.parse_args(argv)))
+    args = p.parse_args(argv)
+    if args.run_dir is None:
+        args.run_dir = str(REPO / (f".run-{args.port_offset}" if args.port_offset else ".run"))
+    return asyncio.run(amain(args))
 
 
 if __name__ == "__main__":
