@@ -152,7 +152,7 @@ def make_app(config: ProviderSimConfig) -> web.Application:
 async def _set_faults(request: web.Request) -> web.Response:
     """Change the fault rates at run time (the chaos suite): a JSON object with
     any of ``rate429``, ``rate5xx``, ``timeoutRate``; the others become 0.
-    Requests hanging under the previous rates are released (answered)."""
+    Requests already hanging keep hanging (until the caller gives up)."""
     st = request.app[STATE]
     try:
         spec = await request.json()
@@ -161,10 +161,6 @@ async def _set_faults(request: web.Request) -> web.Response:
         st.faults = Faults(random.Random(st.latency.random()), rates)
     except (ValueError, TypeError, AttributeError) as exc:
         return error_response(400, f"bad fault rates: {exc}", "invalid_request_error")
-    if rates["timeout"] == 0.0:
-        for fut in list(st.hanging):
-            if not fut.done():
-                fut.set_result(None)
     return web.json_response({"rate429": rates["429"], "rate5xx": rates["5xx"], "timeoutRate": rates["timeout"]})
 
 

@@ -97,6 +97,8 @@ class Stack:
     run_dir: Path
     offset: int = 0
     procs: list[Proc] = field(default_factory=list)
+    #: extra arguments for every vLLM simulator (the chaos suite makes the pods small)
+    vllm_args: list[str] = field(default_factory=list)
 
     def port(self, base: int) -> int:
         return base + self.offset
@@ -129,7 +131,7 @@ class Stack:
             procs.append(Proc(f"vllm-{pod}", [
                 py, "-m", "kinference_simulators.vllm", "--host", "127.0.0.1", "--port", str(self.port(port)),
                 "--model", SERVED, "--max-model-len", "32768", "--speed-profile", speed_profile,
-                "--time-scale", str(time_scale), "--seed", str(i + 1), "--pod-name", pod,
+                "--time-scale", str(time_scale), "--seed", str(i + 1), "--pod-name", pod, *self.vllm_args,
             ], ready_url=f"http://127.0.0.1:{self.port(port)}/health"))
         gpus = []
         for _ws, pod, port in PODS:

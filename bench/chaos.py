@@ -1,0 +1,482 @@
+"""The chaos suite (``make chaos``): the whole stack as separate processes
+(the same supervisor as ``make run``), a bounded open-loop load through the
+router, and one fault at a time.
+
+Load: requests sent at a fixed rate whatever the answers (open loop), each
+with a unique marker: clean prompts, prompts with PII in the message (a card
+number and an email holding the marker), and "side" requests whose message
+is clean but whose ``user`` field, ``metadata``, a tool's description and
+the ``X-User-Email`` / ``Cookie`` headers carry marked PII. About a third
+are streamed. Every request has a client deadline; one that reaches it
+counts as hung.
+
+Faults, one at a time, each preceded and followed by load: kill -9 and
+restart of the classifier, NATS (keeping its storage, and with its storage
+wiped), the collector, the compiler (and the compiler with a broken
+manifest file), one vLLM pod while streams are under way, every pod; a
+provider answering 500 to everything and one that never answers.
+
+For each fault: requests, success rate (200 and a complete body), p50/p99
+latency, where requests went (``x-kinference-backend``, or the error status),
+recovery time (from the end of the fault, the process running again, until
+the first request of the final run of successes was sent; 0 when that run
+began before, null when the phase ended failing), and the marked PII found in what the provider simulator received
+(body and headers): ``pii_leaked`` counts every marked request found,
+``pii_leaked_message`` those whose PII was in the message itself,
+``pii_leaked_side`` those with PII only outside the messages.
+
+``python -m bench.chaos`` prints a table and writes ``bench/results/chaos.json``;
+``--short`` is the few-seconds-per-fault version the test suite runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from kinference_simulators.stack import PORTS, Stack
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results" / "chaos.json"
+BROKEN_POOL = "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePool\nmetadata: {name: inference-all\n"
+
+
+@dataclass(frozen=True)
+class Config:
+    rate: float = 12.0  # requests per second
+    pre: float = 3.0  # load before the fault, seconds
+    down: float = 3.0  # how long a killed process stays down
+    post: float = 10.0  # load after the fault ended
+    client_timeout: float = 20.0
+    provider_first_token: str = "3s"  # the provider's firstToken timeout in the chaos stack
+    speed_profile: str = "a10g"
+    max_tokens: int = 48
+    #: the pods' max_num_seqs: small, so that this load saturates them and clean requests burst
+    max_num_seqs: int = 4
+    #: on top of the steady rate, this many clean requests at once every
+    #: ``burst_every`` seconds: the pods saturate and clean prompts burst to the provider
+    burst: int = 16
+    burst_every: float = 2.0
+    seed: int = 1
+
+
+FULL = Config()
+SHORT = Config(rate=14.0, pre=0.6, down=0.8, post=2.0, client_timeout=10.0, max_tokens=32, burst=14,
+               burst_every=1.4)
+
+
+@dataclass
+class Shot:
+    marker: str
+    kind: str  # clean | pii | side
+    stream: bool
+    sent: float = 0.0
+    latency: float = 0.0
+    status: int = 0  # 0: no HTTP answer (connection error or client timeout)
+    ok: bool = False
+    backend: str = ""
+    error: str = ""
+
+
+@dataclass
+class Result:
+    fault: str
+    requests: int
+    success_rate: float
+    p50_ms: float
+    p99_ms: float
+    to_provider: int
+    recovery_s: float | None
+    pii_leaked: int
+    pii_leaked_message: int = 0
+    pii_leaked_side: int = 0
+    fault_s: float = 0.0  # how long the fault lasted (down, restarted and ready again)
+    hung: int = 0
+    no_http_answer: int = 0
+    went: dict[str, int] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ the load
+
+
+def request_for(i: int, marker: str, rng: random.Random, max_tokens: int) -> tuple[Shot, dict, dict]:
+    kind = "pii" if i % 10 in (1, 5) else "side" if i % 10 == 7 else "clean"
+    stream = i % 3 == 0
+    headers = {"Content-Type": "application/json"}
+    topic = rng.choice(["tea", "rivers", "bridges", "maps", "clocks", "bees"])
+    if kind == "pii":
+        content = (f"My card is 4111 1111 1111 1111 and my email is jane.{marker}@example.com, "
+                   f"please summarise my account.")
+    elif kind == "side":
+        content = f"Write two sentences about {topic}."  # clean; the PII is elsewhere
+    else:
+        content = f"Write two sentences about {topic}. Ref {marker}."
+    body: dict = {"model": "qwen-2.5", "max_tokens": max_tokens, "stream": stream,
+                  "messages": [{"role": "user", "content": content}]}
+    if kind == "side":
+        body["user"] = f"pat.{marker}@example.com"
+        body["metadata"] = {"note": f"card 4111 1111 1111 1111 of {marker}"}
+        body["tools"] = [{"type": "function", "function": {
+            "name": "lookup", "description": f"Look up the account of pat.{marker}@example.com",
+            "parameters": {"type": "object", "properties": {}}}}]
+        headers["X-User-Email"] = f"pat.{marker}@example.com"
+        headers["Cookie"] = f"session={marker}"
+    return Shot(marker, kind, stream), body, headers
+
+
+async def fire(http: aiohttp.ClientSession, url: str, shot: Shot, body: dict, headers: dict,
+               timeout: float) -> None:
+    shot.sent = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout):
+            async with http.post(url, json=body, headers=headers) as r:
+                shot.status = r.status
+                shot.backend = r.headers.get("x-kinference-backend", "")
+                data = await r.read()
+                if r.status == 200:
+                    shot.ok = b"[DONE]" in data if shot.stream else b'"choices"' in data
+                    if not shot.ok:
+                        shot.error = "incomplete body"
+                else:
+                    try:
+                        shot.error = json.loads(data)["error"]["code"] or ""
+                    except Exception:
+                        shot.error = "no error envelope"
+    except TimeoutError:
+        shot.status, shot.error = 0, "client timeout"
+    except aiohttp.ClientError as exc:
+        if shot.status == 200:
+            shot.error = f"stream cut: {type(exc).__name__}"
+        else:
+            shot.status, shot.error = 0, type(exc).__name__
+    shot.latency = time.monotonic() - shot.sent
+
+
+async def load(http: aiohttp.ClientSession, url: str, cfg: Config, phase: int, stop: asyncio.Event,
+               shots: list[Shot], spike: list[int] | None = None) -> None:
+    """Open loop: one request every 1/rate seconds, plus a burst of clean ones
+    every ``burst_every`` seconds, until ``stop``; then wait for them all
+    (each is bounded by the client's deadline)."""
+    rng = random.Random(cfg.seed * 1000 + phase)
+    tasks: list[asyncio.Task[None]] = []
+
+    def send(kind_index: int) -> None:
+        marker = f"mk{phase:02d}q{len(shots):05d}z"
+        shot, body, headers = request_for(kind_index, marker, rng, cfg.max_tokens)
+        shots.append(shot)
+        tasks.append(asyncio.create_task(fire(http, url, shot, body, headers, cfg.client_timeout)))
+
+    start = time.monotonic()
+    next_burst = start + cfg.burst_every / 2
+    steady = 0
+    while not stop.is_set():
+        send(steady)
+        steady += 1
+        extra = 0
+        if cfg.burst and time.monotonic() >= next_burst:
+            next_burst += cfg.burst_every
+            extra += cfg.burst
+        if spike and spike[0]:  # asked for by a fault
+            extra, spike[0] = extra + spike[0], 0
+        for _ in range(extra):
+            send(9)  # a clean, non-streamed prompt
+        delay = start + steady / cfg.rate - time.monotonic()
+        if delay > 0:
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                pass
+    await asyncio.gather(*tasks)
+
+
+# ------------------------------------------------------------------ the faults
+
+Fault = Callable[["Chaos"], Awaitable[None]]
+
+
+class Chaos:
+    """The stack under test and what the faults do to it."""
+
+    def __init__(self, stack: Stack, cfg: Config) -> None:
+        self.stack, self.cfg = stack, cfg
+        #: files to write back after the phase
+        self.mend: list[tuple[Path, str]] = []
+        #: clean requests a fault asks the load to send at once
+        self.spike = [0]
+
+    def url(self, base: int, path: str) -> str:
+        return f"http://127.0.0.1:{self.stack.port(base)}{path}"
+
+    async def down_and_up(self, names: list[str], *, wipe_nats: bool = False,
+                          before_restart: Callable[[], None] | None = None) -> None:
+        """kill -9, stay down ``cfg.down`` seconds, start again (waited for)."""
+        procs = [self.stack.proc(n) for n in names]
+        for p in procs:
+            p.held = True
+        try:
+            await asyncio.gather(*(self.stack.kill(n, signal.SIGKILL) for n in names))
+            if wipe_nats:
+                shutil.rmtree(self.stack.nats_dir, ignore_errors=True)
+            if before_restart is not None:
+                before_restart()
+            await asyncio.sleep(self.cfg.down)
+            for p in procs:
+                await self.stack.spawn(p)
+                p.restarts += 1
+            await asyncio.gather(*(self.stack._wait_ready(p, 60) for p in procs))
+        finally:
+            for p in procs:
+                p.held = False
+
+    async def provider_faults(self, **rates: float) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(self.url(PORTS["provider"], "/sim/faults"), json=rates) as r:
+                r.raise_for_status()
+
+    async def provider_for_a_while(self, **rates: float) -> None:
+        await self.provider_faults(**rates)
+        self.spike[0] += 2 * self.cfg.burst  # saturate the pods now: clean prompts burst into the fault
+        try:
+            await asyncio.sleep(max(self.cfg.down, self.cfg.burst_every))
+        finally:
+            await self.provider_faults()
+
+    @property
+    def pool_file(self) -> Path:
+        return self.stack.run_dir / "manifests" / "20-pool.yaml"
+
+    async def compiler_with_broken_file(self) -> None:
+        """Break the pool's file, then kill -9 and restart the compiler: it
+        starts while the file is broken. The file is mended after the phase."""
+        self.mend.append((self.pool_file, self.pool_file.read_text()))
+        self.pool_file.write_text(BROKEN_POOL)
+        await asyncio.sleep(0.3)  # the running compiler sees it and keeps the last good version
+        await self.down_and_up(["policy-compiler"])
+
+    async def healthy(self, timeout: float = 60.0) -> None:
+        """Every process ready, and the router deciding on fresh endpoint telemetry."""
+        deadline = time.monotonic() + timeout
+        for p in self.stack.procs:
+            await self.stack._wait_ready(p, max(1.0, deadline - time.monotonic()))
+        probe = {"model": "qwen-2.5", "messages": [{"role": "user", "content": "x"}], "tags": ["pii-none"]}
+        async with aiohttp.ClientSession() as http:
+            while time.monotonic() < deadline:
+                try:
+                    async with http.post(self.url(PORTS["admin"], "/debug/explain"), json=probe) as r:
+                        trace = await r.json()
+                    outcome = trace.get("outcome", {})
+                    if outcome.get("type") == "Routed" and str(outcome.get("backend", "")).startswith("Local/"):
+                        return
+                except Exception:
+                    pass
+                await asyncio.sleep(0.2)
+        raise RuntimeError("the stack did not become healthy again")
+
+
+def faults() -> list[tuple[str, Fault]]:
+    pods = [n for n in ("vllm-qwen-0", "vllm-qwen-1", "vllm-qwen-spot-0")]
+
+    async def none(c: Chaos) -> None:
+        await asyncio.sleep(c.cfg.down)
+
+    return [
+        ("none", none),
+        ("classifier kill -9", lambda c: c.down_and_up(["classifier"])),
+        ("nats kill -9", lambda c: c.down_and_up(["nats-server"])),
+        ("nats kill -9, storage wiped", lambda c: c.down_and_up(["nats-server"], wipe_nats=True)),
+        ("collector kill -9", lambda c: c.down_and_up(["telemetry-collector"])),
+        ("compiler kill -9", lambda c: c.down_and_up(["policy-compiler"])),
+        ("compiler kill -9, file broken", lambda c: c.compiler_with_broken_file()),
+        ("one pod kill -9 mid-stream", lambda c: c.down_and_up(["vllm-qwen-0"])),
+        ("all pods kill -9", lambda c: c.down_and_up(pods)),
+        ("provider failing (500)", lambda c: c.provider_for_a_while(rate5xx=1.0)),
+        ("provider hanging", lambda c: c.provider_for_a_while(timeoutRate=1.0)),
+    ]
+
+
+# ------------------------------------------------------------------ measuring
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+def recovery(shots: list[Shot], fault_at: float, fault_end: float) -> float | None:
+    """Seconds from the end of the fault (the process running again, the
+    provider healed) until the first request of the final run of successes
+    was sent: 0 when that run began before the fault ended (or nothing
+    failed); None when the phase ended failing."""
+    after = sorted((s for s in shots if s.sent + s.latency >= fault_at), key=lambda s: s.sent)
+    failed = [i for i, s in enumerate(after) if not s.ok]
+    if not failed:
+        return 0.0
+    last = failed[-1]
+    if last == len(after) - 1:
+        return None
+    return round(max(0.0, after[last + 1].sent - fault_end), 2)
+
+
+def leaked(shots: list[Shot], provider_text: str) -> tuple[int, int]:
+    """(marked requests with PII in the message, marked side requests) found
+    in what the provider received."""
+    message = sum(1 for s in shots if s.kind == "pii" and s.marker in provider_text)
+    side = sum(1 for s in shots if s.kind == "side" and s.marker in provider_text)
+    return message, side
+
+
+def summarise(name: str, shots: list[Shot], fault_at: float, fault_end: float, provider_text: str) -> Result:
+    ok = [s for s in shots if s.ok]
+    latencies = [s.latency * 1000 for s in shots]
+    went = Counter(s.backend if s.ok else (f"error {s.status} {s.error}".strip()) for s in shots)
+    message, side = leaked(shots, provider_text)
+    return Result(
+        fault=name, requests=len(shots), success_rate=round(len(ok) / len(shots), 4) if shots else 0.0,
+        p50_ms=round(percentile(latencies, 0.5), 1), p99_ms=round(percentile(latencies, 0.99), 1),
+        to_provider=sum(1 for s in shots if s.ok and s.backend.startswith("Provider/")),
+        recovery_s=recovery(shots, fault_at, fault_end), fault_s=round(fault_end - fault_at, 2),
+        pii_leaked=message + side, pii_leaked_message=message,
+        pii_leaked_side=side, hung=sum(1 for s in shots if s.error == "client timeout"),
+        no_http_answer=sum(1 for s in shots if s.status == 0), went=dict(sorted(went.items())),
+    )
+
+
+class ProviderLog:
+    """What the provider simulator received, read as it grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def new_text(self) -> str:
+        if not self.path.exists():
+            return ""
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        return data.decode("utf-8", "replace")
+
+
+# ------------------------------------------------------------------ running
+
+
+def free_offset(rng: random.Random | None = None, tries: int = 50) -> int:
+    """A multiple of 100 whose every stack port is free, below the kernel's
+    ephemeral range (so an outgoing connection cannot hold one of them)."""
+    rng = rng or random.Random()
+    top = max(PORTS.values())
+    for _ in range(tries):
+        offset = rng.randrange(100, 32_000 - top, 100)
+        if all(_free(base + offset) for base in PORTS.values()):
+            return offset
+    raise RuntimeError("no free port offset found")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] | None = None,
+                    say: Callable[[str], None] = print) -> list[Result]:
+    stack = Stack(run_dir, offset, vllm_args=["--max-num-seqs", str(cfg.max_num_seqs)])
+    stack.prepare()
+    for f in (run_dir / "manifests").glob("*.yaml"):  # a hanging provider is seen within a phase
+        f.write_text(f.read_text().replace("firstToken: 30s", f"firstToken: {cfg.provider_first_token}"))
+    stop_supervising = asyncio.Event()
+    results: list[Result] = []
+    await stack.start(cfg.speed_profile, 1.0, timeout=90)
+    supervisor = asyncio.create_task(stack.supervise(stop_supervising, say=lambda m, **_: say(m)))
+    chaos = Chaos(stack, cfg)
+    plog = ProviderLog(run_dir / "provider-requests.jsonl")
+    url = chaos.url(PORTS["router"], "/v1/chat/completions")
+    try:
+        await chaos.healthy()
+        connector = aiohttp.TCPConnector(limit=512)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for phase, (name, fault) in enumerate(faults()):
+                if only is not None and name not in only:
+                    continue
+                plog.new_text()  # only what this phase sends counts
+                shots: list[Shot] = []
+                stop = asyncio.Event()
+                loader = asyncio.create_task(load(http, url, cfg, phase, stop, shots, chaos.spike))
+                await asyncio.sleep(cfg.pre)
+                fault_at = time.monotonic()
+                await fault(chaos)
+                fault_end = time.monotonic()
+                await asyncio.sleep(cfg.post)
+                stop.set()
+                await loader
+                result = summarise(name, shots, fault_at, fault_end, plog.new_text())
+                results.append(result)
+                for path, text in chaos.mend:
+                    path.write_text(text)
+                chaos.mend.clear()
+                say(f"  {name:<32} {result.requests:>4} requests, {result.success_rate:.1%} ok, "
+                    f"recovery {result.recovery_s}s, pii leaked {result.pii_leaked}")
+                await chaos.healthy()
+    finally:
+        stop_supervising.set()
+        await supervisor
+        await stack.stop()
+    return results
+
+
+def table(results: list[Result]) -> str:
+    head = (f"{'fault':<32} {'requests':>8} {'success':>8} {'p50 ms':>8} {'p99 ms':>8} {'provider':>8} "
+            f"{'recovery s':>10} {'pii msg':>7} {'pii side':>8} {'hung':>5}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        rec = "never" if r.recovery_s is None else f"{r.recovery_s:.2f}"
+        lines.append(f"{r.fault:<32} {r.requests:>8} {r.success_rate:>8.1%} {r.p50_ms:>8.0f} {r.p99_ms:>8.0f} "
+                     f"{r.to_provider:>8} {rec:>10} {r.pii_leaked_message:>7} {r.pii_leaked_side:>8} {r.hung:>5}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
+    p.add_argument("--short", action="store_true", help="a few seconds per fault (what make test runs)")
+    p.add_argument("--port-offset", type=int, default=int(os.environ.get("KINFERENCE_PORT_OFFSET", "0")) or None,
+                   help="port offset of the chaos stack (env KINFERENCE_PORT_OFFSET; default: a free one)")
+    p.add_argument("--run-dir", default=str(REPO / ".run-chaos"))
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--only", action="append", metavar="FAULT", help="run only this fault (repeat)")
+    args = p.parse_args(argv)
+    cfg = SHORT if args.short else FULL
+    offset = args.port_offset if args.port_offset is not None else free_offset()
+    print(f"chaos: stack on port offset {offset} (router 127.0.0.1:{PORTS['router'] + offset}), "
+          f"{cfg.rate:g} requests/s, fault held {cfg.down:g}s, {cfg.post:g}s after", flush=True)
+    results = asyncio.run(run_chaos(cfg, Path(args.run_dir), offset, only=args.only,
+                                    say=lambda m: print(m, flush=True)))
+    print()
+    print(table(results))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
