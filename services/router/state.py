@@ -220,15 +220,21 @@ class SnapshotKeeper:
 
     async def _rebuild_loop(self) -> None:
         next_config = time.monotonic() + self.config_resync
-        while True:
-            await asyncio.sleep(self.rebuild_interval)
-            if time.monotonic() >= next_config:
-                # every config_resync, and every second while there is no pool
-                next_config = time.monotonic() + (self.config_resync if self.pool is not None else 1.0)
-                await self.resync_config()
-            age = time.monotonic() - self._built_at
-            if self._dirty or age >= self.max_age:
-                try:
-                    self.rebuild()
-                except Exception as exc:  # never let one bad state stop routing updates
-                    log.error("snapshot rebuild failed", error=str(exc))
+        reading: asyncio.Task[None] | None = None
+        try:
+            while True:
+                await asyncio.sleep(self.rebuild_interval)
+                if time.monotonic() >= next_config and (reading is None or reading.done()):
+                    # every config_resync, and every second while there is no pool; in
+                    # its own task, so a slow JetStream never holds up the rebuilds
+                    next_config = time.monotonic() + (self.config_resync if self.pool is not None else 1.0)
+                    reading = asyncio.create_task(self.resync_config(), name="config-resync")
+                age = time.monotonic() - self._built_at
+                if self._dirty or age >= self.max_age:
+                    try:
+                        self.rebuild()
+                    except Exception as exc:  # never let one bad state stop routing updates
+                        log.error("snapshot rebuild failed", error=str(exc))
+        finally:
+            if reading is not None and not reading.done():
+                reading.cancel()

@@ -45,6 +45,7 @@ class NatsBus:
         self._bucket = bucket
         self._kv: object | None = None
         self._opened_once = False
+        self._opening = asyncio.Lock()  # the flusher sends many keys at once: one of them opens
         #: times the bucket had to be created again after it was seen (NATS lost its storage)
         self.recreated = 0
 
@@ -53,16 +54,20 @@ class NatsBus:
         NATS restarted with empty storage lost it: said once in the log)."""
         from nats.js.errors import BucketNotFoundError
 
-        js = self._nc.jetstream()  # type: ignore[attr-defined]
-        try:
-            self._kv = await js.key_value(self._bucket)
-        except BucketNotFoundError:
-            self._kv = await js.create_key_value(bucket=self._bucket, history=1)
-            if self._opened_once:
-                self.recreated += 1
-                log.warning("telemetry_bucket_recreated", bucket=self._bucket,
-                            reason="missing after reconnect (NATS lost its storage)")
-        self._opened_once = True
+        async with self._opening:
+            if self._kv is not None:  # opened by a concurrent put meanwhile
+                return
+            js = self._nc.jetstream()  # type: ignore[attr-defined]
+            try:
+                kv = await js.key_value(self._bucket)
+            except BucketNotFoundError:
+                kv = await js.create_key_value(bucket=self._bucket, history=1)
+                if self._opened_once:
+                    self.recreated += 1
+                    log.warning("telemetry_bucket_recreated", bucket=self._bucket,
+                                reason="missing after reconnect (NATS lost its storage)")
+            self._kv = kv
+            self._opened_once = True
 
     def reopen(self) -> None:
         """Open the bucket again before the next write (after a reconnect)."""
@@ -72,20 +77,24 @@ class NatsBus:
         if self._kv is None:
             await self.start()
         await self._nc.publish(subject, data)  # type: ignore[attr-defined]
+        kv = self._kv
         try:
-            await self._kv.put(key, data)  # type: ignore[union-attr]
+            await kv.put(key, data)  # type: ignore[union-attr]
         except Exception:
-            self._kv = None  # the stream may be gone ("no response from stream"): open or create it again
+            if self._kv is kv:  # the stream may be gone ("no response from stream"): open or create it again
+                self._kv = None
             raise
 
     async def delete(self, subject: str, key: str, data: bytes) -> None:
         if self._kv is None:
             await self.start()
         await self._nc.publish(subject, data)  # type: ignore[attr-defined]
+        kv = self._kv
         try:
-            await self._kv.delete(key)  # type: ignore[union-attr]
+            await kv.delete(key)  # type: ignore[union-attr]
         except Exception:
-            self._kv = None
+            if self._kv is kv:
+                self._kv = None
             raise
 
 

@@ -45,7 +45,10 @@ async def test_collector_recreates_its_bucket_after_nats_lost_its_storage(
         nats_server: natsserver.NatsServer, page_server: Any, tmp_path: Path) -> None:
     srv = await page_server(pages.VllmPage(running=1, waiting=2))
     endpoints = tmp_path / "endpoints.yaml"
-    endpoints.write_text(f"- {{namespace: team, workerSet: llama, pod: llama-0, address: '{srv.address}', model: m}}\n")
+    # several endpoints: their states are sent at once, and the bucket must be recreated once
+    endpoints.write_text("".join(
+        f"- {{namespace: team, workerSet: llama, pod: llama-{i}, address: '{srv.address}', model: m}}\n"
+        for i in range(4)))
     log_path = tmp_path / "collector.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
