@@ -19,8 +19,9 @@ provider answering 500 to everything and one that never answers.
 For each fault: requests, success rate (200 and a complete body), p50/p99
 latency, where requests went (``x-kinference-backend``, or the error status),
 recovery time (from the end of the fault, the process running again, until
-the first request of the final run of successes was sent; 0 when that run
-began before, null when the phase ended failing), and the marked PII found in what the provider simulator received
+the first steady request of the final run of successes was sent; 0 when that
+run began before, null when the phase ended failing; requests of the load's
+bursts are left out), and the marked PII found in what the provider simulator received
 (body and headers): ``pii_leaked`` counts every marked request found,
 ``pii_leaked_message`` those whose PII was in the message itself,
 ``pii_leaked_side`` those with PII only outside the messages.
@@ -84,6 +85,7 @@ class Shot:
     marker: str
     kind: str  # clean | pii | side
     stream: bool
+    burst: bool = False  # sent in a burst (load shaping), not at the steady rate
     sent: float = 0.0
     latency: float = 0.0
     status: int = 0  # 0: no HTTP answer (connection error or client timeout)
@@ -108,6 +110,8 @@ class Result:
     hung: int = 0
     no_http_answer: int = 0
     went: dict[str, int] = field(default_factory=dict)
+    #: failures by kind of request (clean, pii, side)
+    failed: dict[str, int] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ the load
@@ -174,9 +178,10 @@ async def load(http: aiohttp.ClientSession, url: str, cfg: Config, phase: int, s
     rng = random.Random(cfg.seed * 1000 + phase)
     tasks: list[asyncio.Task[None]] = []
 
-    def send(kind_index: int) -> None:
+    def send(kind_index: int, burst: bool = False) -> None:
         marker = f"mk{phase:02d}q{len(shots):05d}z"
         shot, body, headers = request_for(kind_index, marker, rng, cfg.max_tokens)
+        shot.burst = burst
         shots.append(shot)
         tasks.append(asyncio.create_task(fire(http, url, shot, body, headers, cfg.client_timeout)))
 
@@ -193,7 +198,7 @@ async def load(http: aiohttp.ClientSession, url: str, cfg: Config, phase: int, s
         if spike and spike[0]:  # asked for by a fault
             extra, spike[0] = extra + spike[0], 0
         for _ in range(extra):
-            send(9)  # a clean, non-streamed prompt
+            send(9, burst=True)  # a clean, non-streamed prompt
         delay = start + steady / cfg.rate - time.monotonic()
         if delay > 0:
             try:
@@ -320,10 +325,12 @@ def percentile(values: list[float], q: float) -> float:
 
 def recovery(shots: list[Shot], fault_at: float, fault_end: float) -> float | None:
     """Seconds from the end of the fault (the process running again, the
-    provider healed) until the first request of the final run of successes
-    was sent: 0 when that run began before the fault ended (or nothing
-    failed); None when the phase ended failing."""
-    after = sorted((s for s in shots if s.sent + s.latency >= fault_at), key=lambda s: s.sent)
+    provider healed) until the first steady request of the final run of
+    successes was sent: 0 when that run began before the fault ended (or
+    nothing failed); None when the phase ended failing. Burst requests are
+    left out: they saturate the pods on purpose, and what they lose is load,
+    not the fault."""
+    after = sorted((s for s in shots if not s.burst and s.sent + s.latency >= fault_at), key=lambda s: s.sent)
     failed = [i for i, s in enumerate(after) if not s.ok]
     if not failed:
         return 0.0
@@ -354,6 +361,7 @@ def summarise(name: str, shots: list[Shot], fault_at: float, fault_end: float, p
         pii_leaked=message + side, pii_leaked_message=message,
         pii_leaked_side=side, hung=sum(1 for s in shots if s.error == "client timeout"),
         no_http_answer=sum(1 for s in shots if s.status == 0), went=dict(sorted(went.items())),
+        failed=dict(sorted(Counter(s.kind for s in shots if not s.ok).items())),
     )
 
 
