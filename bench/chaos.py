@@ -185,6 +185,16 @@ async def load(http: aiohttp.ClientSession, url: str, cfg: Config, phase: int, s
         shots.append(shot)
         tasks.append(asyncio.create_task(fire(http, url, shot, body, headers, cfg.client_timeout)))
 
+    try:
+        await _paced(cfg, stop, send, spike)
+    finally:
+        if not stop.is_set():  # cancelled: the requests under way too
+            for t in tasks:
+                t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _paced(cfg: Config, stop: asyncio.Event, send: Callable[..., None], spike: list[int] | None) -> None:
     start = time.monotonic()
     next_burst = start + cfg.burst_every / 2
     steady = 0
@@ -205,7 +215,6 @@ async def load(http: aiohttp.ClientSession, url: str, cfg: Config, phase: int, s
                 await asyncio.wait_for(stop.wait(), delay)
             except TimeoutError:
                 pass
-    await asyncio.gather(*tasks)
 
 
 # ------------------------------------------------------------------ the faults
@@ -429,13 +438,18 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
                 shots: list[Shot] = []
                 stop = asyncio.Event()
                 loader = asyncio.create_task(load(http, url, cfg, phase, stop, shots, chaos.spike))
-                await asyncio.sleep(cfg.pre)
-                fault_at = time.monotonic()
-                await fault(chaos)
-                fault_end = time.monotonic()
-                await asyncio.sleep(cfg.post)
-                stop.set()
-                await loader
+                try:
+                    await asyncio.sleep(cfg.pre)
+                    fault_at = time.monotonic()
+                    await fault(chaos)
+                    fault_end = time.monotonic()
+                    await asyncio.sleep(cfg.post)
+                    stop.set()
+                    await loader
+                except BaseException:  # interrupted: no request left behind
+                    loader.cancel()
+                    await asyncio.gather(loader, return_exceptions=True)
+                    raise
                 result = summarise(name, shots, fault_at, fault_end, plog.new_text())
                 results.append(result)
                 for path, text in chaos.mend:
@@ -475,8 +489,21 @@ def main(argv: list[str] | None = None) -> int:
     offset = args.port_offset if args.port_offset is not None else free_offset()
     print(f"chaos: stack on port offset {offset} (router 127.0.0.1:{PORTS['router'] + offset}), "
           f"{cfg.rate:g} requests/s, fault held {cfg.down:g}s, {cfg.post:g}s after", flush=True)
-    results = asyncio.run(run_chaos(cfg, Path(args.run_dir), offset, only=args.only,
-                                    say=lambda m: print(m, flush=True)))
+    async def interruptible() -> list[Result]:
+        # SIGINT/SIGTERM stop the run and the whole stack (also where SIGINT is
+        # ignored, as for a background job of a non-interactive shell)
+        task = asyncio.current_task()
+        assert task is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
+        return await run_chaos(cfg, Path(args.run_dir), offset, only=args.only,
+                               say=lambda m: print(m, flush=True))
+
+    try:
+        results = asyncio.run(interruptible())
+    except asyncio.CancelledError:
+        print("chaos: interrupted; the stack is stopped", file=sys.stderr)
+        return 130
     print()
     print(table(results))
     out = Path(args.out)

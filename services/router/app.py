@@ -165,7 +165,8 @@ class Router:
 
     def __post_init__(self) -> None:
         self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
-                                     stale_after=self.settings.stale_after, ejected=self.health.excluded)
+                                     stale_after=self.settings.stale_after, ejected=self.health.excluded,
+                                     healthy=self.health.seen_healthy)
         self.events = EventPublisher(self.nc, self.metrics.dropped_events)
         #: the pool's metrics label, formatted once
         self.pool_label = f"{self.settings.namespace}/{self.settings.pool}"

@@ -48,6 +48,7 @@ class SnapshotKeeper:
         clock: Callable[[], float] = time.time,
         ejected: Callable[[], set[str]] = set,
         config_resync: float = 30.0,
+        healthy: Callable[[str, float], None] | None = None,
     ) -> None:
         self.namespace, self.pool_name = namespace, pool
         self.ledger = ledger
@@ -57,6 +58,8 @@ class SnapshotKeeper:
         self.config_resync = config_resync
         self.clock = clock
         self.ejected = ejected
+        #: told of each ready endpoint's last successful scrape (ends an older ejection)
+        self.healthy = healthy
         self.pool: CompiledPool | None = None
         self.endpoints: dict[str, EndpointState] = {}
         self.providers: dict[str, ProviderState] = {}
@@ -87,6 +90,8 @@ class SnapshotKeeper:
         self.endpoints[key] = state
         if state.scraped_at:
             self.ledger.observed(key, state.scraped_at)
+            if state.ready and self.healthy is not None:
+                self.healthy(key, state.scraped_at)
         self._dirty = True
         self.updates += 1
 

@@ -5,6 +5,10 @@ decision: ejection after connection failures, provider cooldowns after a
 - **Ejection** (POLICY.md section 2): after ``threshold`` consecutive
   connection failures an endpoint is ejected for a backoff that doubles while
   it keeps failing (``base`` up to ``cap`` seconds); one success resets it.
+  Telemetry that scraped the endpoint successfully after it was ejected
+  ends the ejection early (the pod is back: a restarted pod is used again
+  within a scrape, not after a backoff that grew while it was down); the
+  backoff is kept, so one that fails again is ejected for longer.
 - **Cooldown**: a provider that answers 429 is not a candidate until its
   ``Retry-After`` (seconds or an HTTP date; default ``default_cooldown``).
 - **Limits**: ``maxConcurrency`` (requests open at once) and
@@ -32,6 +36,7 @@ class _Health:
     failures: int = 0
     backoff: float = 0.0
     until: float = 0.0
+    ejected_at: float = 0.0  # wall clock, comparable with telemetry's scrapedAt
 
 
 @dataclass
@@ -41,6 +46,7 @@ class UpstreamHealth:
     cap: float = 30.0
     default_cooldown: float = 5.0
     clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
     _health: dict[str, _Health] = field(default_factory=dict)
     _cooldown: dict[str, float] = field(default_factory=dict)
 
@@ -51,9 +57,17 @@ class UpstreamHealth:
         if h.failures >= self.threshold:
             h.backoff = min(self.cap, h.backoff * 2 if h.backoff else self.base)
             h.until = self.clock() + h.backoff
+            h.ejected_at = self.wall()
             h.failures = 0
             return True
         return False
+
+    def seen_healthy(self, key: str, scraped_at: float) -> None:
+        """Telemetry scraped ``key`` successfully at ``scraped_at`` (wall
+        clock): an ejection that began before that scrape ends now."""
+        h = self._health.get(key)
+        if h is not None and h.until and scraped_at > h.ejected_at:
+            h.until = 0.0
 
     def succeeded(self, key: str) -> None:
         self._health.pop(key, None)
