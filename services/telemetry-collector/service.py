@@ -391,10 +391,16 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
 
     sub = await nc.subscribe(f"{subjects.OBSERVATIONS_PREFIX}.>", cb=on_msg)  # type: ignore[attr-defined]
     await collector.start()
+    # a discovery with watches of its own (Kubernetes) runs beside the collector
+    attach = getattr(discovery, "attach", None)
+    attached = asyncio.create_task(attach(collector), name="discovery") if attach is not None else None
     try:
         await stop.wait()
         log.info("draining")
     finally:
+        if attached is not None:
+            attached.cancel()
+            await asyncio.gather(attached, return_exceptions=True)
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
         await collector.stop()
