@@ -479,9 +479,9 @@ class FakeKubeAPI:
 
     def compact(self) -> None:
         """Forget the history: a watch from any version before now gets 410 Gone."""
-        self._compacted = self._rv
         self._history.clear()
-        self._bump()  # so that the current version is also older than the next change
+        self._bump()  # every version a client has seen is now too old
+        self._compacted = self._rv
 
     def go_down(self, seconds: float) -> None:
         """Answer 503 to every request for ``seconds``; open watches are cut."""
@@ -490,6 +490,11 @@ class FakeKubeAPI:
 
     def come_back(self) -> None:
         self._down_until = 0.0
+
+    @property
+    def open_watches(self) -> int:
+        """How many watch streams are open now."""
+        return len(self._watches)
 
     @property
     def resource_version(self) -> int:
