@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import nats
 import structlog
@@ -26,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kinference_common import bus
 from kinference_common.compiler import CompileResult, compile_documents
+from kinference_common.manifests import ManifestError
 from kinference_policy_compiler.publisher import ConfigPublisher
 from kinference_policy_compiler.source import DirectorySource, ManifestSource
 from kinference_policy_compiler.statuses import StatusDirectory
@@ -46,6 +48,13 @@ class Settings:
     watched_namespaces: Collection[str] | None = None
 
 
+class StatusSink(Protocol):
+    """Where statuses go besides the status directory (Kubernetes mode:
+    kube_status.KubernetesStatusSink). True when the pass completed."""
+
+    async def write(self, res: CompileResult, errors: list[ManifestError]) -> bool: ...
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -59,9 +68,15 @@ class Metrics:
 
 
 class PolicyCompilerService:
-    def __init__(self, settings: Settings, source: ManifestSource | None = None) -> None:
+    def __init__(self, settings: Settings, source: ManifestSource | None = None,
+                 status_sink: StatusSink | None = None, is_leader: Callable[[], bool] | None = None) -> None:
         self.settings = settings
         self.source = source or DirectorySource(settings.manifests)
+        #: Kubernetes mode: statuses to the cluster; only the leader writes and publishes
+        self.status_sink = status_sink
+        self.is_leader = is_leader or (lambda: True)
+        self._sink_pending = False
+        self.last_errors: list[ManifestError] = []
         self.metrics = Metrics()
         self.statuses = StatusDirectory(settings.status_dir) if settings.status_dir else None
         self.last_result: CompileResult | None = None
@@ -82,6 +97,7 @@ class PolicyCompilerService:
         await self._start_http()
         self.source.poll()
         self.reconcile()  # compile once before publishing, so start() returns with state
+        await self._write_statuses()
         await self._publish()
         self._task = asyncio.create_task(self._loop(), name="policy-compiler-loop")
         log.info("started", manifests=str(self.settings.manifests), nats=self.settings.nats_url)
@@ -134,6 +150,7 @@ class PolicyCompilerService:
                 last_full = time.monotonic()
                 self.reconcile()
                 self._unpublished = True
+            await self._write_statuses()
             if self._unpublished:
                 await self._publish()
 
@@ -142,6 +159,8 @@ class PolicyCompilerService:
         started = time.perf_counter()
         res = compile_documents(self.source.documents(), watched_namespaces=self.settings.watched_namespaces)
         errors = [*self.source.errors(), *res.errors]
+        self.last_errors = errors
+        self._sink_pending = self.status_sink is not None
         if self.statuses is not None:
             self.statuses.write(res, errors)
         self.metrics.warnings.clear()
@@ -161,8 +180,24 @@ class PolicyCompilerService:
                  warnings=res.warning_count)
         return res
 
+    def leadership_changed(self) -> None:
+        """Called by the leader elector: a new leader writes and publishes at once."""
+        self._sink_pending = self.status_sink is not None
+        self._unpublished = True
+        self.wake()
+
+    async def _write_statuses(self) -> None:
+        if self.status_sink is None or not self._sink_pending or self.last_result is None:
+            return
+        if not self.is_leader():
+            return
+        if await self.status_sink.write(self.last_result, self.last_errors):
+            self._sink_pending = False
+
     async def _publish(self) -> None:
         if self._publisher is None or self.last_result is None:
+            return
+        if not self.is_leader():
             return
         if self._nc is None or not self._nc.is_connected:
             return
