@@ -146,6 +146,10 @@ def differs(desired: Obj, observed: Mapping[str, Any] | None) -> bool:
     return False
 
 
+def _attempted(tr: EndpointTracker | None) -> bool:
+    return tr is not None and (tr.last_success is not None or tr.scrape_errors > 0)
+
+
 class StatusReporter:
     """Writes the statuses above, level-triggered, at most once per
     ``interval`` per object. ``objects()`` gives the cached worker sets and
@@ -175,6 +179,10 @@ class StatusReporter:
         for ws in worker_sets:
             m = ws["metadata"]
             key = (m.get("namespace", "default"), m["name"])
+            if any(not _attempted(trackers.get(t.key)) for t in by_ws.get(key, [])):
+                # a pod not scraped even once yet (collector start, new pod): its readiness is not
+                # known; wait for the first scrape rather than write a "not ready" that flips back
+                continue
             wanted.append(("InferenceWorkerSet", ws, worker_set_status(
                 ws, by_ws.get(key, []), trackers, now, scrape_granularity=self.scrape_granularity)))
         for p in providers:

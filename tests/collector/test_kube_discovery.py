@@ -312,3 +312,34 @@ async def test_provider_status_and_dcgm_exporters(running: dict[str, Any]) -> No
     assert all(t.kind == "vllm" for t in d.vllm_targets())
     assert [v.target.address for v in c._dcgm.values()] == ["127.0.0.9:9400"]
     assert rbac.not_allowed("telemetry-collector", api.used("kinference-telemetry-collector")) == []
+
+
+async def test_reporter_waits_for_a_first_scrape_and_writes_only_changes() -> None:
+    from kinference_collector.kube_status import StatusReporter
+
+    writes: list[tuple[str, dict[str, Any]]] = []
+    now = [1_800_000_000.0]
+
+    async def write(kind: str, observed: dict[str, Any], desired: dict[str, Any]) -> bool:
+        writes.append((kind, desired))
+        observed["status"] = desired  # what the API server now shows
+        return True
+
+    ws = worker_set()
+    t0 = Target(namespace="default", worker_set="qwen", pod="q-0", address="10.0.0.1:8000", model="qwen-2.5")
+    tr = EndpointTracker(t0, DeriveConfig(stale_after=1.0))
+    rep = StatusReporter(write, clock=lambda: now[0])
+    await rep.report([ws], [], [t0], {t0.key: tr}, lambda ns, n: None)
+    assert writes == []  # q-0 never scraped yet: its readiness is unknown, nothing written
+    tr.last_success = now[0]
+    await rep.report([ws], [], [t0], {t0.key: tr}, lambda ns, n: None)
+    assert len(writes) == 1 and writes[0][1]["readyEndpoints"] == 1
+    for _ in range(5):  # scrapes go on, a second apart: nothing changes, nothing written
+        now[0] += 1
+        tr.last_success = now[0] - 0.1
+        await rep.report([ws], [], [t0], {t0.key: tr}, lambda ns, n: None)
+    assert len(writes) == 1
+    now[0] += 30  # the next lastScrape step
+    tr.last_success = now[0]
+    await rep.report([ws], [], [t0], {t0.key: tr}, lambda ns, n: None)
+    assert len(writes) == 2 and writes[1][1]["endpoints"][0]["lastScrape"] != writes[0][1]["endpoints"][0]["lastScrape"]
