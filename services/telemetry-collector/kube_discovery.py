@@ -234,9 +234,12 @@ class KubeDiscovery:
             loop = asyncio.get_running_loop()
             last_report = 0.0
             while True:
-                if self.changed.is_set():
+                woke = self.changed.is_set()
+                if woke:
                     await collector.refresh_targets()
-                if loop.time() - last_report >= status_interval:
+                # at once on a change (each object is still written at most once per interval), and
+                # every interval (scrape results move readiness too)
+                if woke or loop.time() - last_report >= status_interval:
                     last_report = loop.time()
                     try:
                         await reporter.report(self.worker_sets.items().values(), self.providers.items().values(),

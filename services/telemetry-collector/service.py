@@ -157,7 +157,9 @@ class Collector:
                 continue
             tr = self.trackers.get(key)
             if tr is not None and tr.target.address == t.address:
-                tr.target = t  # readiness or model changed: no new scrape state
+                if tr.target != t:  # readiness or model changed: no new scrape state
+                    tr.target = t
+                    self.emit(tr, now)  # now, not at the next scrape
                 continue
             if key in self._tasks:
                 self._tasks.pop(key).cancel()
