@@ -343,3 +343,22 @@ async def test_reporter_waits_for_a_first_scrape_and_writes_only_changes() -> No
     tr.last_success = now[0]
     await rep.report([ws], [], [t0], {t0.key: tr}, lambda ns, n: None)
     assert len(writes) == 2 and writes[1][1]["endpoints"][0]["lastScrape"] != writes[0][1]["endpoints"][0]["lastScrape"]
+
+
+async def test_api_server_outage_keeps_targets_and_converges(running: dict[str, Any]) -> None:
+    api, c = running["api"], running["collector"]
+    port = free_port()
+    running["engines"].append(await Engine("127.0.0.2", port).start())
+    running["engines"].append(await Engine("127.0.0.3", port).start())
+    api.apply(worker_set(port=port))
+    api.apply(pod("qwen-0", "127.0.0.2"))
+    api.apply(pod("qwen-1", "127.0.0.3", ready=False))
+    await until(lambda: ws_status(api).get("readyEndpoints") == 1, "one ready endpoint")
+    api.go_down(3.0)  # every request 503, watches cut
+    # meanwhile qwen-1 turns ready (a direct store write: nobody can see it until the API is back)
+    api.set_status("", "Pod", "default", "qwen-1", pod("qwen-1", "127.0.0.3")["status"])
+    await asyncio.sleep(1.0)
+    assert {t.pod for t in (tr.target for tr in c.trackers.values())} == {"qwen-0", "qwen-1"}  # still scraped
+    assert all(tr.ready(time.time()) == (tr.target.pod == "qwen-0") for tr in c.trackers.values())
+    await until(lambda: ws_status(api).get("readyEndpoints") == 2, "the relist after the outage")
+    assert running["discovery"].pods.errors >= 1  # it did see the outage
