@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import parse_qs
 
 import msgspec
 import nats
@@ -38,7 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kinference_common.compiled import CompiledPool, CompiledRoute, RoutePath
 from kinference_common.engine import Calibration, InFlightLedger, PrefixIndex
-from kinference_router.app import ApiError, Router, RouterSettings, error_response, new_decision_id, server_error
+from kinference_router.app import ApiError, Router, RouterSettings, error_response, new_decision_id
 from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
 from kinference_router.metrics import RouterMetrics
 from kinference_router.state import FedKeeper, PoolKey, PoolsFollower
@@ -221,10 +222,15 @@ class MultiPoolRouter:
         self.metrics.child(self.metrics.requests, "", "", err.code, "").inc()
         return error_response(err, new_decision_id())
 
-    def _dispatch(self, name: str) -> Any:
+    def _dispatch(self, name: str, authenticate: bool = True) -> Any:
         async def handler(request: HttpRequest) -> Response | None:
             r = self.pick(request)
             if r is None:
+                if authenticate and self.auth.tenant(request.headers) is None:
+                    # 401 before anything else: a caller without a key learns nothing of the routes
+                    err = ApiError(401, "unauthorized", "missing or unknown API key")
+                    self.metrics.child(self.metrics.requests, "", "", err.code, "").inc()
+                    return error_response(err, new_decision_id())
                 return self._not_routed(request)
             return await getattr(r, name)(request)
         return handler
@@ -233,16 +239,20 @@ class MultiPoolRouter:
         return self._server({
             "/v1/chat/completions": {"POST": self._dispatch("chat")},
             "/v1/completions": {"POST": self._dispatch("completions")},
-            "/v1/models": {"GET": self._dispatch("models")},
+            "/v1/models": {"GET": self._dispatch("models", authenticate=False)},  # as a single pool's
         })
 
     def admin_server(self) -> HttpServer:
         return self._server({"/debug/explain": {"POST": self.explain}})
 
     def _server(self, routes: dict[str, Any]) -> HttpServer:
-        common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz},
-                  "/metrics": {"GET": self.metrics_page}}
-        return HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes, on_error=server_error)
+        """Made by the single-pool router's own ``_server`` (same limits and
+        error answers, whatever they become), with health and metrics of all pools."""
+        template = Router(self.settings, self.auth, self.secrets, metrics=self.metrics)
+        server = template._server(routes)
+        server.routes.update({"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz},
+                              "/metrics": {"GET": self.metrics_page}})
+        return server
 
     async def healthz(self, _: HttpRequest) -> Response:
         return Response(200, b"ok\n", content_type="text/plain; charset=utf-8")
@@ -258,7 +268,7 @@ class MultiPoolRouter:
 
     async def explain(self, request: HttpRequest) -> Response:
         """``POST /debug/explain?pool=NS/NAME`` (the pool may be left out when there is only one)."""
-        wanted = next((v for k, _, v in (p.partition("=") for p in request.query.split("&")) if k == "pool"), "")
+        wanted = (parse_qs(request.query).get("pool") or [""])[0]
         pools = sorted(self.keeper.pools)
         if wanted:
             ns, _, name = wanted.partition("/")

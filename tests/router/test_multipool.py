@@ -302,3 +302,23 @@ async def test_explain_names_the_pool_and_pools_come_and_go(multi: dict[str, Any
         assert other.table.match("a.example.com", "/v1/chat/completions") == ("team-a", "team-a-pool")
     finally:
         await other.stop()
+
+
+async def test_unknown_route_is_401_first_without_a_key(multi: dict[str, Any]) -> None:
+    await publish_fleet(multi)
+    auth = multi["router"].auth  # shared by every pool's router
+    auth.mode = "apiKey"
+    auth.set_keys([("alice", "sk-alice")])
+    s, data = multi["session"], multi["data"]
+    body = {"model": "model-a", "messages": [{"role": "user", "content": "hi"}]}
+    for host, key, status, code in (("nowhere.example.com", None, 401, "unauthorized"),
+                                    ("nowhere.example.com", "sk-alice", 404, "route_not_found"),
+                                    ("a.example.com", None, 401, "unauthorized"),
+                                    ("a.example.com", "sk-alice", 200, None)):
+        headers = {"Host": host, **({"Authorization": f"Bearer {key}"} if key else {})}
+        async with s.post(f"{data}/v1/chat/completions", json=body, headers=headers) as r:
+            assert r.status == status, (host, key)
+            if code:
+                assert (await r.json())["error"]["code"] == code
+    async with s.post(f"{multi['admin']}/debug/explain?pool=team-a%2Fteam-a-pool", json=body) as r:
+        assert r.status == 200  # the pool may be URL-encoded
