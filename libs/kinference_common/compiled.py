@@ -284,8 +284,6 @@ class CompiledRoute(_C, kw_only=True):
     hostnames: list[str] = []
     #: the path matches of the rules that name the pool (a rule without matches: PathPrefix "/")
     paths: list[RoutePath] = []
-    #: the route's creationTimestamp (RFC 3339): the older route wins a tie
-    created: str | None = None
 
 
 class CompiledPool(_C, kw_only=True):

@@ -9,8 +9,10 @@ from its ``Host`` header and path with Gateway API's matching and precedence:
    which beats a route without hostnames; longer hostnames first;
 2. then an ``Exact`` path beats a ``PathPrefix`` (longest first), which beats
    a ``RegularExpression``;
-3. then the oldest route (``creationTimestamp``), then ``namespace/name``,
-   then the pool's ``namespace/name``.
+3. then the route's ``namespace/name``, then the pool's ``namespace/name``
+   (not the route's age, Gateway API's next tie-break: a pool compiled from
+   files and from the cluster must be the same, and files carry no
+   ``creationTimestamp``).
 
 A request no route matches is a 404 in the error envelope. Everything after
 the pool is chosen is the single-pool :class:`~kinference_router.app.Router`
@@ -103,7 +105,6 @@ class RouteTable:
     @staticmethod
     def _entries(key: PoolKey, route: CompiledRoute) -> list[_Entry]:
         out = []
-        created = route.created or "\uffff"  # unknown age sorts after every known one
         for hostname in route.hostnames or [None]:
             if hostname is None:
                 host_rank = (2, 0)
@@ -119,7 +120,7 @@ class RouteTable:
                     except re.error:
                         continue  # an invalid expression matches nothing
                 path_rank = {"Exact": 0, "PathPrefix": 1}.get(path.type, 2)
-                rank = (*host_rank, path_rank, -len(path.value), created, route.route, key)
+                rank = (*host_rank, path_rank, -len(path.value), route.route, key)
                 out.append(_Entry(rank, hostname, path, regex, key, route.route))
         return out
 

@@ -94,7 +94,6 @@ def test_compiled_pools_carry_their_routes() -> None:
     b = res.pools[("team-b", "team-b-pool")].routes
     assert [r.route for r in a] == ["team-a/by-host"]
     assert a[0].hostnames == ["a.example.com"] and a[0].paths == [RoutePath(type="PathPrefix", value="/")]
-    assert a[0].created == "2026-01-01T00:00:00Z"
     assert sorted(r.route for r in b) == ["team-b/completions-only", "team-b/wildcard"]
     exact = next(r for r in b if r.route == "team-b/completions-only")
     assert exact.paths == [RoutePath(type="Exact", value="/v1/completions")]
@@ -125,15 +124,15 @@ def test_matching_details() -> None:
     prefix = RouteTable([
         pool("short", CompiledRoute(route="x/short", paths=[RoutePath(value="/v1")])),
         pool("long", CompiledRoute(route="x/long", paths=[RoutePath(value="/v1/chat/")])),
-        pool("old", CompiledRoute(route="x/old", hostnames=["h"], created="2020-01-01T00:00:00Z")),
-        pool("new", CompiledRoute(route="x/new", hostnames=["h"], created="2025-01-01T00:00:00Z")),
+        pool("old", CompiledRoute(route="x/b-route", hostnames=["h"])),
+        pool("new", CompiledRoute(route="x/a-route", hostnames=["h"])),
         pool("rx", CompiledRoute(route="x/rx", hostnames=["r"],
                                  paths=[RoutePath(type="RegularExpression", value="/v1/.*models")])),
     ])
     assert prefix.match("any", "/v1/chat/completions") == ("long", "long-pool")  # longest prefix
     assert prefix.match("any", "/v1/models") == ("short", "short-pool")
     assert prefix.match("any", "/v1x") is None  # prefixes match whole path elements
-    assert prefix.match("h", "/v1/models") == ("old", "old-pool")  # the older route wins a tie
+    assert prefix.match("h", "/v1/models") == ("new", "new-pool")  # a tie: the route's namespace/name
     assert prefix.match("r", "/v1/models") == ("rx", "rx-pool")
     assert prefix.match("r", "/v1/chat/completions") == ("long", "long-pool")
 

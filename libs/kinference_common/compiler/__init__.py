@@ -419,7 +419,6 @@ def _route_matches(res: CompileResult) -> dict[Key, list[CompiledRoute]]:
         for pool_key, pool_paths in sorted(paths.items()):
             out[pool_key].append(CompiledRoute(
                 route=f"{ns}/{name}", hostnames=list(route.spec.hostnames), paths=pool_paths,
-                created=route.metadata.creation_timestamp,
             ))
     return out
 
