@@ -7,7 +7,8 @@ shared informer (:mod:`kinference_common.kube.informer`) serves both:
 - **provider keys**: :meth:`KubeSecrets.read` answers the InferenceProvider's
   ``spec.auth.secretRef`` (the compiled pool names the Secret and the data
   key, in the provider's namespace) from the watch's cache, decoded at each
-  request: a rotated key is used for the next request;
+  request: a rotated key is used for the next request. Only ``Opaque``
+  Secrets' data is kept (:func:`slim_secret`);
 - **tenant keys**: a Secret labelled ``kinference.buoyant.io/tenant: <tenant>``
   with data key ``apiKey`` gives that tenant one key. On every change the
   :class:`~kinference_router.tenants.Authenticator`'s key set is replaced
@@ -53,6 +54,20 @@ def _decode(secret: Mapping[str, Any], key: str) -> str | None:
     return None
 
 
+def slim_secret(secret: Obj) -> Obj:
+    """What the router keeps of a Secret: name, namespace, labels, and the
+    data of ``Opaque`` Secrets only (the type provider and tenant keys use;
+    Kubernetes' default). Service-account tokens, TLS keys, registry
+    credentials, Helm releases... are never held in memory."""
+    meta = secret.get("metadata") or {}
+    out: Obj = {"metadata": {k: meta[k] for k in ("name", "namespace", "labels", "resourceVersion") if k in meta}}
+    if secret.get("type", "Opaque") == "Opaque":
+        for field in ("data", "stringData"):
+            if field in secret:
+                out[field] = secret[field]
+    return out
+
+
 def tenant_keys(secrets: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """``(tenant, key)`` of every tenant Secret (pure); bad ones are logged by name and skipped."""
     out = []
@@ -90,7 +105,8 @@ class KubeSecrets:
         self.auth = auth
         # the client logs whole response bodies (Secrets' data) at debug level: never
         logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
-        self.informer = Informer(rc, kinds.SECRET, namespaces=namespaces, on_change=self._changed)
+        self.informer = Informer(rc, kinds.SECRET, namespaces=namespaces, on_change=self._changed,
+                                 transform=slim_secret)
         self.tenants = 0
         self._key_count = 0
 

@@ -134,6 +134,10 @@ def manifests(port: int) -> list[dict[str, Any]]:
                              "route": {"select": [{"type": "Local", "minimize": "PredictedTTFT"}]}}]}},
         pool("qwen-pool", "qwen"), pool("llama-pool", "llama"),
         route("qwen-route", "qwen.example.com", "qwen-pool"), route("llama-route", "llama.example.com", "llama-pool"),
+        {"apiVersion": f"{GROUP}/v1alpha1", "kind": "InferenceProvider",
+         "metadata": {"name": "databricks", "namespace": "default"},
+         "spec": {"url": "http://127.0.0.1:9/v1", "auth": {"secretRef": {"name": "databricks-token", "key": "token"}},
+                  "models": [{"name": "qwen-2.5", "upstreamName": "db-qwen"}]}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "alice-key", "namespace": "default",
                                                             "labels": {"kinference.buoyant.io/tenant": "alice"}},
          "data": {"apiKey": base64.b64encode(TENANT_KEY.encode()).decode()}},
@@ -238,6 +242,10 @@ async def test_kubernetes_stack(stack: dict[str, Any]) -> None:
     assert sorted((e["pod"], e["address"], e["ready"]) for e in st["endpoints"]) == [
         ("qwen-0", f"127.0.0.2:{env['port']}", True), ("qwen-1", f"127.0.0.3:{env['port']}", True)]
     assert st["conditions"][0]["type"] == "Ready" and st["conditions"][0]["status"] == "True"
+    await until(env, lambda: (api.get(GROUP, "InferenceProvider", "default", "databricks") or {}).get("status"),
+                "the provider's status (the collector's)")
+    prov = api.get(GROUP, "InferenceProvider", "default", "databricks")["status"]
+    assert prov["conditions"][0]["type"] == "Ready" and prov["conditions"][0]["reason"] == "Configured"
     pool_status = api.get(GROUP, "InferencePool", "default", "qwen-pool")["status"]
     assert pool_status["parents"][0]["parentRef"]["name"] == "inference-gateway"  # the compiler's part
 

@@ -67,6 +67,16 @@ def test_tenant_keys_from_secrets() -> None:
     assert tenant_keys([good, unlabelled, no_key, bad, string_data]) == [("alice", ALICE_KEY_1), ("dave", "sk-dave")]
 
 
+def test_only_opaque_secrets_keep_their_data() -> None:
+    from kinference_router.kube_secrets import slim_secret
+
+    opaque = secret("databricks-token", {"token": PROVIDER_KEY_1})
+    assert slim_secret(opaque)["data"] == opaque["data"]
+    assert "data" in slim_secret({k: v for k, v in opaque.items() if k != "type"})  # Opaque is the default
+    tls = {**secret("ingress-tls", {"tls.key": "-----BEGIN PRIVATE KEY-----"}), "type": "kubernetes.io/tls"}
+    assert slim_secret(tls) == {"metadata": {"name": "ingress-tls", "namespace": "default", "labels": {}}}
+
+
 def manifests(upstream_url: str) -> str:
     return f"""
 apiVersion: kinference.buoyant.io/v1alpha1
