@@ -134,8 +134,6 @@ class RouteTable:
 # -------------------------------------------------------------------- router
 
 
-_DATA_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models")
-
 
 class MultiPoolRouter:
     """Every pool the compiler publishes, each request to the pool its route names."""
