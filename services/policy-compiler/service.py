@@ -86,6 +86,7 @@ class PolicyCompilerService:
         self._task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._wake = asyncio.Event()
+        self._stopping = False
         self._unpublished = True
         self.http_port: int | None = None
 
@@ -116,6 +117,10 @@ class PolicyCompilerService:
         self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
+        # Python 3.11's wait_for can swallow a cancel when the wake event is
+        # set at the same moment (a cache change, a leadership change): the
+        # flag ends the loop anyway.
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             try:
@@ -139,7 +144,7 @@ class PolicyCompilerService:
 
     async def _loop(self) -> None:
         last_full = time.monotonic()
-        while True:
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.settings.interval)
             except TimeoutError:

@@ -117,7 +117,9 @@ BUILTIN_TYPES: list[ResourceType] = [
     _builtin("", "v1", "configmaps", "ConfigMap", short_names=("cm",)),
     _builtin("", "v1", "events", "Event", short_names=("ev",), view_of=("events.k8s.io", "events")),
     _builtin("events.k8s.io", "v1", "events", "Event", short_names=("ev",)),
-    _builtin("coordination.k8s.io", "v1", "leases", "Lease"),
+    _builtin("coordination.k8s.io", "v1", "leases", "Lease", columns=(
+        {"name": "Holder", "type": "string", "jsonPath": ".spec.holderIdentity"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})),
     _builtin("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute", status_subresource=True,
              categories=("gateway-api",)),
     _builtin("gateway.networking.k8s.io", "v1beta1", "referencegrants", "ReferenceGrant",

@@ -63,6 +63,7 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.transitions_seen = 0
 
     @property
@@ -73,6 +74,7 @@ class LeaderElector:
         self._task = asyncio.create_task(self._run(), name=f"lease-{self.name}")
 
     async def stop(self, release: bool = True) -> None:
+        self._stopping = True  # wait_for in 3.11 may swallow the cancel below
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -99,7 +101,7 @@ class LeaderElector:
         (self.on_started if leading else self.on_stopped)()
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 ok = await asyncio.wait_for(self._try_acquire_or_renew(), timeout=self.renew_deadline)
             except asyncio.CancelledError:
@@ -108,6 +110,8 @@ class LeaderElector:
                 if self._leading:
                     log.warning("lease renewal failed", error=str(exc) or type(exc).__name__)
                 ok = False
+            if self._stopping:
+                return
             if ok:
                 self._renewed_at = time.monotonic()
                 self._set_leading(True)
