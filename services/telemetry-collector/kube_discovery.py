@@ -226,9 +226,7 @@ class KubeDiscovery:
         self.start()
         try:
             while not all(i.synced.is_set() for i in self.informers):
-                try:
-                    await asyncio.wait_for(self.wait_synced(), 10.0)
-                except TimeoutError:
+                if not await _wait(asyncio.gather(*(i.synced.wait() for i in self.informers)), 10.0):
                     log.warning("kube_not_synced_yet", hint="is the API server reachable, and RBAC granted?")
             log.info("kube_synced", worker_sets=len(self.worker_sets.items()), pods=len(self.pods.items()))
             loop = asyncio.get_running_loop()
@@ -248,9 +246,19 @@ class KubeDiscovery:
                         raise
                     except Exception as exc:  # pragma: no cover - a bug; keep discovery alive
                         log.warning("status_report_failed", error=str(exc)[:300])
-                try:
-                    await asyncio.wait_for(self.changed.wait(), max(0.05, status_interval / 4))
-                except TimeoutError:
-                    pass
+                await _wait(self.changed.wait(), max(0.05, status_interval / 4))
         finally:
             await self.stop()
+
+
+async def _wait(aw: Any, timeout: float) -> bool:
+    """Wait for ``aw`` at most ``timeout`` seconds; True when it finished. Unlike
+    ``asyncio.wait_for`` on Python 3.11, a cancel that coincides with ``aw``
+    finishing is never swallowed (the loop above stops when cancelled)."""
+    fut = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({fut}, timeout=timeout)
+    finally:
+        if not fut.done():
+            fut.cancel()
+    return bool(done)
