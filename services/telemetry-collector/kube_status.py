@@ -4,7 +4,7 @@ The collector owns (the policy-compiler writes every other status):
 
 - **InferenceWorkerSet** ``status``: ``readyEndpoints``, ``endpoints[]``
   (``{pod, address, ready, lastScrape}``) and condition ``Ready``;
-- **InferenceProvider** ``status``: ``estimatedTtft``, ``errorRate`` and
+- **InferenceProvider** ``status``: ``estimatedTTFT``, ``errorRate`` and
   condition ``Ready``.
 
 Level-triggered: every ``interval`` (1 s) the desired status of every object
@@ -21,7 +21,7 @@ Granularity, so that a scrape every 100 ms does not mean a write every 100 ms:
   ``scrape_granularity`` (30 s by default): a healthy worker set's status is
   rewritten about every 30 s, and an endpoint whose scrapes stopped keeps its
   last value (and turns ``ready: false``);
-- ``estimatedTtft`` is rounded to 10 ms (to 2 significant digits above 1 s),
+- ``estimatedTTFT`` is rounded to 10 ms (to 2 significant digits above 1 s),
   ``errorRate`` to 0.01.
 """
 
@@ -129,7 +129,7 @@ def provider_status(provider: Obj, state: ProviderState | None, now: float) -> O
     return {
         "conditions": [cond],
         # null removes the field in a merge patch: a provider no longer observed shows none
-        "estimatedTtft": _round_ttft(est) if est is not None else None,
+        "estimatedTTFT": _round_ttft(est) if est is not None else None,
         "errorRate": round(rate, 2) if rate is not None else None,
     }
 

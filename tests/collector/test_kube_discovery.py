@@ -121,10 +121,10 @@ def test_desired_statuses() -> None:
                      "models": [{"name": "qwen-2.5"}]}}
     unseen = provider_status(prov, None, now)
     assert unseen["conditions"][0]["status"] == "True" and unseen["conditions"][0]["observedGeneration"] == 3
-    assert unseen["estimatedTtft"] is None and unseen["errorRate"] is None
+    assert unseen["estimatedTTFT"] is None and unseen["errorRate"] is None
     seen = provider_status(prov, ProviderState(namespace="default", name="db", estimated_ttft_seconds=0.8437,
                                                error_rate=0.1234, observations=9), now)
-    assert (seen["estimatedTtft"], seen["errorRate"]) == ("840ms", 0.12)
+    assert (seen["estimatedTTFT"], seen["errorRate"]) == ("840ms", 0.12)
     failing = provider_status(prov, ProviderState(namespace="default", name="db", error_rate=0.8,
                                                   observations=10), now)
     assert failing["conditions"][0]["reason"] == "HighErrorRate"
@@ -294,7 +294,7 @@ async def test_provider_status_and_dcgm_exporters(running: dict[str, Any]) -> No
 
     await until(lambda: prov("databricks").get("conditions"), "provider status")
     assert prov("databricks")["conditions"][0]["reason"] == "Configured"
-    assert "estimatedTtft" not in prov("databricks")
+    assert "estimatedTTFT" not in prov("databricks")
     await until(lambda: prov("half").get("conditions"), "incomplete provider status")
     assert prov("half")["conditions"][0]["reason"] == "Incomplete"
     first_transition = prov("databricks")["conditions"][0]["lastTransitionTime"]
@@ -302,7 +302,7 @@ async def test_provider_status_and_dcgm_exporters(running: dict[str, Any]) -> No
     for ttft in (0.5, 2.0):
         c.on_observation(encode(Observation(decision_id="d", namespace="default", pool="p", backend_type="Provider",
                                             backend_name="databricks", outcome="ok", ttft_seconds=ttft)))
-    await until(lambda: prov("databricks").get("estimatedTtft") == "1s", "estimatedTtft written")
+    await until(lambda: prov("databricks").get("estimatedTTFT") == "1s", "estimatedTTFT written")
     assert prov("databricks")["errorRate"] == 0.0
     assert prov("databricks")["conditions"][0]["lastTransitionTime"] == first_transition  # status unchanged
 
