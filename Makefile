@@ -48,6 +48,9 @@ bench: bench-decision bench-collector bench-classifier  ## every benchmark that 
 bench-decision: install  ## decision engine latency table -> bench/results/decision.json
 	$(BIN)/python -m bench.decision
 
+bench-kube: install  ## Kubernetes-mode compiler: start-up, edit->status, idle writes, failover -> bench/results/kube_compiler.json
+	$(BIN)/python -m bench.kube_compiler
+
 bench-collector: install  ## scrape/parse/derive throughput -> bench/results/collector.json
 	$(BIN)/python -m bench.collector
 

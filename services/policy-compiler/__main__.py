@@ -16,11 +16,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="kinference-policy-compiler",
         description=(
-            "Watch a directory of Kinference manifests (InferencePolicy, InferencePool, InferenceWorkerSet, "
+            "Watch a directory of Kinference manifests, or with --source kubernetes a cluster's resources "
+            "(InferencePolicy, InferencePool, InferenceWorkerSet, "
             "InferenceProvider, ReferenceGrant, HTTPRoute, InferenceObjective, InferenceModelRewrite), "
             "compile them, publish compiled pools on NATS (KV bucket kinference-config and subjects "
-            "kinference.config.<ns>.<pool>), and write every object's status to a directory. A file that "
-            "breaks is reported and skipped; its last good version stays in force."
+            "kinference.config.<ns>.<pool>), and write every object's status to a directory (or, in "
+            "Kubernetes mode, to the status subresources, with Events). A document that breaks is reported "
+            "and skipped; its last good version stays in force."
         ),
     )
     p.add_argument("--source", choices=("directory", "kubernetes"), default="directory",

@@ -86,6 +86,7 @@ class KubernetesMode:
         if self.elector is not None:
             self.elector.on_started = self.service.leadership_changed
             self.elector.on_stopped = self.service.leadership_changed
+        await self.service.start_http()  # live (not ready) while the caches fill
         self.source.start()
         log.info("waiting for the caches to fill", namespaces=sorted(namespaces) if namespaces else "all")
         await self.source.wait_synced()

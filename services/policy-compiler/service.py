@@ -95,13 +95,20 @@ class PolicyCompilerService:
                                      on_reconnect=self._on_reconnect)
         self._publisher = ConfigPublisher(self._nc)
         await self._publisher.start()
-        await self._start_http()
+        if self._runner is None:
+            await self._start_http()
         self.source.poll()
         self.reconcile()  # compile once before publishing, so start() returns with state
         await self._write_statuses()
         await self._publish()
         self._task = asyncio.create_task(self._loop(), name="policy-compiler-loop")
         log.info("started", manifests=str(self.settings.manifests), nats=self.settings.nats_url)
+
+    async def start_http(self) -> None:
+        """Serve /healthz (and a 503 /readyz) before start(), e.g. while the
+        Kubernetes caches fill."""
+        if self._runner is None:
+            await self._start_http()
 
     async def _start_http(self) -> None:
         if self.settings.http_port is None:
@@ -225,7 +232,8 @@ class PolicyCompilerService:
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        ok = self.last_result is not None and self._nc is not None and self._nc.is_connected
+        ok = self.last_result is not None and self._nc is not None and self._nc.is_connected \
+            and self._task is not None
         return web.Response(status=200 if ok else 503, text="ready\n" if ok else "not ready\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:

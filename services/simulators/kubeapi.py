@@ -112,7 +112,11 @@ GIE_GROUPS = ("inference.networking.x-k8s.io", "llm-d.ai")
 
 BUILTIN_TYPES: list[ResourceType] = [
     _builtin("", "v1", "namespaces", "Namespace", namespaced=False, short_names=("ns",)),
-    _builtin("", "v1", "pods", "Pod", short_names=("po",), status_subresource=True),
+    _builtin("", "v1", "pods", "Pod", short_names=("po",), status_subresource=True, columns=(
+        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Status", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "IP", "type": "string", "jsonPath": ".status.podIP"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})),
     _builtin("", "v1", "secrets", "Secret"),
     _builtin("", "v1", "configmaps", "ConfigMap", short_names=("cm",)),
     _builtin("", "v1", "events", "Event", short_names=("ev",), view_of=("events.k8s.io", "events")),
@@ -492,6 +496,16 @@ class FakeKubeAPI:
 
     def come_back(self) -> None:
         self._down_until = 0.0
+
+    def unserve(self, group: str, plural: str | None = None) -> None:
+        """Stop serving a group's kinds (or one), as if its CRD were not installed."""
+        self.types = [t for t in self.types if not (t.group == group and plural in (None, t.plural))]
+        self._by_key = {(t.group, t.version, t.plural): t for t in self.types}
+
+    def serve(self, *types: ResourceType) -> None:
+        """Serve more kinds (a CRD installed while running)."""
+        self.types.extend(types)
+        self._by_key = {(t.group, t.version, t.plural): t for t in self.types}
 
     @property
     def open_watches(self) -> int:
@@ -931,6 +945,21 @@ class FakeKubeAPI:
                                                     "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]}})
         return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(self._rv)},
                 "columnDefinitions": cols, "rows": rows}
+
+
+def pod(name: str, namespace: str, labels: dict[str, str], ip: str, *, ready: bool = True,
+        phase: str = "Running", node: str = "node-1") -> Obj:
+    """A Pod as the kubelet would report it: ``status.podIP``, ``phase`` and
+    a ``Ready`` condition (``FakeKubeAPI.apply`` keeps a Pod's status on
+    create; change it later with ``set_status("", "Pod", ns, name, {...})``)."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "simulated"}]},
+        "status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}],
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                   "lastTransitionTime": _now()}]},
+    }
 
 
 def _strip_rv(o: Obj) -> Obj:

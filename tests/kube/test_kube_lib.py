@@ -190,3 +190,34 @@ async def test_leader_election_failover(kube_api, rc):
     await b.stop(release=True)
     await eventually(lambda: c.is_leader, timeout=5)
     await c.stop()
+
+
+async def test_informer_treats_an_unserved_kind_as_empty_until_installed(kube_api, rc):
+    kube_api.unserve("llm-d.ai")
+    inf = Informer(rc, kinds.INFERENCE_MODEL_REWRITES[1], missing_recheck=0.1)
+    inf.start()
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 5)
+        assert inf.missing and inf.items() == {}
+        from kinference_simulators.kubeapi import BUILTIN_TYPES
+        kube_api.serve(*[t for t in BUILTIN_TYPES if t.group == "llm-d.ai"])
+        kube_api.apply({"apiVersion": "llm-d.ai/v1alpha2", "kind": "InferenceModelRewrite",
+                        "metadata": {"name": "r", "namespace": "default"}, "spec": {"rules": []}})
+        await eventually(lambda: ("default", "r") in inf.items())
+        assert not inf.missing
+    finally:
+        await inf.stop()
+
+
+async def test_pods_from_the_helper_look_like_pods(kube_api, rc):
+    from kinference_simulators.kubeapi import pod
+    kube_api.apply(pod("qwen-0", "default", {"app": "qwen"}, "127.0.0.2"))
+    kube_api.apply(pod("qwen-1", "default", {"app": "qwen"}, "127.0.0.3", ready=False))
+    items, _ = await rc.list(kinds.POD, "default", label_selector="app=qwen")
+    ready = {p["metadata"]["name"]: next(c["status"] for c in p["status"]["conditions"] if c["type"] == "Ready")
+             for p in items}
+    assert ready == {"qwen-0": "True", "qwen-1": "False"}
+    assert {p["status"]["podIP"] for p in items} == {"127.0.0.2", "127.0.0.3"}
+    kube_api.set_status("", "Pod", "default", "qwen-1", {"conditions": [{"type": "Ready", "status": "True"}]})
+    got = await rc.get(kinds.POD, "default", "qwen-1")
+    assert got["status"]["conditions"][0]["status"] == "True"

@@ -259,3 +259,21 @@ async def test_namespace_scope(kube_api, kube_compiler, tmp_path):
     assert "status" not in kube_api.get(G, "InferencePolicy", "other", "elsewhere")
     assert {r.namespace for r in kube_api.requests if r.who == "compiler-a" and r.verb in ("list", "watch")
             and r.resource != "leases"} == {"team"}
+
+
+@pytest.mark.nats
+async def test_runs_without_the_optional_crds(kube_api, kube_compiler):
+    """A cluster without the Gateway API or the Inference Extension CRDs:
+    those kinds count as empty; everything else is compiled and written."""
+    for group in ("gateway.networking.k8s.io", "inference.networking.x-k8s.io", "llm-d.ai"):
+        kube_api.unserve(group)
+    for doc in load_docs(EXAMPLES):
+        kube_api.apply(doc)
+    mode = await kube_compiler()
+    await eventually(lambda: (kube_api.get(G, "InferencePool", "default", "inference-all").get("status") or {})
+                     .get("state") == "Accepted")
+    assert mode.source is not None
+    assert {str(k) for k, i in mode.source.informers.items() if i.missing} == {
+        "httproutes.gateway.networking.k8s.io", "referencegrants.gateway.networking.k8s.io",
+        "inferenceobjectives.inference.networking.x-k8s.io", "inferenceobjectives.llm-d.ai",
+        "inferencemodelrewrites.inference.networking.x-k8s.io", "inferencemodelrewrites.llm-d.ai"}

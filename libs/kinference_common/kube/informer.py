@@ -9,7 +9,10 @@ The loop (per namespace in scope, or once for all namespaces):
 3. a watch the server ends (its timeout) is resumed from the last version;
    410 Gone (the version was compacted) relists at once;
 4. any other failure (API errors, 503, connection refused, a watch cut
-   mid-stream) waits a jittered exponential backoff, then relists.
+   mid-stream) waits a jittered exponential backoff, then relists;
+5. a kind the server does not serve (404 on the list: its CRD is not
+   installed, e.g. the Gateway API's) counts as empty and synced, and is
+   looked for again every ``missing_recheck`` seconds.
 
 Handlers never see events: a change only calls ``on_change()`` (a "wake" of
 a level-triggered reconcile that recomputes everything from the caches).
@@ -57,8 +60,12 @@ class Informer:
         watch_timeout: int = 300,
         backoff_base: float = 0.2,
         backoff_cap: float = 30.0,
+        missing_recheck: float = 60.0,
     ) -> None:
         self.rc = rc
+        self.missing_recheck = missing_recheck
+        #: True while the server does not serve the kind (404 on list)
+        self.missing = False
         self.kind = kind
         self.scopes: list[str | None] = sorted(set(namespaces)) if namespaces is not None else [None]  # type: ignore[list-item]
         self.label_selector = label_selector
@@ -123,6 +130,14 @@ class Informer:
                     self.gone += 1
                     log.info("watch expired, relisting", kind=str(self.kind), namespace=scope or "*")
                     continue
+                if exc.status == 404:
+                    if not self.missing:
+                        log.warning("kind not served by the API server (CRD not installed?); treated as empty",
+                                    kind=str(self.kind), recheck_in=self.missing_recheck)
+                    self.missing = True
+                    self._mark_empty(scope)
+                    await asyncio.sleep(self.missing_recheck)
+                    continue
                 self.errors += 1
                 delay = backoff.next()
                 log.warning("API error, will relist", kind=str(self.kind), namespace=scope or "*",
@@ -135,9 +150,22 @@ class Informer:
                             error=str(exc) or type(exc).__name__, retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
 
+    def _mark_empty(self, scope: str | None) -> None:
+        had = bool(self._caches[scope])
+        self._caches[scope] = {}
+        first = scope not in self._synced_scopes
+        self._synced_scopes.add(scope)
+        if len(self._synced_scopes) == len(self.scopes):
+            self.synced.set()
+        if first or had:
+            self.on_change()
+
     async def _list(self, scope: str | None) -> str:
         items, rv = await self.rc.list(self.kind, scope, label_selector=self.label_selector)
         self.lists += 1
+        if self.missing:
+            log.info("kind now served", kind=str(self.kind))
+            self.missing = False
         fresh = {object_key(o): self._store(o) for o in items}
         old = self._caches[scope]
         self._caches[scope] = fresh
