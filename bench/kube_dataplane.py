@@ -1,5 +1,5 @@
 """Kubernetes-mode data plane: how fast a pod change reaches the status and
-the router. ``make bench-kube`` (``python -m bench.kube_dataplane``).
+the router. ``make bench-kube-dataplane`` (``python -m bench.kube_dataplane``).
 
 In one process: the fake API server (kinference_simulators.kubeapi), a real
 nats-server, the collector with ``KubeDiscovery`` (real kubernetes_asyncio
