@@ -16,6 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kinference_common.kube.client import ResourceClient
 from kinference_common.kube.config import api_client
@@ -54,6 +55,41 @@ class KubeSettings:
     event_interval: float = 60.0
 
 
+class _KubeCollector:
+    """Kubernetes-mode metrics, read from the parts at scrape time."""
+
+    def __init__(self, mode: KubernetesMode) -> None:
+        self.mode = mode
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        m = self.mode
+        leader = GaugeMetricFamily("kinference_leader", "1 when this replica holds the Lease (writes and "
+                                   "publishes); always 1 without leader election")
+        leader.add_metric([], 1.0 if (m.elector is None or m.elector.is_leader) else 0.0)
+        yield leader
+        if m.source is not None:
+            lists = CounterMetricFamily("kinference_kube_lists", "Lists per kind (the first, then every relist)",
+                                        labels=["resource"])
+            errors = CounterMetricFamily("kinference_kube_watch_errors", "API errors and cut watches per kind",
+                                         labels=["resource", "kind"])
+            for k, inf in m.source.informers.items():
+                lists.add_metric([str(k)], inf.lists)
+                errors.add_metric([str(k), "gone"], inf.gone)
+                errors.add_metric([str(k), "error"], inf.errors)
+            yield lists
+            yield errors
+        if m.sink is not None:
+            writes = CounterMetricFamily("kinference_kube_status_writes", "Status patches sent",
+                                         labels=["outcome"])
+            writes.add_metric(["written"], m.sink.writer.writes)
+            writes.add_metric(["conflict"], m.sink.writer.conflicts)
+            yield writes
+            events = CounterMetricFamily("kinference_kube_events", "Events recorded", labels=["op"])
+            events.add_metric(["created"], m.sink.recorder.created)
+            events.add_metric(["updated"], m.sink.recorder.updated)
+            yield events
+
+
 class KubernetesMode:
     def __init__(self, settings: Settings, kube: KubeSettings) -> None:
         self.settings = settings
@@ -63,6 +99,7 @@ class KubernetesMode:
         self.source: KubernetesSource | None = None
         self.elector: LeaderElector | None = None
         self.service: PolicyCompilerService | None = None
+        self.sink: KubernetesStatusSink | None = None
 
     async def start(self) -> PolicyCompilerService:
         api = await api_client(self.kube.kubeconfig, USER_AGENT)
@@ -80,8 +117,10 @@ class KubernetesMode:
         is_leader = (lambda: elector.is_leader) if elector is not None else (lambda: True)
         sink = KubernetesStatusSink(self.rc, self.source, self.identity, event_interval=self.kube.event_interval,
                                     is_leader=is_leader)
+        self.sink = sink
         self.service = PolicyCompilerService(self.settings, source=self.source, status_sink=sink,
                                              is_leader=is_leader)
+        self.service.metrics.registry.register(_KubeCollector(self))
         self.source.on_change = self.service.wake
         if self.elector is not None:
             self.elector.on_started = self.service.leadership_changed

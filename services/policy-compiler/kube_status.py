@@ -75,13 +75,9 @@ def desired_statuses(res: CompileResult) -> dict[tuple[Kind, str, str], dict[str
     return out
 
 
-def _kind_for(kind: str | None, group: str | None = None) -> Kind | None:
-    if kind is None:
-        return None
-    for k in kinds.COMPILER_INPUTS:
-        if k.kind == kind and (group is None or k.group == group):
-            return k
-    return None
+def _kinds_for(kind: str | None, group: str | None = None) -> list[Kind]:
+    """The watched kinds of that name (both groups of the Inference Extension's when no group is given)."""
+    return [k for k in kinds.COMPILER_INPUTS if k.kind == kind and (group is None or k.group == group)]
 
 
 class KubernetesStatusSink:
@@ -136,29 +132,32 @@ class KubernetesStatusSink:
             log.info("statuses written", changed=changed)
         return ok
 
-    async def _emit(self, kind: Kind | None, ns: str | None, name: str | None, type_: str, reason: str,
+    async def _emit(self, kind: Kind | list[Kind], ns: str | None, name: str | None, type_: str, reason: str,
                     note: str) -> None:
-        if kind is None or not ns or not name:
+        if not ns or not name:
             return
-        obj = self.source.observed(kind, ns, name)
-        if obj is None:
+        obj, found = None, None
+        for k in kind if isinstance(kind, list) else [kind]:
+            if (obj := self.source.observed(k, ns, name)) is not None:
+                found = k
+                break
+        if obj is None or found is None:
             return
-        ref = reference({**obj, "apiVersion": obj.get("apiVersion", kind.api_version),
-                         "kind": obj.get("kind", kind.kind)})
+        ref = reference({**obj, "apiVersion": obj.get("apiVersion", found.api_version),
+                         "kind": obj.get("kind", found.kind)})
         ref.pop("resourceVersion", None)  # one Event across versions of the object
         await self.recorder.emit(ref, type_, reason, note, action="Compile")
 
     async def _events(self, res: CompileResult, errors: list[ManifestError]) -> None:
         for (ns, name), st in sorted(res.policy_status.items()):
             for w in st.warnings:
-                where = f"rules[{w.rule}] " if w.rule else ""
-                await self._emit(kinds.INFERENCE_POLICY, ns, name, "Warning", w.code,
-                                 f"{where}{w.term}: {w.message}" if w.term else f"{where}{w.message}")
+                note = (f"rule {w.rule}, " if w.rule else "") + (f"{w.term}: " if w.term else "") + w.message
+                await self._emit(kinds.INFERENCE_POLICY, ns, name, "Warning", w.code, note)
         for w in res.document_warnings:
-            await self._emit(_kind_for(w.kind), w.namespace, w.name, "Warning", w.code,
+            await self._emit(_kinds_for(w.kind), w.namespace, w.name, "Warning", w.code,
                              f"{w.path}: {w.message}" if w.path else w.message)
         for w in res.notes:
-            await self._emit(_kind_for(w.kind), w.namespace, w.name, "Normal", w.code, w.message)
+            await self._emit(_kinds_for(w.kind), w.namespace, w.name, "Normal", w.code, w.message)
         for (ns, name), pst in sorted(res.pool_status.items()):
             for c in pst.conditions:
                 if c.status != "True":
@@ -176,5 +175,5 @@ class KubernetesStatusSink:
                 group = d.source.split("/", 1)[0]
             elif d.kind in ("InferencePolicy", "InferencePool", "InferenceWorkerSet", "InferenceProvider"):
                 group = API_GROUP
-            await self._emit(_kind_for(d.kind, group), d.namespace, d.name, "Warning", "InvalidManifest",
+            await self._emit(_kinds_for(d.kind, group), d.namespace, d.name, "Warning", "InvalidManifest",
                              f"{e.path}: {e.message}" if e.path else e.message)

@@ -98,12 +98,13 @@ async def test_watch_streams_changes_bookmarks_and_410(api_client, kube_api):
     events: list[tuple[str, str]] = []
 
     async def collect() -> None:
-        async for ev in watch.Watch().stream(co.list_namespaced_custom_object, G, V, "default",
-                                             "inferencepolicies", resource_version=rv, timeout_seconds=3,
-                                             allow_watch_bookmarks=True):
-            events.append((ev["type"], ev["raw_object"]["metadata"].get("name", "")))
-            if ev["type"] == "DELETED":
-                return
+        async with watch.Watch() as w:
+            async for ev in w.stream(co.list_namespaced_custom_object, G, V, "default",
+                                     "inferencepolicies", resource_version=rv, timeout_seconds=3,
+                                     allow_watch_bookmarks=True):
+                events.append((ev["type"], ev["raw_object"]["metadata"].get("name", "")))
+                if ev["type"] == "DELETED":
+                    return
 
     task = asyncio.create_task(collect())
     await asyncio.sleep(0.3)

@@ -166,7 +166,7 @@ async def test_events_are_deduplicated_with_a_rising_count(kube_api, rc):
 
 
 async def test_leader_election_failover(kube_api, rc):
-    timing = {"lease_duration": 1.0, "renew_deadline": 0.6, "retry_period": 0.1}
+    timing = {"lease_duration": 2.0, "renew_deadline": 1.4, "retry_period": 0.1}
     a = LeaderElector(rc, "kinference-system", "lock", "a", **timing)
     b = LeaderElector(rc, "kinference-system", "lock", "b", **timing)
     a.start()

@@ -51,7 +51,7 @@ async def kube_compiler(kube_api, nats_server, tmp_path) -> AsyncIterator[Callab
         kubeconfig = kube_api.write_kubeconfig(tmp_path / f"kubeconfig-{identity}", user=identity,
                                                token=f"token-{identity}")
         opts: dict[str, Any] = dict(kubeconfig=str(kubeconfig), identity=identity, lease_namespace="kinference-system",
-                                    lease_duration=1.5, renew_deadline=1.0, retry_period=0.2, backoff_cap=0.5,
+                                    lease_duration=4.0, renew_deadline=3.0, retry_period=0.2, backoff_cap=0.5,
                                     event_interval=0.0)
         opts.update(kw)
         mode = KubernetesMode(Settings(manifests=Path("."), nats_url=nats_server.url, interval=0.05, resync=5.0,

@@ -72,3 +72,20 @@ async def test_process_writes_statuses_kubectl_shows_them(kube_api, kubeconfig, 
     assert not lease["spec"].get("holderIdentity")  # released on SIGTERM
     assert b"apiKey" not in out
     assert not_allowed("policy-compiler", kube_api.used("kinference-policy-compiler")) == []
+
+
+async def test_metrics_show_leadership_and_writes(kube_api, kube_compiler, tmp_path):
+    from prometheus_client import generate_latest
+
+    path = tmp_path / "mixed.yaml"
+    path.write_text(MIXED)
+    for doc in load_docs(path):
+        kube_api.apply(doc)
+    a = await kube_compiler("compiler-a")
+    await eventually(lambda: (kube_api.get(G, "InferencePool", "team", "shared").get("status") or {}).get("state"))
+    b = await kube_compiler("compiler-b")
+    text_a = generate_latest(a.service.metrics.registry).decode()
+    text_b = generate_latest(b.service.metrics.registry).decode()
+    assert "kinference_leader 1.0" in text_a and "kinference_leader 0.0" in text_b
+    assert 'kinference_kube_status_writes_total{outcome="written"}' in text_a
+    assert 'kinference_kube_lists_total{resource="inferencepools.kinference.buoyant.io"} 1.0' in text_a

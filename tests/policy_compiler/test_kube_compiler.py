@@ -128,10 +128,6 @@ def cluster_statuses(kube_api, keys) -> dict[tuple[str, str, str, str], dict[str
     return out
 
 
-def cases(tmp_path_factory: Any = None) -> list[Path]:
-    return [*sorted(SEEDS.glob("*.yaml")), EXAMPLES]
-
-
 @pytest.mark.nats
 @pytest.mark.parametrize("case", [*[p.name for p in sorted(SEEDS.glob("*.yaml"))], "deploy/examples", "mixed"])
 async def test_cluster_statuses_equal_kinfctl_lint(case, kube_api, kube_compiler, nats_server, tmp_path):

@@ -93,9 +93,10 @@ async def test_dropped_watches_compaction_and_downtime(kube_api, kube_compiler, 
 
 async def test_leader_failover(kube_api, kube_compiler, tmp_path):
     apply_mixed(kube_api, tmp_path)
-    a = await kube_compiler("compiler-a")
+    timing = {"lease_duration": 2.5, "renew_deadline": 1.8, "retry_period": 0.2}
+    a = await kube_compiler("compiler-a", **timing)
     await eventually(lambda: a.elector.is_leader, what="a leads")
-    b = await kube_compiler("compiler-b")
+    b = await kube_compiler("compiler-b", **timing)
     await eventually(lambda: converged(kube_api, "Accepted"), what="first statuses")
     await asyncio.sleep(0.5)
     assert a.elector.is_leader and not b.elector.is_leader
