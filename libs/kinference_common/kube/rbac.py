@@ -45,16 +45,16 @@ SERVICE_RULES: dict[str, list[Rule]] = {
         Rule(("events.k8s.io",), ("events",), ("create", "get", "patch")),
         Rule(("coordination.k8s.io",), ("leases",), ("create", "get", "update")),
     ],
-    # A first guess; the collector's and router's owners adjust these to
-    # exactly what their code calls.
+    # kube_discovery.py / kube_status.py: informers (list, watch) on worker sets,
+    # providers and pods; status patches; a get of the object after a 409
     "telemetry-collector": [
         Rule((API_GROUP,), ("inferenceworkersets", "inferenceproviders"), READ),
-        Rule((API_GROUP,), ("inferenceworkersets/status", "inferenceproviders/status"), ("get", "patch")),
-        Rule(("",), ("pods",), READ),
-        Rule(("events.k8s.io",), ("events",), ("create", "get", "patch")),
+        Rule((API_GROUP,), ("inferenceworkersets/status", "inferenceproviders/status"), ("patch",)),
+        Rule(("",), ("pods",), ("list", "watch")),
     ],
+    # kube_secrets.py: one informer on Secrets (provider keys, tenant keys)
     "router": [
-        Rule(("",), ("secrets",), READ),
+        Rule(("",), ("secrets",), ("list", "watch")),
     ],
 }
 
