@@ -103,8 +103,7 @@ class KubeSecrets:
         from kinference_common.kube.informer import Informer
 
         self.auth = auth
-        # the client logs whole response bodies (Secrets' data) at debug level: never
-        logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
+        # (kube.config.api_client keeps the client's body logging off: Secrets' data)
         self.informer = Informer(rc, kinds.SECRET, namespaces=namespaces, on_change=self._changed,
                                  transform=slim_secret)
         self.tenants = 0
