@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
