@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from kinference_common import bus, logs
+from kinference_router import provider_request
 from kinference_router.app import Router, RouterSettings
 from kinference_router.tenants import Authenticator, TenantsFileError
 from kinference_router.upstream import SecretFiles
@@ -40,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--connect-timeout", type=float, default=2.0, help="seconds (providers may set their own)")
     p.add_argument("--first-byte-timeout", type=float, default=120.0, help="seconds (providers may set their own)")
     p.add_argument("--stale-after", type=float, default=5.0, help="telemetry older than this is stale, seconds")
+    p.add_argument("--provider-header", action="append", default=[], metavar="NAME",
+                   help="a client header a provider may receive (repeatable; none by default; cookies, "
+                        "credentials, X-Forwarded-*, X-User-* are refused)")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
     logs.add_arguments(p)
     return p.parse_args(argv)
@@ -67,9 +71,14 @@ async def run(args: argparse.Namespace) -> int:
     except TenantsFileError as exc:
         print(f"kinference-router: {exc}", file=sys.stderr)
         return 1
+    try:
+        provider_headers = provider_request.check_allowlist(args.provider_header)
+    except ValueError as exc:
+        print(f"kinference-router: {exc}", file=sys.stderr)
+        return 1
     settings = RouterSettings(namespace=namespace, pool=pool, max_body_bytes=args.max_body_bytes,
                               connect_timeout=args.connect_timeout, first_byte_timeout=args.first_byte_timeout,
-                              stale_after=args.stale_after)
+                              stale_after=args.stale_after, provider_headers=provider_headers)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

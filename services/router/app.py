@@ -39,6 +39,7 @@ from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
+from kinference_router import provider_request
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
@@ -74,6 +75,8 @@ class RouterSettings:
     first_byte_timeout: float = 120.0
     #: the collector's freshness bound: older telemetry is stale
     stale_after: float = 5.0
+    #: client headers (lower-cased) a provider may receive (provider_request.check_allowlist)
+    provider_headers: frozenset[str] = frozenset()
 
 
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
@@ -413,6 +416,8 @@ class Router:
         else:
             provider = dest.provider
             assert provider is not None
+            headers = provider_request.headers(request.headers, stream=body.stream, request_id=decision_id,
+                                               allow=self.settings.provider_headers)
             if not self.limiter.acquire(cand.ledger_key, provider):
                 raise ApiError(429, "rate_limited", f"provider {dest.name} is at its configured limit",
                                retry_after=1)
@@ -427,7 +432,7 @@ class Router:
             url = provider.url.rstrip("/") + path
             connect_timeout = provider.connect_timeout_seconds or connect_timeout
             first_byte = provider.first_token_timeout_seconds or first_byte
-        data = body.encode(cand.served_name)
+        data = body.encode(cand.served_name) if cand.is_local else provider_request.body(body.raw, cand.served_name)
         route_headers = [("x-kinference-decision-id", decision_id), ("x-kinference-rule", d.rule or "unmatched"),
                          ("x-kinference-backend", cand.backend)]
         # PredictedTTFT of the pick without calibration, before this send joins the

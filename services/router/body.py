@@ -12,7 +12,11 @@ from typing import Any
 
 import msgspec
 
-from kinference_common.prompt_texts import texts_from_body
+from kinference_common.prompt_texts import ROLES, SETTINGS, texts_from_body
+
+#: the deepest nesting of arrays and objects a body may have (a tool's JSON
+#: schema nests a few levels; a thousand is an attack on the parser)
+MAX_DEPTH = 64
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -65,6 +69,12 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
         raw = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise BadRequest(f"body is not JSON: {exc}") from None
+    except RecursionError:  # msgspec gives up near Python's recursion limit
+        raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep") from None
+    # more brackets than the limit is the only way to nest deeper than it
+    if (data.count(b"[") + data.count(b"{") > MAX_DEPTH and isinstance(raw, (dict, list))
+            and _too_deep(raw)):
+        raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep")
     if not isinstance(raw, dict):
         raise BadRequest("body must be a JSON object")
     if "model" not in raw:
@@ -85,16 +95,37 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
 def _texts(raw: dict[str, Any], fields: _Fields) -> list[str]:
     """``texts_from_body(raw).texts``, without its general walk for the
     common chat body: every message is exactly ``{role, content}`` with a
-    string ``content``, and there is no ``prompt`` or ``suffix``. Anything
-    else (multi-part content, names, tool calls) takes the general walk."""
+    standard role and a string ``content``, and every other field is
+    ``model`` or a number, boolean or null of
+    :data:`~kinference_common.prompt_texts.SETTINGS`. Anything else
+    (multi-part content, names, tool calls, tools, ``stop``...) takes the
+    general walk."""
     messages = fields.messages
-    if messages is None or fields.prompt is not None or "suffix" in raw:
+    if messages is None:
         return texts_from_body(raw).texts
+    for key, value in raw.items():
+        if key != "model" and key != "messages" and (
+                key not in SETTINGS or not (value is None or isinstance(value, (bool, int, float)))):
+            return texts_from_body(raw).texts
     texts: list[str] = []
     for msg in messages:
         content = msg.get("content")
-        if len(msg) != 2 or "role" not in msg or type(content) is not str:
+        if len(msg) != 2 or msg.get("role") not in ROLES or type(content) is not str:
             return texts_from_body(raw).texts
         if content:
             texts.append(content)
     return texts
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether arrays and objects nest more than :data:`MAX_DEPTH` levels (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = v.values() if isinstance(v, dict) else v
+        for child in children:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return False
