@@ -9,8 +9,10 @@ One request, in order (ARCHITECTURE.md, "The hot path"):
 3. ask the classifiers the applicable rules need, in parallel, each with its
    deadline (no answer = its failure tag);
 4. decide on the snapshot (the pure engine call);
-5. proxy to the pick, streaming as chunks arrive; a connection failure before
-   any byte was sent tries the next best candidate (bounded);
+5. proxy to the pick, streaming as chunks arrive; a request provably not
+   received (connect failed, or the connection closed before it was fully
+   written) tries the next best candidate (bounded, retry.py); one that may
+   have been received is never sent again (502);
 6. publish the decision event and the observation without waiting.
 """
 
@@ -39,7 +41,7 @@ from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
-from kinference_router import provider_request
+from kinference_router import provider_request, retry
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
@@ -48,7 +50,8 @@ from kinference_router.http_server import HttpServer, Request as HttpRequest, Re
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter, SecretError, SecretFiles, UpstreamHealth
-from kinference_router.upstream_http import ConnectFailed, UpstreamClient, UpstreamError, UpstreamTimeout
+from kinference_router.upstream_http import (ConnectFailed, SentNotAnswered, UpstreamClient, UpstreamError,
+                                             UpstreamTimeout)
 
 log = structlog.get_logger("router")
 
@@ -393,7 +396,12 @@ class Router:
                                rule=rule)
             cand = d.candidate
             tried.add(cand.ledger_key)
-            result = await self._send(request, chat, body, req, d, snap, decision_id)
+            try:
+                result = await self._send(request, chat, body, req, d, snap, decision_id)
+            except ApiError as err:
+                if err.decision is not None:
+                    self._publish_decision(err.decision, decision_id, traces)
+                raise
             if result is not _NOT_SENT:
                 return result  # type: ignore[return-value]
         raise ApiError(502, "upstream_error", "every candidate tried refused the connection")
@@ -468,7 +476,10 @@ class Router:
                 obs.timeout_seconds = first_byte
                 raise ApiError(504, "upstream_timeout", f"{cand.backend} did not answer in time") from None
             except UpstreamError as exc:
-                raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
+                err = ApiError(502, "upstream_error", f"{cand.backend}: {exc}")
+                if isinstance(exc, SentNotAnswered):  # never re-sent: the event says why (retry.py)
+                    err.decision = retry.not_resent(d, cand.backend)
+                raise err from None
             except ValueError as exc:  # a bad provider URL or header; never echo header values
                 outcome = "not_sent"
                 why = "a header could not be encoded" if isinstance(exc, UnicodeError) else str(exc).split(";")[0]
