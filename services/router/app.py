@@ -41,7 +41,7 @@ from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
-from kinference_router import provider_request, retry
+from kinference_router import provider_request, retry, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
@@ -135,7 +135,8 @@ def new_decision_id() -> str:
 
 def error_response(err: ApiError, decision_id: str) -> Response:
     """OpenAI's error envelope (INTERFACES.md), with the decision id."""
-    body = {"error": {"message": err.message, "type": _ERROR_TYPES.get(err.status, "server_error"),
+    kind = _ERROR_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "server_error")
+    body = {"error": {"message": err.message, "type": kind,
                       "code": err.code, "decision_id": decision_id}}
     headers = [("x-kinference-decision-id", decision_id)]
     if err.retry_after is not None:
@@ -250,7 +251,9 @@ class Router:
         if request.body_too_large:
             raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes")
         try:
-            return parse(request.body, chat=chat)
+            parsed = parse(request.body, chat=chat)
+            validate.check_body(parsed)
+            return parsed
         except BadRequest as exc:
             raise ApiError(400, "bad_request", str(exc)) from None
 
@@ -385,13 +388,14 @@ class Router:
                     err.rule = d.rule or ""
                     raise
                 snap = d.snapshot  # the state it was decided on
+            d = validate.interpret(d)  # every candidate's context window too small: a 400
             # built and published in a later turn of the event loop: while the
             # upstream works on the request, not before it is sent
             asyncio.get_running_loop().call_soon(self._publish_decision, d, decision_id, traces)
             rule = d.rule or ""
             if not d.routed:
                 code = d.code or "policy_rejected"
-                status = {"model_not_found": 404, "no_capacity": 503}.get(code, 403)
+                status = {"model_not_found": 404, "no_capacity": 503, "context_length_exceeded": 400}.get(code, 403)
                 raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None,
                                rule=rule)
             cand = d.candidate
@@ -494,6 +498,13 @@ class Router:
                     raise ApiError(429, "rate_limited", f"provider {dest.name} is rate limiting", retry_after=seconds)
                 if upstream.status >= 500:
                     raise ApiError(502, "upstream_error", f"{cand.backend} answered {upstream.status}")
+                if upstream.status >= 400:  # in the envelope, with the decision id and the upstream's message
+                    try:
+                        payload = await upstream.read()
+                    except UpstreamError:
+                        payload = b""
+                    raise ApiError(*validate.upstream_refusal(upstream.status, payload, cand.backend,
+                                                              upstream.header("Retry-After")))
                 ctype = upstream.header("Content-Type", "application/json")
                 if body.stream and upstream.status == 200:
                     request.start_stream(200, [("Content-Type", ctype), ("Cache-Control", "no-cache"),
@@ -594,32 +605,26 @@ class Router:
         if request.body_too_large:
             return _explain_error(413, f"body over {self.settings.max_body_bytes} bytes")
         try:
-            raw = msgspec.json.decode(request.body)
-        except msgspec.DecodeError as exc:
-            return _explain_error(400, f"not JSON: {exc}")
-        if not isinstance(raw, dict):
-            return _explain_error(400, "expected a JSON object")
+            explained = validate.explain_input(request.body)
+        except BadRequest as exc:
+            return _explain_error(400, str(exc))
         snap = self.keeper.snapshot
         if snap is None:
             return _explain_error(503, "no configuration yet")
-        inner = raw.get("body", raw)
-        chat = "messages" in inner
         try:
-            body = parse(msgspec.json.encode({k: v for k, v in inner.items()
-                                              if k not in ("tenant", "tags", "headers")}), chat=chat)
+            body = parse(msgspec.json.encode(explained.body), chat=explained.chat)
         except BadRequest as exc:
             return _explain_error(400, str(exc))
-        headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
-        req = self._engine_request(headers, body, str(raw.get("tenant") or "anonymous"))
-        tags = raw.get("tags")
-        if tags is not None:
-            req = msgspec.structs.replace(req, tags=frozenset(map(str, tags)))
+        req = self._engine_request(explained.headers, body, explained.tenant)
+        if explained.tags is not None:
+            req = msgspec.structs.replace(req, tags=explained.tags)
         d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=random.Random(0))
         return Response(200, encode_trace(build_trace(d, decision_id="explain")))
 
 
 def _explain_error(status: int, message: str) -> Response:
-    return Response(status, msgspec.json.encode({"error": message}))
+    """The error envelope, as on the data port."""
+    return server_error(status, {413: "payload_too_large", 503: "no_capacity"}.get(status, "bad_request"), message)
 
 
 #: what _send returns when nothing reached the upstream (the caller tries the next candidate)

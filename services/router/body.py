@@ -64,7 +64,9 @@ class ParsedBody:
         return _encoder.encode(self.raw)
 
 
-def parse(data: bytes, *, chat: bool) -> ParsedBody:
+def decode(data: bytes) -> Any:
+    """JSON text decoded; BadRequest when it is not JSON or nests more than
+    :data:`MAX_DEPTH` levels."""
     try:
         raw = _decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -75,6 +77,11 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
     if (data.count(b"[") + data.count(b"{") > MAX_DEPTH and isinstance(raw, (dict, list))
             and _too_deep(raw)):
         raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep")
+    return raw
+
+
+def parse(data: bytes, *, chat: bool) -> ParsedBody:
+    raw = decode(data)
     if not isinstance(raw, dict):
         raise BadRequest("body must be a JSON object")
     if "model" not in raw:
