@@ -12,6 +12,7 @@ from pathlib import Path
 from kinference_common import bus, logs
 from kinference_router import provider_request
 from kinference_router.app import Router, RouterSettings
+from kinference_router.http_server import HttpLimits
 from kinference_router.tenants import Authenticator, TenantsFileError
 from kinference_router.upstream import SecretFiles
 
@@ -44,9 +45,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--provider-header", action="append", default=[], metavar="NAME",
                    help="a client header a provider may receive (repeatable; none by default; cookies, "
                         "credentials, X-Forwarded-*, X-User-* are refused)")
+    d = HttpLimits()
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help=f"open client connections per port; one more gets 503 (default {d.max_connections})")
+    p.add_argument("--header-timeout", type=float, default=d.header_timeout,
+                   help=f"seconds for a request's line and headers to arrive, else 408 (default {d.header_timeout:g})")
+    p.add_argument("--body-timeout", type=float, default=d.body_timeout,
+                   help=f"seconds for a request's body to arrive after its headers, else 408 "
+                        f"(default {d.body_timeout:g})")
+    p.add_argument("--max-pending-body-bytes", type=int, default=d.max_pending_body_bytes,
+                   help="bytes of unfinished request bodies held across connections; past it 503 "
+                        f"(default {d.max_pending_body_bytes})")
+    p.add_argument("--max-headers", type=int, default=d.max_headers,
+                   help=f"header lines per request, else 431 (default {d.max_headers})")
+    p.add_argument("--max-header-bytes", type=int, default=d.max_head_bytes,
+                   help=f"bytes of a request's line and headers, else 431 (default {d.max_head_bytes})")
+    p.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout,
+                   help=f"seconds an idle client connection stays open (default {d.keepalive_timeout:g})")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
     logs.add_arguments(p)
     return p.parse_args(argv)
+
+
+def raise_fd_limit(want: int) -> None:
+    """Raise the soft limit on open files towards ``want`` (client connections
+    on both ports, as many upstream connections, NATS and files), within the
+    hard limit; say so when it stays lower, since accept() would then fail
+    before --max-connections is reached."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            if new < want:
+                print(f"kinference-router: open-file limit {new} is below the {want} that --max-connections "
+                      "needs; lower it or raise the hard limit", file=sys.stderr)
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 def tune_gc() -> None:
@@ -73,12 +110,22 @@ async def run(args: argparse.Namespace) -> int:
         return 1
     try:
         provider_headers = provider_request.check_allowlist(args.provider_header)
+        http = HttpLimits(max_connections=args.max_connections, header_timeout=args.header_timeout,
+                          body_timeout=args.body_timeout, max_pending_body_bytes=args.max_pending_body_bytes,
+                          max_headers=args.max_headers, max_head_bytes=args.max_header_bytes,
+                          keepalive_timeout=args.keepalive_timeout)
     except ValueError as exc:
-        print(f"kinference-router: {exc}", file=sys.stderr)
+        msg = str(exc)
+        name = msg.split(" ", 1)[0]
+        if name in vars(HttpLimits):  # a limit: name its flag
+            msg = "--" + {"max_head_bytes": "max_header_bytes"}.get(name, name).replace("_", "-") + msg[len(name):]
+        print(f"kinference-router: {msg}", file=sys.stderr)
         return 1
+    raise_fd_limit(2 * http.max_connections + 1024)
     settings = RouterSettings(namespace=namespace, pool=pool, max_body_bytes=args.max_body_bytes,
                               connect_timeout=args.connect_timeout, first_byte_timeout=args.first_byte_timeout,
-                              stale_after=args.stale_after, provider_headers=provider_headers)
+                              stale_after=args.stale_after, provider_headers=provider_headers,
+                              http=http)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

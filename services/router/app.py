@@ -46,7 +46,7 @@ from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 from kinference_router.metrics import RouterMetrics
-from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
+from kinference_router.http_server import HttpLimits, HttpServer, Request as HttpRequest, Response
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter, SecretError, SecretFiles, UpstreamHealth
@@ -80,6 +80,8 @@ class RouterSettings:
     stale_after: float = 5.0
     #: client headers (lower-cased) a provider may receive (provider_request.check_allowlist)
     provider_headers: frozenset[str] = frozenset()
+    #: what clients may make the HTTP servers hold (deadlines, connections, memory)
+    http: HttpLimits = field(default_factory=HttpLimits)
 
 
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
@@ -207,16 +209,19 @@ class Router:
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
             "/v1/models": {"GET": self.models},
-        })
+        }, "data")
 
     def admin_server(self) -> HttpServer:
         """The admin port's server (not started): explain, health and metrics."""
-        return self._server({"/debug/explain": {"POST": self.explain}})
+        return self._server({"/debug/explain": {"POST": self.explain}}, "admin")
 
-    def _server(self, routes: dict[str, Any]) -> HttpServer:
+    def _server(self, routes: dict[str, Any], name: str) -> HttpServer:
         common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz},
                   "/metrics": {"GET": self.metrics_page}}
-        return HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes, on_error=server_error)
+        server = HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes,
+                            limits=self.settings.http, on_error=server_error)
+        self.metrics.watch_http(name, server)
+        return server
 
     async def healthz(self, _: HttpRequest) -> Response:
         return Response(200, b"ok\n", content_type="text/plain; charset=utf-8")
