@@ -81,7 +81,12 @@ def decode(data: bytes) -> Any:
 
 
 def parse(data: bytes, *, chat: bool) -> ParsedBody:
-    raw = decode(data)
+    try:
+        raw = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from None
+    except RecursionError:  # msgspec gives up near Python's recursion limit
+        raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep") from None
     if not isinstance(raw, dict):
         raise BadRequest("body must be a JSON object")
     if "model" not in raw:
@@ -96,32 +101,39 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
         raise BadRequest("`messages` must be a non-empty list")
     if not chat and fields.prompt is None:
         raise BadRequest("body lacks `prompt`")
-    return ParsedBody(raw, fields, _texts(raw, fields))
+    texts = _simple_texts(raw, fields)
+    if texts is None:  # not the common shape (which nests 3 levels): the depth is checked, then the general walk
+        if _too_deep(raw):
+            raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep")
+        texts = texts_from_body(raw).texts
+    return ParsedBody(raw, fields, texts)
 
 
-def _texts(raw: dict[str, Any], fields: _Fields) -> list[str]:
-    """``texts_from_body(raw).texts``, without its general walk for the
-    common chat body: every message is exactly ``{role, content}`` with a
-    standard role and a string ``content``, and every other field is
-    ``model`` or a number, boolean or null of
-    :data:`~kinference_common.prompt_texts.SETTINGS`. Anything else
-    (multi-part content, names, tool calls, tools, ``stop``...) takes the
-    general walk."""
+def _simple_texts(raw: dict[str, Any], fields: _Fields) -> list[str] | None:
+    """``texts_from_body(raw).texts`` for the common chat body, without its
+    general walk; None for any other body. Common: every message is exactly
+    ``{role, content}`` with a standard role and a string ``content``, and
+    every other field is ``model`` or a number, boolean or null of
+    :data:`~kinference_common.prompt_texts.SETTINGS` (not multi-part content,
+    names, tool calls, tools, ``stop``...)."""
     messages = fields.messages
     if messages is None:
-        return texts_from_body(raw).texts
+        return None
     for key, value in raw.items():
-        if key != "model" and key != "messages" and (
-                key not in SETTINGS or not (value is None or isinstance(value, (bool, int, float)))):
-            return texts_from_body(raw).texts
+        if key not in _SIMPLE_FIELDS or (type(value) not in _SCALARS and key in SETTINGS):
+            return None
     texts: list[str] = []
     for msg in messages:
         content = msg.get("content")
         if len(msg) != 2 or msg.get("role") not in ROLES or type(content) is not str:
-            return texts_from_body(raw).texts
+            return None
         if content:
             texts.append(content)
     return texts
+
+
+_SIMPLE_FIELDS = SETTINGS | {"model", "messages"}
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def _too_deep(value: Any) -> bool:
