@@ -21,42 +21,35 @@ decision event is published once more with that outcome
 from __future__ import annotations
 
 import copy
-import socket
+import select
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kinference_common.engine import Decision
 
 #: the reason a request was not sent again, in the 502 and the decision event
-MAY_HAVE_BEEN_RECEIVED = ("the connection closed after the request was written, before an answer: the upstream may "
-                          "have received it, so it was not sent again")
+MAY_HAVE_BEEN_RECEIVED = "the request was written whole, so the upstream may have received it: not sent again"
 
 
 def peer_closed(transport: Any) -> bool:
-    """True when the peer has closed (or reset) this idle connection: a
-    non-blocking peek at the socket finds end-of-file or an error, before the
-    event loop has got round to telling the protocol. False when the
-    connection looks alive (nothing to read) or cannot be checked."""
+    """True when the peer has closed (or reset) this idle connection, or sent
+    bytes nobody asked for: a zero-timeout poll of its socket finds it
+    readable (end of file, data) or hung up, before the event loop has got
+    round to telling the protocol. False when it looks alive (nothing to
+    read) or cannot be checked. About a microsecond."""
     sock = transport.get_extra_info("socket")
     if sock is None:
         return False
     try:
-        # a second socket object on the same descriptor (works with uvloop's
-        # pseudo-sockets too); detach() leaves the descriptor open
-        probe = socket.socket(sock.family, sock.type, 0, sock.fileno())
+        poller = select.poll()
+        poller.register(sock.fileno(), _POLL_MASK)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return False
-    try:
-        data = probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-    except (BlockingIOError, InterruptedError):
-        return False  # nothing to read: alive
-    except OSError:
-        return True  # reset
-    finally:
-        probe.detach()
-    # end of file: closed; bytes on an idle connection: stray, it cannot be trusted either
-    del data
-    return True
+
+
+#: readable (end of file or stray bytes), peer hung up, error
+_POLL_MASK = select.POLLIN | select.POLLPRI | getattr(select, "POLLRDHUP", 0)
 
 
 def not_resent(d: Decision, backend: str) -> Decision:
