@@ -183,7 +183,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
                 status=status,
                 time=time.time(),
                 body=body_text,
-                headers=list(request.headers.items()),
+                headers=[(str(k), v) for k, v in request.headers.items()],
             )
         )
 

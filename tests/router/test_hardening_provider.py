@@ -70,6 +70,7 @@ class Env:
     provider: TestServer
     session: aiohttp.ClientSession
     url: str
+    log_dir: Path
 
     def provider_records(self) -> list[Any]:
         return list(self.provider.app[STATE].records)
@@ -127,7 +128,8 @@ async def env(nats_server: NatsServer, tmp_path: Path, classifier: ClassifierSer
         await pod.server.start_server()
     provider = TestServer(make_app(ProviderSimConfig(api_keys=("sk-test",), models=("databricks-qwen25-32b",),
                                                      ttft_ms=1.0, ttft_jitter_ms=0.0, tokens_per_second=0.0,
-                                                     output_len_mean=4.0)))
+                                                     output_len_mean=4.0,
+                                                     log_file=str(tmp_path / "provider-requests.jsonl"))))
     await provider.start_server()
     docs = []
     for f in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
@@ -148,7 +150,7 @@ async def env(nats_server: NatsServer, tmp_path: Path, classifier: ClassifierSer
     server = router.data_server()
     await server.start("127.0.0.1", 0)
     session = aiohttp.ClientSession()
-    e = Env(nc, router, pods, provider, session, f"http://127.0.0.1:{server.port}/v1/chat/completions")
+    e = Env(nc, router, pods, provider, session, f"http://127.0.0.1:{server.port}/v1/chat/completions", tmp_path)
     try:
         yield e
     finally:
@@ -195,6 +197,9 @@ async def test_saturated_burst_carries_no_private_fields_and_no_client_headers(e
     assert got["user-agent"] == provider_request.USER_AGENT
     assert got["x-client-request-id"] == r.headers["x-kinference-decision-id"]
     assert got["openai-beta"] == "test=v1"  # named by the operator's allowlist
+    # the simulator's own log of what it received (what `make run` and the chaos suite read) agrees
+    logged = [msgspec.json.decode(line) for line in (env.log_dir / "provider-requests.jsonl").read_bytes().splitlines()]
+    assert [rec["headers"] for rec in logged] == [[list(h) for h in records[0].headers]]
 
 
 @pytest.mark.parametrize("where, extra", [
