@@ -202,7 +202,8 @@ async def test_saturated_burst_carries_no_private_fields_and_no_client_headers(e
     assert [rec["headers"] for rec in logged] == [[list(h) for h in records[0].headers]]
 
 
-@pytest.mark.parametrize("where, extra", [
+#: PII where a provider would read it, and what the classifiers must see it in
+PII_PLACES: list[tuple[str, dict[str, Any]]] = [
     ("tool description", {"tools": [{"type": "function", "function": {
         "name": "charge", "description": f"charges card {CARD}", "parameters": {"type": "object"}}}]}),
     ("tool parameter name", {"tools": [{"type": "function", "function": {
@@ -219,13 +220,18 @@ async def test_saturated_burst_carries_no_private_fields_and_no_client_headers(e
         {"role": "tool", "tool_call_id": "call_1", "content": f"card on file: {CARD}"}]}),
     ("a content part", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "summarise"}, {"type": "text", "text": f"mail {EMAIL}"}]}]}),
-])
-async def test_pii_anywhere_the_provider_would_read_it_stays_local(env: Env, where: str, extra: dict) -> None:
+]
+
+
+async def test_pii_anywhere_the_provider_would_read_it_stays_local(env: Env) -> None:
     await env.telemetry(queued=10)
-    r = await env.chat(_chat(**extra), headers=CLIENT_HEADERS)
-    # local is full and the provider is excluded for PII: nowhere to go
-    assert r.status in (403, 503), where  # rejected (policy or capacity), never sent
-    assert env.provider_records() == [], where
+    for where, extra in PII_PLACES:  # one stack for all (the classifier takes a while to start)
+        r = await env.chat(_chat(**extra), headers=CLIENT_HEADERS)
+        # local is full and the provider is excluded for PII: nowhere to go
+        assert r.status in (403, 503), where  # rejected (policy or capacity), never sent
+        assert env.provider_records() == [], where
+    r = await env.chat(_chat(), headers=CLIENT_HEADERS)  # the same request without the PII bursts
+    assert r.status == 200 and len(env.provider_records()) == 1
 
 
 async def test_clean_traffic_with_an_email_only_in_user_still_bursts(env: Env) -> None:
