@@ -212,3 +212,28 @@ async def test_the_router_exports_its_http_limits(start_pool: Any) -> None:
     assert 'kinference_http_rejected_total{reason="header_timeout",server="data"} 1.0' in text
     assert 'kinference_http_connections{server="data"}' in text
     assert 'kinference_http_pending_body_bytes{server="data"} 0.0' in text
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--header-timeout", "0"], "--header-timeout must be positive"),
+    (["--max-header-bytes", "-1"], "--max-header-bytes must be positive"),
+    (["--max-connections", "0"], "--max-connections must be positive"),
+    (["--provider-header", "X-Forwarded-For"], "--provider-header 'X-Forwarded-For' refused"),
+])
+async def test_the_router_refuses_bad_limit_flags_before_starting(argv: list[str], words: str,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from kinference_router.__main__ import parse_args, run
+
+    assert await run(parse_args(["--nats-url", "nats://127.0.0.1:1", *argv])) == 1
+    assert words in capsys.readouterr().err
+
+
+def test_the_router_flags_reach_the_limits() -> None:
+    from kinference_router.__main__ import parse_args
+
+    args = parse_args(["--header-timeout", "2.5", "--body-timeout", "7", "--max-connections", "10",
+                       "--max-pending-body-bytes", "1000", "--max-headers", "20", "--max-header-bytes", "4096",
+                       "--provider-header", "OpenAI-Beta"])
+    assert (args.header_timeout, args.body_timeout, args.max_connections, args.max_pending_body_bytes,
+            args.max_headers, args.max_header_bytes, args.provider_header) == (
+        2.5, 7.0, 10, 1000, 20, 4096, ["OpenAI-Beta"])
