@@ -547,6 +547,7 @@ class _Connection(asyncio.Protocol):
 
     def _send_continue(self) -> None:
         self._continue = False
+        self.phase_since = self.loop.time()  # the body deadline counts from the go-ahead
         if self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -736,8 +737,8 @@ class HttpServer:
             if conn.task is None and not conn.pipeline and conn.last_activity < cutoff:
                 conn.transport.close()
                 continue
-            if conn._error is not None or conn._reading_paused or conn.phase == _IDLE:
-                continue  # answered already, or not reading by the server's own choice
+            if conn._error is not None or conn._reading_paused or conn.phase == _IDLE or conn._continue:
+                continue  # answered already, not reading by its own choice, or owing a 100 Continue
             if conn.phase == _HEAD and now - conn.phase_since > limits.header_timeout:
                 self.rejected["header_timeout"] += 1
                 if not conn.begun and conn.task is None and not conn.pipeline:
