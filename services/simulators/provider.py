@@ -11,11 +11,10 @@ faults: 429 with ``Retry-After`` (``--rate-429``, ``--retry-after``), 500
 It keeps its own record of what it received, so tests can prove what did
 (or did not) leave the cluster: ``GET /sim/requests`` returns the last
 ``--keep`` requests as ``{model, stream, authorized, prompt_sha256,
-prompt_text, path, status, time, body, headers}`` (oldest first; ``?limit=N`` for the
+prompt_text, path, status, time, body}`` (oldest first; ``?limit=N`` for the
 last N). ``prompt_text`` is the messages' text joined by newlines (the
-prompt of a completion); ``body`` is the raw request body and ``headers`` its
-headers (``[name, value]`` pairs), so a test can look for a secret anywhere
-in what arrived. Unauthorized and malformed
+prompt of a completion); ``body`` is the raw request body, so a test can
+look for a secret anywhere in what arrived. Unauthorized and malformed
 requests are recorded too. ``DELETE /sim/requests`` clears the record;
 ``--log-file`` appends the same records as JSON lines.
 """
@@ -72,8 +71,8 @@ class Record(msgspec.Struct):
     time: float
     #: the whole request body as received (a prompt may hide in any field)
     body: str
-    #: the request's headers as received, ``[name, value]`` in order
-    headers: list[tuple[str, str]] = []
+    #: the request's headers as received (the API key's value is masked)
+    headers: dict[str, str] = {}
 
 
 @dataclass
@@ -183,7 +182,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
                 status=status,
                 time=time.time(),
                 body=body_text,
-                headers=[(str(k), v) for k, v in request.headers.items()],
+                headers={k: ("<masked>" if k.lower() == "authorization" else v)
+                         for k, v in request.headers.items()},
             )
         )
 
