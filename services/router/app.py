@@ -171,10 +171,13 @@ class Router:
     health: UpstreamHealth = field(default_factory=UpstreamHealth)
     limiter: ProviderLimiter = field(default_factory=ProviderLimiter)
     calibration: Calibration = field(default_factory=Calibration)
+    #: None: the router follows its pool itself; else fed by a router of several pools (pools.py)
+    keeper: SnapshotKeeper | None = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
-                                     stale_after=self.settings.stale_after, ejected=self.health.excluded)
+        if self.keeper is None:
+            self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
+                                         stale_after=self.settings.stale_after, ejected=self.health.excluded)
         self.events = EventPublisher(self.nc, self.metrics.dropped_events)
         #: the pool's metrics label, formatted once
         self.pool_label = f"{self.settings.namespace}/{self.settings.pool}"
@@ -209,18 +212,18 @@ class Router:
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
             "/v1/models": {"GET": self.models},
-        }, "data")
+        })
 
     def admin_server(self) -> HttpServer:
         """The admin port's server (not started): explain, health and metrics."""
-        return self._server({"/debug/explain": {"POST": self.explain}}, "admin")
+        return self._server({"/debug/explain": {"POST": self.explain}})
 
-    def _server(self, routes: dict[str, Any], name: str) -> HttpServer:
+    def _server(self, routes: dict[str, Any]) -> HttpServer:
         common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz},
                   "/metrics": {"GET": self.metrics_page}}
         server = HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes,
                             limits=self.settings.http, on_error=server_error)
-        self.metrics.watch_http(name, server)
+        self.metrics.watch_http("admin" if "/debug/explain" in routes else "data", server)
         return server
 
     async def healthz(self, _: HttpRequest) -> Response:
