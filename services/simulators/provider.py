@@ -12,8 +12,8 @@ It keeps its own record of what it received, so tests can prove what did
 (or did not) leave the cluster: ``GET /sim/requests`` returns the last
 ``--keep`` requests as ``{model, stream, authorized, prompt_sha256,
 prompt_text, path, status, time, body, headers}`` (oldest first; ``?limit=N``
-for the last N; ``headers`` as received, the API key masked). ``prompt_text`` is the messages' text joined by newlines (the
-prompt of a completion); ``body`` is the raw request body, so a test can
+for the last N; ``headers`` as received, the API key masked). ``prompt_text``
+is the messages' text joined by newlines (the prompt of a completion); ``body`` is the raw request body, so a test can
 look for a secret anywhere in what arrived. Unauthorized and malformed
 requests are recorded too. ``DELETE /sim/requests`` clears the record;
 ``--log-file`` appends the same records as JSON lines. ``POST /sim/faults``
