@@ -1,13 +1,10 @@
 """The chaos suite's short version (``python -m bench.chaos --short``): the
 stack as processes, a bounded open-loop load, and every fault once, for a
 few seconds each. Invariants: no request hangs, every failure is an HTTP
-answer, the stack recovers within the phase, failures stay bounded, and PII
-typed into a message never reaches the provider.
-
-PII outside the messages (the ``user`` field, ``metadata``, tool text,
-client headers) is counted as ``pii_leaked_side`` and reported, not asserted
-here: what a provider receives beyond the classified messages is decided by
-the provider-request rules (docs/hardening.md)."""
+answer, the stack recovers within the phase, failures stay bounded, and no
+marked PII reaches the provider, neither typed into a message nor outside
+the messages (the ``user`` field, ``metadata``, tool text, client headers:
+docs/hardening.md says what a provider receives)."""
 
 from __future__ import annotations
 
@@ -38,7 +35,7 @@ async def test_short_chaos_suite_keeps_its_invariants(tmp_path: Path) -> None:
         assert r.hung == 0, r  # nothing waits for the client's deadline
         assert r.no_http_answer == 0, r  # the router always answers (an error in the envelope at worst)
         assert r.recovery_s is not None, r  # the phase ended succeeding
-        assert r.pii_leaked_message == 0, r
+        assert r.pii_leaked_message == 0 and r.pii_leaked_side == 0 and r.pii_leaked == 0, r
         assert r.success_rate >= FLOOR.get(r.fault, 0.8), r
     went = {r.fault: r.went for r in results}
     assert any(k.startswith("Provider/") for k in went["all pods kill -9"]), went  # clean prompts burst
