@@ -273,6 +273,7 @@ class Router:
         traces = []
         for name, reply, seconds in results:
             tags.update(reply.tags)
+            self.metrics.tags(name, reply.tags)
             self.metrics.classifier.labels(name, reply.outcome).observe(seconds)
             traces.append(ClassifierTrace(name=name, ms=round(seconds * 1e3, 3), outcome=reply.outcome))
         return frozenset(tags), traces
@@ -489,6 +490,7 @@ class Router:
                             if first:
                                 first = False
                                 self._first_token(send, obs, started, cand.backend, predicted)
+                                self.metrics.first_token(self.pool_label, cand.dest_name, cand.endpoint, obs.ttft_seconds)
                             await request.write(chunk)
                             tail = (tail + chunk)[-4096:]
                     except UpstreamError as exc:
@@ -535,6 +537,8 @@ class Router:
                 self.limiter.release(cand.ledger_key)
             if outcome != "not_sent":  # nothing reached the upstream: nothing to observe
                 obs.outcome = outcome  # type: ignore[assignment]
+                self.metrics.sent(self.pool_label, cand.backend, cand.dest_name, cand.endpoint, cand.is_local,
+                                  outcome, obs.prompt_tokens, obs.completion_tokens)
                 # encoded and published after the response is on its way
                 asyncio.get_running_loop().call_soon(self._publish_observation, obs)
 
