@@ -39,6 +39,7 @@ from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
+from kinference_router import models_api
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
@@ -200,6 +201,7 @@ class Router:
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
             "/v1/models": {"GET": self.models},
+            "/v1/models/*": {"GET": self.model},
         })
 
     def admin_server(self) -> HttpServer:
@@ -224,13 +226,15 @@ class Router:
 
     async def models(self, _: HttpRequest) -> Response:
         snap = self.keeper.snapshot
-        data = []
-        if snap is not None:
-            for m in snap.pool.models:
-                data.append({"id": m.name, "object": "model", "owned_by": "kinference",
-                             "aliases": m.aliases, "served_by": m.served_by,
-                             **({"max_model_len": m.context_window["max"]} if m.context_window else {})})
-        return Response(200, msgspec.json.encode({"object": "list", "data": data}))
+        return Response(200, msgspec.json.encode(models_api.model_list(snap.pool.models if snap else [])))
+
+    async def model(self, request: HttpRequest) -> Response:
+        snap = self.keeper.snapshot
+        found = models_api.find(snap.pool.models if snap else [], request.path)
+        if found is None:
+            return error_response(ApiError(404, "model_not_found", "no destination of the pool serves "
+                                           f"{request.path[len(models_api.PREFIX):]!r}"), new_decision_id())
+        return Response(200, msgspec.json.encode(models_api.model_object(found)))
 
     async def chat(self, request: HttpRequest) -> Response | None:
         return await self._handle(request, chat=True)

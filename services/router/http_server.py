@@ -26,7 +26,9 @@ What it does:
   in its own error format) and the connection closes after the answer,
   without reading the rest of the body. ``Expect: 100-continue`` is answered
   ``100 Continue`` only for a body within the limit.
-- Routes are exact paths with their methods; ``HEAD`` is served by the
+- Routes are exact paths with their methods, or prefixes written
+  ``/prefix/*`` (any longer path under it; the handler reads ``path``);
+  ``HEAD`` is served by the
   ``GET`` handler without the body. An unknown path is 404, a known path
   with another method 405 (with ``Allow``), a request that is not HTTP 400,
   and the connection closes after a 400.
@@ -430,7 +432,7 @@ class _Connection(asyncio.Protocol):
 
     def _route(self, req: Request) -> Handler | None:
         """The handler for ``req``; None once the server answered it itself (404, 405)."""
-        methods = self.server.routes.get(req.path)
+        methods = self.server.routes.get(req.path) or self.server.prefix_route(req.path)
         if methods is not None:
             handler = methods.get(req.method) or (methods.get("GET") if req.method == "HEAD" else None)
             if handler is not None:
@@ -551,6 +553,8 @@ class HttpServer:
                  max_head_bytes: int = 64 * 1024, keepalive_timeout: float = 75.0,
                  on_error: ErrorResponder = plain_error) -> None:
         self.routes = {path: dict(methods) for path, methods in routes.items()}
+        #: ("/prefix/", methods) for each route written "/prefix/*"
+        self._prefixes = [(path[:-1], m) for path, m in self.routes.items() if path.endswith("/*")]
         self.max_body_bytes = max_body_bytes
         #: the request line and headers together; over it, 431 and the connection closes
         self.max_head_bytes = max_head_bytes
@@ -565,6 +569,13 @@ class HttpServer:
         self._date_second = 0
         self._date = ""
         self._port = 0
+
+    def prefix_route(self, path: str) -> dict[str, Handler] | None:
+        """The methods of the ``/prefix/*`` route ``path`` is under, if any."""
+        for prefix, methods in self._prefixes:
+            if path.startswith(prefix) and len(path) > len(prefix):
+                return methods
+        return None
 
     @property
     def port(self) -> int:
