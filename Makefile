@@ -71,8 +71,8 @@ eval-classifier: install  ## regenerate docs/classifier-eval.md
 	$(BIN)/python -m bench.eval_classifier
 
 docs: install  ## build the documentation site into site/ (strict: a broken link or missing page fails)
-	$(BIN)/python -m kinference_common.docgen docs/reference
-	$(BIN)/mkdocs build --strict --site-dir site
+	$(BIN)/python tools/docgen.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 compose:  ## the stack as containers (podman-compose or docker compose), ports following KINFERENCE_PORT_OFFSET
 	docker/compose.sh up --build

@@ -150,5 +150,455 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+
+# ----------------------------------------------------------------- warnings
+
+WARNINGS_FILE = Path(__file__).resolve().parent / "docgen_warnings.yaml"
+
+
+@dataclass
+class Found:
+    code: str
+    message: str
+    where: str
+
+
+def _warning_text(entry: dict[str, Any], spec: dict[str, Any], which: str) -> str:
+    """The manifests of an example (which = "policy"/"manifests" side) or its fix."""
+    parts = []
+    if entry.get("fleet", True):
+        parts.append(spec["fleet"])
+    if entry.get("document"):
+        parts.append(entry[which])
+    else:
+        body = entry[which]
+        policy = ("apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\n"
+                  "metadata: {name: example, namespace: default}\nspec:\n"
+                  + "".join("  " + line + "\n" for line in body.splitlines()))
+        parts += [spec["pool"], policy]
+    return "---\n".join(p if p.endswith("\n") else p + "\n" for p in parts)
+
+
+def compile_warnings(text: str) -> list[Found]:
+    """Every warning and note the compiler gives for ``text``; a manifest error raises."""
+    from kinference_common.compiler import compile_documents
+    from kinference_common.manifests import load_text
+
+    res = compile_documents(load_text(text, "example.yaml"))
+    if res.errors:
+        raise ValueError("; ".join(str(e) for e in res.errors))
+    out = []
+    for (ns, name), status in sorted(res.policy_status.items()):
+        for w in status.warnings:
+            out.append(Found(w.code, w.message, f"InferencePolicy {ns}/{name} {w.term}"))
+    for w in [*res.document_warnings, *res.notes]:
+        out.append(Found(w.code, w.message, f"{w.kind} {w.namespace}/{w.name} {w.path}"))
+    return out
+
+
+def warning_examples() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    import yaml
+
+    spec = yaml.safe_load(WARNINGS_FILE.read_text())
+    return spec, spec["warnings"]
+
+
+def example_and_fix(entry: dict[str, Any], spec: dict[str, Any]) -> tuple[str, str]:
+    side = "manifests" if entry.get("document") else "policy"
+    return _warning_text(entry, spec, side), _warning_text(entry, spec, "fix")
+
+
+def warnings_page() -> str:
+    spec, entries = warning_examples()
+    lines = [GENERATED, "# Policy warnings", "",
+             "A warning never makes a policy unusable: it names the one term that was dropped or "
+             "defaulted, and the rest applies. Each is `{code, rule, term, message}` in the "
+             "policy's `status.warnings` (`kubectl get infpol NAME -o yaml`, or offline "
+             "`kinfctl lint FILE`); `term` is a path such as `rules[0].route.exclude[1]`. "
+             "Warnings that depend on a pool (a policy is compiled once per pool that references "
+             "it) name the pool. `kinfctl lint --strict` fails (exit 2) on any.", "",
+             "Every example below is compiled by the test suite: the example gives its code, "
+             "the fix does not. Policy examples are the spec of `InferencePolicy default/example`, "
+             "used by a pool over the worker set `qwen` (model `qwen-2.5`) and the provider "
+             "`databricks`.", "",
+             "| code | when | effect |", "| --- | --- | --- |"]
+    for e in entries:
+        anchor = e["code"].lower() + ("_1" if e.get("document") and e["code"] == "UnknownField" else "")
+        lines.append(f"| [`{e['code']}`](#{anchor}) | {e['when']} | {e['effect']} |")
+    lines.append("")
+    policy_done = False
+    for e in entries:
+        if e.get("document") and not policy_done:
+            policy_done = True
+            lines += ["## About other documents", "",
+                      "`kinfctl lint` reports these about pools, worker sets and providers (they have no "
+                      "warnings field of their own; on a cluster the policy-compiler logs them and "
+                      "records an Event on the object).", ""]
+        example, fix = example_and_fix(e, spec)
+        found = [f for f in compile_warnings(example) if f.code == e["code"]]
+        lines += [f"### {e['code']}", "", f"**When:** {e['when']}. **Effect:** {e['effect']}.", "",
+                  "Triggered by:", "", "```yaml", (e.get("manifests") or e["policy"]).rstrip(), "```", ""]
+        if found:
+            lines += ["`kinfctl lint` says:", ""]
+            lines += [f"> {found[0].where}: {found[0].message}", ""]
+        lines += ["Fix:", "", "```yaml", e["fix"].rstrip(), "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+PAGES["warnings.md"] = warnings_page
+
+
+# --------------------------------------------------------------------- CRDs
+
+INTRO = {
+    "InferencePolicy": "How a pool's requests are routed: ordered rules of matches, candidates, "
+                       "exclusions and select tiers (see [Policies](policies.md)).",
+    "InferencePool": "The unit the routers serve: a set of destinations (worker sets and providers) "
+                     "and the policy that routes between them. An HTTPRoute's `backendRef` "
+                     "(`group: kinference.buoyant.io, kind: InferencePool`) sends traffic to it.",
+    "InferenceWorkerSet": "vLLM pods (selected by labels) serving one model on one port: the Local "
+                          "candidates. The telemetry-collector scrapes each pod and writes the status.",
+    "InferenceProvider": "An off-cluster OpenAI-compatible endpoint (Databricks, OpenAI, any compatible "
+                         "gateway): one Provider candidate. Its API key comes from a Secret "
+                         "(`spec.auth.secretRef`, in the provider's namespace).",
+}
+GIE_READ = {
+    "InferenceObjective": ("Read from `inference.networking.x-k8s.io` and `llm-d.ai`. A request names "
+                           "one with the header `x-gateway-inference-objective` (or "
+                           "`x-llm-d-inference-objective`); Kinference reads `spec.priority` (0 when "
+                           "absent; a request naming no objective, or one the pool does not have, has "
+                           "priority 0) and `spec.poolRef` (the objective applies to that pool only). "
+                           "Priority orders flow control's queue and is matched by `priority` in a "
+                           "policy. The policy-compiler writes `status.conditions` `Accepted`."),
+    "InferenceModelRewrite": ("Read from the same two groups. Each rule rewrites a request's model "
+                              "(`matches[].model`, Exact) to one of its `targets` by weight before the "
+                              "policy runs; a rule without `matches` applies to every model. Rules with "
+                              "mixed weights (some targets weighted, some not) make the whole object "
+                              "`Accepted=False` (`InvalidWeights`) and it is not applied. The "
+                              "policy-compiler writes `status.conditions`."),
+}
+
+
+def _fields(schema: dict[str, Any], prefix: str, required: bool, out: list[tuple[str, str, str, str]]) -> None:
+    t = schema.get("type", "any")
+    if t == "array" and "items" in schema:
+        item = schema["items"]
+        t = f"list of {item.get('type', 'any')}"
+    notes = []
+    if "enum" in schema:
+        notes.append("one of " + ", ".join(f"`{v}`" for v in schema["enum"]))
+    if "default" in schema:
+        notes.append(f"default `{schema['default']}`")
+    for k, word in (("minimum", "≥"), ("maximum", "≤"), ("minLength", "length ≥"), ("minItems", "items ≥"),
+                    ("maxItems", "items ≤")):
+        if k in schema:
+            notes.append(f"{word} {schema[k]}")
+    if "pattern" in schema:
+        notes.append(f"pattern `{schema['pattern']}`")
+    if schema.get("x-kubernetes-preserve-unknown-fields") and t == "any":
+        t = "string or list"
+    for rule in schema.get("x-kubernetes-validations", []):
+        notes.append(rule.get("message", rule["rule"]))
+    if prefix:
+        out.append((prefix, t, "yes" if required else "", "; ".join(notes)))
+    nested = schema.get("items", schema) if schema.get("type") == "array" else schema
+    req = set(nested.get("required", []))
+    for name, sub in nested.get("properties", {}).items():
+        _fields(sub, f"{prefix}{'[]' if schema.get('type') == 'array' else ''}.{name}".lstrip("."), name in req, out)
+    if isinstance(nested.get("additionalProperties"), dict) and nested["additionalProperties"].get("properties"):
+        _fields(nested["additionalProperties"], f"{prefix}{{key}}", False, out)
+
+
+def _table(schema: dict[str, Any], root: str) -> list[str]:
+    rows: list[tuple[str, str, str, str]] = []
+    _fields(schema, "", False, rows)
+    lines = ["| field | type | required | values |", "| --- | --- | --- | --- |"]
+    for path, t, req, notes in rows:
+        lines.append(f"| `{root}.{path}` | {t} | {req} | {notes.replace('|', '/')} |")
+    return lines
+
+
+def crds_page() -> str:
+    import msgspec
+
+    from kinference_common import crds, resources
+
+    lines = [GENERATED, "# Resources reference", "",
+             "Kinference's four kinds are in `kinference.buoyant.io/v1alpha1` (CRDs in "
+             "`deploy/k8s/crds/`, generated from the same types the services read, so the tables "
+             "below are what the API server accepts). Each has a status subresource written by "
+             "Kinference and the printer columns shown. What Kinference reads of the Gateway API "
+             "Inference Extension's InferenceObjective and InferenceModelRewrite follows.", ""]
+    for entry in crds.KINDS:
+        doc = crds.crd(entry)
+        version = doc["spec"]["versions"][0]
+        schema = version["schema"]["openAPIV3Schema"]["properties"]
+        kind = entry["kind"]
+        cols = ", ".join(f"`{c['name'].upper()}` (`{c['jsonPath']}`)" for c in version["additionalPrinterColumns"])
+        lines += [f"## {kind}", "", INTRO[kind], "",
+                  f"`kubectl get {entry['plural']}` (short name `{entry['short'][0]}`) prints `NAME`, {cols}.", "",
+                  "### spec", ""]
+        lines += _table(schema["spec"], "spec") + ["", "### status", ""]
+        lines += _table(schema["status"], "status") + [""]
+    for kind in ("InferenceObjective", "InferenceModelRewrite"):
+        struct = getattr(resources, kind)
+        schema = crds.schema_of(msgspec.inspect.type_info(struct))
+        lines += [f"## {kind} (read)", "", GIE_READ[kind], "", "What is read:", ""]
+        lines += _table(schema["properties"]["spec"], "spec") + [""]
+    return "\n".join(lines) + "\n"
+
+
+PAGES["crds.md"] = crds_page
+
+
+# ------------------------------------------------------------------ signals
+
+SIGNAL_MEANING = {
+    "queuedPrompts": "requests waiting in the engine's queue, plus those this router sent that the engine has not "
+                     "reported yet",
+    "runningPrompts": "requests in the engine's running batch",
+    "kvCacheUsage": "KV-cache use, 0 to 1",
+    "gpuUtilization": "GPU utilisation from DCGM, 0 to 1 (the highest of the pod's GPUs)",
+    "gpuMemoryUsage": "GPU memory use from DCGM, 0 to 1",
+    "predictedTTFT": "the router's prediction of this request's time to first token on this endpoint "
+                     "(a duration: `800ms`, `2s`)",
+    "estimatedTTFT": "the provider's observed time to first token, a recency-weighted average of what "
+                     "the routers saw (a duration); a provider never observed has none",
+    "errorRate": "share of the provider's requests that failed over the last minute, 0 to 1",
+    "inFlight": "requests this router has open to the candidate",
+}
+MINIMIZE_MEANING = {
+    "PredictedTTFT": "the lowest predicted time to first token",
+    "EstimatedTTFT": "the lowest observed provider TTFT; an unobserved provider sorts last but stays eligible",
+    "QueuedPrompts": "the shortest engine queue",
+    "KVCacheUsage": "the most KV-cache room",
+    "InFlight": "the fewest requests this router has open to it",
+}
+TIEBREAK_MEANING = {
+    "LeastInFlight": "the candidate this router has fewest requests open to",
+    "PrefixAffinity": "the endpoint most likely to hold the prompt's prefix in its KV cache",
+    "Random": "a random one of the equals",
+}
+
+
+def signals_page() -> str:
+    from typing import get_args
+
+    from kinference_common import compiled
+    from kinference_common.classifiers import BUILTIN_CLASSIFIERS
+    from kinference_common.resources import TieBreak
+
+    lines = [GENERATED, "# Signals, tiers and classifiers", "",
+             "The values a policy compares and sorts on, from the code's own lists "
+             "(a signal added to the code without a line here fails the docs build).", "",
+             "## Candidate signals (`exclude[].drop`, `select[].backends`)", "",
+             "| signal | for | written as | meaning |", "| --- | --- | --- | --- |"]
+    for s in get_args(compiled.Signal):
+        scope = compiled.SIGNAL_SCOPE[s] or "any"
+        kind = ("a fraction 0..1" if s in compiled.FRACTION_SIGNALS else
+                "a duration" if s in compiled.DURATION_SIGNALS else "a number")
+        lines.append(f"| `{s}` | {scope} | `{{greaterThan: X}}` / `{{lessThan: X}}`, {kind} | {SIGNAL_MEANING[s]} |")
+    lines += ["", "A comparison on an unknown value (a provider never observed, an endpoint whose "
+              "telemetry is stale) is false: the candidate is not dropped by it. A signal that is "
+              "only meaningful for one kind needs `backend: {type: <that kind>}` in the same `drop` "
+              "(warning `ClassScopedSignal`).", "",
+              "## `select[].minimize`", "", "| value | for | picks |", "| --- | --- | --- |"]
+    for m in get_args(compiled.Minimize):
+        lines.append(f"| `{m}` | {compiled.MINIMIZE_SCOPE[m] or 'any'} | {MINIMIZE_MEANING[m]} |")
+    lines += ["", "## `route.tieBreak`", "", "Applied in order among candidates that rank equal; "
+              "default: the first in rank order.", "", "| value | prefers |", "| --- | --- |"]
+    for t in get_args(TieBreak):
+        lines.append(f"| `{t}` | {TIEBREAK_MEANING[t]} |")
+    lines += ["", "## Classifiers and their tags", "",
+              "A tag's prefix names its classifier. A request is classified only when a rule that "
+              "could apply to it needs the tag; each classifier emits exactly one of its tags, and "
+              "its failure tag when it errors, is absent or misses its deadline.", "",
+              "| classifier | tags | failure tag | deadline | what it looks for |", "| --- | --- | --- | --- | --- |"]
+    for name, info in sorted(BUILTIN_CLASSIFIERS.items()):
+        tags = ", ".join(f"`{t}`" for t in info.tags)
+        lines.append(f"| `{name}` | {tags} | `{info.failure_tag}` | {info.deadline_seconds * 1000:g} ms | "
+                     f"{info.description} |")
+    return "\n".join(lines) + "\n"
+
+
+PAGES["signals.md"] = signals_page
+
+
+# ---------------------------------------------------------------------- CLI
+
+COMMANDS = [
+    ("kinference-router", "kinference_router.__main__"),
+    ("kinference-policy-compiler", "kinference_policy_compiler.__main__"),
+    ("kinference-telemetry-collector", "kinference_collector.__main__"),
+    ("kinference-classifier", "kinference_classifier.__main__"),
+]
+KINFCTL = ["lint", "explain", "get", "classify", "events"]
+
+
+@contextlib.contextmanager
+def _wide() -> Iterator[None]:
+    import os
+
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = old
+
+
+def _help(run: Callable[[], Any]) -> str:
+    buf = io.StringIO()
+    with _wide(), contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+        run()
+    return buf.getvalue().rstrip()
+
+
+def cli_page() -> str:
+    import importlib
+
+    lines = [GENERATED, "# Command-line reference", "",
+             "Every flag of every command, as `--help` prints it.", ""]
+    for cmd, module in COMMANDS:
+        mod = importlib.import_module(module)
+        text = _help(lambda: mod.main(["--help"]))  # argparse prints the help and exits
+        lines += [f"## {cmd}", "", "```text", text.replace("usage: __main__.py", f"usage: {cmd}"), "```", ""]
+    from kinfctl.main import main as kinfctl
+
+    for sub in KINFCTL:
+        lines += [f"## kinfctl {sub}", "", "```text", _help(lambda: kinfctl([sub, "--help"])), "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+PAGES["cli.md"] = cli_page
+
+
+# ------------------------------------------------------------------ explain
+
+#: what each field of the decision trace means (a field without a line here fails tests/deploy)
+EXPLAIN_FIELDS = {
+    "decision_id": "32 hex digits; the `x-kinference-decision-id` header and the error envelope's `decision_id` "
+                   "carry the same value (`explain` for `/debug/explain`)",
+    "pool": "the pool decided for, `namespace/name`",
+    "tenant": "the authenticated tenant (`anonymous` without auth)",
+    "model": "the model as requested, after InferenceModelRewrite, and its canonical name",
+    "model.requested": "the body's `model`",
+    "model.rewritten": "what an InferenceModelRewrite changed it to, or null",
+    "model.canonical": "the canonical model name the policy matched on (aliases resolved)",
+    "tags": "the classifiers' tags the decision used",
+    "classifiers": "each classifier asked, in order",
+    "classifiers[].name": "`pii` or `injection`",
+    "classifiers[].ms": "its round trip in milliseconds",
+    "classifiers[].outcome": "`ok`, or why its failure tag was used: `error`, `deadline`, `oversize`",
+    "rules": "every rule tried, in order, up to the one that decided",
+    "rules[].name": "the rule's name (`unmatched` for the policy's `unmatched` behaviour)",
+    "rules[].matched": "whether its `matches` held",
+    "rules[].candidates": "the candidates its `consider` gave, before exclusions",
+    "rules[].excluded": "each exclusion, in order",
+    "rules[].excluded[].exclusion": "the exclusion's name",
+    "rules[].excluded[].dropped": "the candidates it removed",
+    "rules[].excluded[].applies": "whether its `if` held (an exclusion whose `if` fails drops nothing)",
+    "rules[].excluded[].live": "whether it compares a live signal (a rejection after it is `no_capacity`)",
+    "rules[].tiers": "each `select` tier tried",
+    "rules[].tiers[].index": "the tier's position in `select`",
+    "rules[].tiers[].type": "`Local` or `Provider`",
+    "rules[].tiers[].kept": "the candidates the tier saw",
+    "rules[].tiers[].picked": "the one it picked, or null (the next tier is tried)",
+    "rules[].tiers[].why": "why that one won (the value minimised, the `order` position, a tie-break)",
+    "rules[].outcome": "`Routed`, `Rejected` (onEmpty: Reject), `FallThrough` (nothing picked, next rule), "
+                       "`NotMatched` (its matches did not hold) or `Shadowed`",
+    "rules[].builtin": "what the built-in checks did before the rule: `notReady`, `ejected`, "
+                       "`contextTooSmall` remove a candidate; `stale` marks one whose telemetry is old",
+    "rules[].builtin[].check": "which built-in check",
+    "rules[].builtin[].candidates": "the candidates it concerned",
+    "rules[].builtin[].removed": "true when they were removed (false for `stale`, which stays)",
+    "rules[].scores": "every candidate's signals as the decision saw them",
+    "rules[].scores[].candidate": "`Local/<workerset>/<pod>` or `Provider/<name>`",
+    "rules[].scores[].backend": "`Local/<workerset>` or `Provider/<name>` (the `x-kinference-backend` header)",
+    "rules[].scores[].endpoint": "the pod, for a Local candidate",
+    "rules[].scores[].model": "the model name that destination is sent",
+    "rules[].scores[].predicted_ttft_ms": "PredictedTTFT in milliseconds (Local)",
+    "rules[].scores[].estimated_ttft_ms": "EstimatedTTFT in milliseconds (Provider; null if never observed)",
+    "rules[].scores[].queued_prompts": "queued requests, including this router's unreported sends",
+    "rules[].scores[].running_prompts": "requests in the running batch",
+    "rules[].scores[].kv_cache_usage": "KV-cache use, 0 to 1",
+    "rules[].scores[].in_flight": "requests this router has open to it",
+    "rules[].scores[].prefix_blocks": "prompt blocks it likely holds in its prefix cache",
+    "rules[].scores[].stale": "its telemetry is older than the router's bound",
+    "outcome": "the answer",
+    "outcome.type": "`Routed` or `Rejected`",
+    "outcome.backend": "where it went: `Local/<workerset>` or `Provider/<name>`",
+    "outcome.endpoint": "the pod, for a Local pick",
+    "outcome.model": "the model name sent upstream",
+    "outcome.reason": "for a rejection, why (the error message the client gets)",
+    "outcome.code": "for a rejection, the error code (see the HTTP API)",
+    "outcome.rule": "the rule that decided (the `x-kinference-rule` header)",
+    "decide_us": "the decision's own time, in microseconds",
+}
+
+
+def trace_fields() -> list[tuple[str, str]]:
+    """(path, type) of every field of the decision trace, from its Structs."""
+    import msgspec
+
+    from kinference_common.engine.trace import DecisionTrace
+
+    i = msgspec.inspect
+    out: list[tuple[str, str]] = []
+
+    def name_of(t: Any) -> str:
+        if isinstance(t, i.UnionType):
+            kinds = [name_of(m) for m in t.types if not isinstance(m, i.NoneType)]
+            return " or ".join(kinds) + (" or null" if any(isinstance(m, i.NoneType) for m in t.types) else "")
+        if isinstance(t, i.ListType):
+            return f"list of {name_of(t.item_type)}"
+        if isinstance(t, i.StructType):
+            return "object"
+        if isinstance(t, i.LiteralType):
+            return " / ".join(f"`{v}`" for v in t.values)
+        return {i.StrType: "string", i.FloatType: "number", i.IntType: "integer", i.BoolType: "boolean"}.get(
+            type(t), type(t).__name__)
+
+    def walk(t: Any, prefix: str) -> None:
+        for f in t.fields:
+            path = f"{prefix}{f.encode_name}"
+            out.append((path, name_of(f.type)))
+            inner = f.type
+            if isinstance(inner, i.UnionType):
+                inner = next((m for m in inner.types if not isinstance(m, i.NoneType)), inner)
+            if isinstance(inner, i.ListType) and isinstance(inner.item_type, i.StructType):
+                walk(inner.item_type, path + "[].")
+            elif isinstance(inner, i.StructType):
+                walk(inner, path + ".")
+
+    walk(i.type_info(DecisionTrace), "")
+    return out
+
+
+def explain_page() -> str:
+    lines = [GENERATED, "# The decision trace", "",
+             "`POST /debug/explain` on the router's admin port, `kinfctl explain` offline, and (trimmed) "
+             "every decision event on NATS (`kinfctl events -o json`) answer this JSON object. "
+             "Every field is present; absent values are `null`.", "",
+             "```sh",
+             "kubectl -n kinference-system port-forward deploy/router 8081 &",
+             "curl -s localhost:8081/debug/explain -d '{\"model\": \"qwen-2.5\", "
+             "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tenant\": \"alice\", "
+             "\"tags\": [\"pii-none\"]}' | jq",
+             "```", "",
+             "The request body is an OpenAI chat or completions body, plus optional `tenant`, `tags` "
+             "(as if the classifiers had answered them) and `headers`; nothing is sent upstream.", "",
+             "| field | type | meaning |", "| --- | --- | --- |"]
+    for path, t in trace_fields():
+        lines.append(f"| `{path}` | {t} | {EXPLAIN_FIELDS.get(path, '(not described yet)')} |")
+    return "\n".join(lines) + "\n"
+
+
+PAGES["explain.md"] = explain_page
+
+
 if __name__ == "__main__":
     sys.exit(main())
