@@ -302,6 +302,9 @@ class Router:
         except ApiError as err:  # counted once, here
             self.metrics.child(self.metrics.requests, self.pool_label, err.rule, err.code, "").inc()
             return error_response(err, decision_id)
+        except (asyncio.CancelledError, ConnectionResetError):  # the client went away before its answer ended
+            self.metrics.child(self.metrics.requests, self.pool_label, "", "abandoned", "").inc()
+            raise
         finally:
             structlog.contextvars.reset_contextvars(**bound)
 

@@ -109,6 +109,8 @@ async def test_a_client_that_goes_away_is_counted_as_abandoned(env: Env, classif
             await asyncio.sleep(0.05)
         assert value(env, "kinference_backend_requests_total", pool=POOL, backend=backend, outcome="abandoned") == 1
         assert value(env, "kinference_backend_requests_total", pool=POOL, backend=backend, outcome="ok") == 0
+        # and in the requests by outcome (whenever the client leaves: queued, classifying or streaming)
+        assert value(env, "kinference_requests_total", pool=POOL, rule="", outcome="abandoned", backend_type="") == 1
     finally:
         await slow.close()
 
