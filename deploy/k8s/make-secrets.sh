@@ -1,7 +1,8 @@
 #!/bin/sh
 # Create the two Secrets Kinference's NATS needs, in kinference-system:
-#   kinference-nats-auth  one random password per service user
-#                         (policy-compiler, telemetry-collector, router, classifier)
+#   kinference-nats-auth  one random password per NATS user (policy-compiler,
+#                         telemetry-collector, router, classifier; observer: read-only,
+#                         for people following decisions with kinfctl events)
 #   kinference-nats-tls   ca.crt, tls.crt, tls.key: a private CA and NATS's
 #                         server certificate for nats.kinference-system.svc
 #
@@ -48,6 +49,7 @@ stringData:
   telemetry-collector: "$(pw)"
   router: "$(pw)"
   classifier: "$(pw)"
+  observer: "$(pw)"
 YAML
 emit kinference-nats-auth "$TMP/auth.yaml"
 

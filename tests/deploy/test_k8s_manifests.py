@@ -167,7 +167,11 @@ def test_the_router_service_exposes_only_the_data_port() -> None:
 
 
 def nats_conf() -> str:
-    return of_kind(build(K8S), "ConfigMap")["nats-config"]["data"]["nats.conf"]
+    (cm,) = [d for n, d in of_kind(build(K8S), "ConfigMap").items() if n.startswith("nats-config")]
+    sts = of_kind(build(K8S), "StatefulSet")["nats"]
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == cm["metadata"]["name"]  # the hashed name, followed
+    return cm["data"]["nats.conf"]
 
 
 def test_nats_is_a_statefulset_with_jetstream_on_a_volume() -> None:
@@ -183,12 +187,12 @@ def test_nats_is_a_statefulset_with_jetstream_on_a_volume() -> None:
 def test_nats_requires_tls_and_a_user_per_service() -> None:
     conf = nats_conf()
     assert re.search(r"^tls \{", conf, re.M)
-    users = re.findall(r"user:\s*(\S+)", conf)
-    assert sorted(users) == sorted(SERVICES)
+    users = [u.strip('"') for u in re.findall(r"user:\s*(\S+)", conf)]
+    assert sorted(users) == sorted([*SERVICES, "observer"])
     sts = of_kind(build(K8S), "StatefulSet")["nats"]
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container(sts)["env"] if "secretKeyRef" in
            e.get("valueFrom", {})}
-    for user in SERVICES:
+    for user in [*SERVICES, "observer"]:
         var = user.upper().replace("-", "_") + "_PASSWORD"
         assert f"password: ${var}" in conf
         assert env[var] == {"name": "kinference-nats-auth", "key": user}

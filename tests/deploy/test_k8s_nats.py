@@ -46,7 +46,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     for name, text in made["tls"].items():
         (tmp / name).write_text(text)
     port, monitor = natsserver.free_port(), natsserver.free_port()
-    conf = of_kind(build(K8S), "ConfigMap")["nats-config"]["data"]["nats.conf"]
+    (conf,) = [d["data"]["nats.conf"] for n, d in of_kind(build(K8S), "ConfigMap").items()
+               if n.startswith("nats-config")]
     conf = (conf.replace("/etc/nats-tls/", f"{tmp}/").replace("/data/", f"{tmp}/data/")
             .replace("port: 4222", f"port: {port}\nhost: 127.0.0.1").replace("http_port: 8222", f"http_port: {monitor}"))
     (tmp / "nats.conf").write_text(conf)
@@ -78,8 +79,10 @@ class Client:
         async def on_error(exc: Exception) -> None:
             self.errors.append(str(exc))
 
+        # each service's replies come to an inbox of its own (natsauth.inbox_prefix)
         self.nc = await nats.connect(server["url"], user=user, password=password or server["auth"][user], tls=ctx,
-                                     error_cb=on_error, max_reconnect_attempts=0, connect_timeout=5)
+                                     error_cb=on_error, max_reconnect_attempts=0, connect_timeout=5,
+                                     inbox_prefix=f"_INBOX_{user}")
         return self.nc
 
     def violations(self) -> list[str]:
@@ -175,6 +178,63 @@ async def test_a_user_is_refused_what_its_service_never_does(server: dict[str, A
         assert c.violations(), f"{user} could publish to {subject}"
     finally:
         await c.nc.close()
+
+
+@pytest.mark.parametrize(("user", "subject"), [
+    ("router", "kinference.classify.pii"),            # prompts: only classifiers read them
+    ("telemetry-collector", "kinference.classify.>"),
+    ("observer", "kinference.classify.pii"),
+    ("router", "_INBOX_classifier.>"),                # nobody reads another service's replies
+    ("policy-compiler", "$KV.kinference-telemetry.>"),
+])
+async def test_a_user_cannot_listen_where_its_service_never_does(server: dict[str, Any], user: str,
+                                                                 subject: str) -> None:
+    c = Client()
+    await c.connect(server, user)
+    try:
+        await c.nc.subscribe(subject)
+        await settle(c)
+        assert c.violations(), f"{user} could subscribe to {subject}"
+    finally:
+        await c.nc.close()
+
+
+async def test_the_observer_follows_decisions_and_can_publish_nothing(server: dict[str, Any]) -> None:
+    router, observer = Client(), Client()
+    await router.connect(server, "router")
+    await observer.connect(server, "observer")
+    try:
+        got: list[bytes] = []
+
+        async def on(msg: Any) -> None:
+            got.append(msg.data)
+
+        await observer.nc.subscribe(f"{subjects.DECISIONS_PREFIX}.>", cb=on)
+        await settle(observer)
+        await router.nc.publish(subjects.decisions_subject("default", "p"), b"{}")
+        await settle(router, observer)
+        assert got == [b"{}"] and observer.violations() == []
+        await observer.nc.publish(subjects.decisions_subject("default", "p"), b"forged")
+        await settle(observer)
+        assert observer.violations()
+    finally:
+        await router.nc.close()
+        await observer.nc.close()
+
+
+def test_the_committed_config_is_generated_from_the_permissions() -> None:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("nats_conf_gen", K8S / "nats_conf_gen.py")
+    gen = importlib.util.module_from_spec(spec)
+    sys.modules["nats_conf_gen"] = gen
+    spec.loader.exec_module(gen)
+    assert gen.main(["--check"]) == 0, "regenerate: python deploy/k8s/nats_conf_gen.py"
+    users, permissions = gen.users_and_permissions()
+    assert set(users) >= {"router", "policy-compiler", "telemetry-collector", "classifier"}
+    # the classifier may publish nothing but replies
+    assert permissions("classifier")["publish"] == {"deny": [">"]}
 
 
 async def test_a_wrong_password_and_plain_text_are_refused(server: dict[str, Any]) -> None:
