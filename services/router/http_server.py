@@ -553,8 +553,6 @@ class HttpServer:
                  max_head_bytes: int = 64 * 1024, keepalive_timeout: float = 75.0,
                  on_error: ErrorResponder = plain_error) -> None:
         self.routes = {path: dict(methods) for path, methods in routes.items()}
-        #: ("/prefix/", methods) for each route written "/prefix/*"
-        self._prefixes = [(path[:-1], m) for path, m in self.routes.items() if path.endswith("/*")]
         self.max_body_bytes = max_body_bytes
         #: the request line and headers together; over it, 431 and the connection closes
         self.max_head_bytes = max_head_bytes
@@ -571,9 +569,11 @@ class HttpServer:
         self._port = 0
 
     def prefix_route(self, path: str) -> dict[str, Handler] | None:
-        """The methods of the ``/prefix/*`` route ``path`` is under, if any."""
-        for prefix, methods in self._prefixes:
-            if path.startswith(prefix) and len(path) > len(prefix):
+        """The methods of the ``/prefix/*`` route ``path`` is under, if any
+        (looked up only when no exact route matched; routes may be added after
+        construction)."""
+        for route, methods in self.routes.items():
+            if route.endswith("/*") and path.startswith(route[:-1]) and len(path) > len(route) - 1:
                 return methods
         return None
 
