@@ -279,6 +279,52 @@ GIE_READ = {
 }
 
 
+#: "Kind path" -> what the field means (fields not listed show their type and values only;
+#: a key naming no field fails tests/deploy)
+FIELD_MEANING = {
+    "InferencePolicy spec.unmatched": "what happens to a request no rule matched: the fastest local pod, or refuse",
+    "InferencePolicy spec.rules": "tried in order; see [Policies](policies.md)",
+    "InferencePolicy status.ruleCount": "compiled rules (the `RULES` column; not live traffic)",
+    "InferencePolicy status.referencedBy": "the pools (`namespace/name`) that use this policy",
+    "InferencePolicy status.rules": "per rule: the classifiers it needs, its worst-case classifier latency, what "
+                                    "each classifier does on failure, the tags it can see",
+    "InferencePolicy status.warnings": "see [Policy warnings](warnings.md)",
+    "InferencePolicy status.state": "`Accepted` (in force on at least one pool) or `NotReferenced` (no pool names it)",
+    "InferencePool spec.destinations": "worker sets and providers, by `name` or by label `selector`; "
+                                       "`namespace` for another namespace (needs a ReferenceGrant there)",
+    "InferencePool spec.policyRef": "the InferencePolicy routing this pool's requests (none: the default "
+                                    "policy, local only)",
+    "InferencePool spec.flowControl": "opt-in queueing: a request refused for capacity waits (priority first, "
+                                      "flows in turn) up to `maxQueueWait`; over `maxQueued`, the "
+                                      "lowest-priority newest waiter gets 429",
+    "InferencePool status.destinationCount": "destinations that resolved (the `DESTINATIONS` column)",
+    "InferencePool status.models": "every model the pool can reach: canonical name, aliases, the destinations "
+                                   "serving it, the context window range (what `GET /v1/models` lists)",
+    "InferencePool status.unresolvedDestinations": "each destination that did not resolve, with its `reason`",
+    "InferencePool status.parents": "one entry per `parentRef` of the HTTPRoutes that reference the pool",
+    "InferencePool status.state": "`Accepted`, or the reason it is not",
+    "InferenceWorkerSet spec.model.name": "the canonical model name policies and clients use",
+    "InferenceWorkerSet spec.model.aliases": "other names clients may send; they resolve to `name`",
+    "InferenceWorkerSet spec.model.servedName": "the name vLLM serves it under (the body's `model` is rewritten "
+                                                "to it); default `name`",
+    "InferenceWorkerSet spec.model.contextWindow": "tokens; requests that cannot fit are not sent here",
+    "InferenceWorkerSet spec.selector": "the vLLM pods, by label",
+    "InferenceWorkerSet spec.port": "the pods' vLLM port (API and `/metrics`)",
+    "InferenceWorkerSet status.readyEndpoints": "pods scraped and ready (the `READY` column)",
+    "InferenceWorkerSet status.endpoints": "each pod, its address and readiness, as the collector sees it",
+    "InferenceProvider spec.url": "the OpenAI-compatible base URL (`/chat/completions` is appended)",
+    "InferenceProvider spec.auth.secretRef": "the Secret (in the provider's namespace) and key holding the API "
+                                             "key, sent as `Authorization: Bearer`",
+    "InferenceProvider spec.models": "the models it serves: the canonical `name` (as a worker set's), the "
+                                     "`upstreamName` it is sent as, its context window",
+    "InferenceProvider spec.limits": "the router's own limits: concurrent requests and requests per minute "
+                                     "(over them: 429 `rate_limited`)",
+    "InferenceProvider spec.timeouts": "`connect` and `firstToken` durations (over them: 504)",
+    "InferenceProvider status.estimatedTtft": "the observed time to first token (what `EstimatedTTFT` sorts on)",
+    "InferenceProvider status.errorRate": "share of failed requests over the last minute",
+}
+
+
 def _fields(schema: dict[str, Any], prefix: str, required: bool, out: list[tuple[str, str, str, str]]) -> None:
     t = schema.get("type", "any")
     if t == "array" and "items" in schema:
@@ -309,12 +355,19 @@ def _fields(schema: dict[str, Any], prefix: str, required: bool, out: list[tuple
         _fields(nested["additionalProperties"], f"{prefix}{{key}}", False, out)
 
 
-def _table(schema: dict[str, Any], root: str) -> list[str]:
+def field_paths(schema: dict[str, Any], root: str) -> list[str]:
     rows: list[tuple[str, str, str, str]] = []
     _fields(schema, "", False, rows)
-    lines = ["| field | type | required | values |", "| --- | --- | --- | --- |"]
+    return [f"{root}.{path}" for path, *_ in rows]
+
+
+def _table(schema: dict[str, Any], root: str, kind: str = "") -> list[str]:
+    rows: list[tuple[str, str, str, str]] = []
+    _fields(schema, "", False, rows)
+    lines = ["| field | type | required | values | meaning |", "| --- | --- | --- | --- | --- |"]
     for path, t, req, notes in rows:
-        lines.append(f"| `{root}.{path}` | {t} | {req} | {notes.replace('|', '/')} |")
+        meaning = FIELD_MEANING.get(f"{kind} {root}.{path}", "")
+        lines.append(f"| `{root}.{path}` | {t} | {req} | {notes.replace('|', '/')} | {meaning} |")
     return lines
 
 
@@ -338,8 +391,8 @@ def crds_page() -> str:
         lines += [f"## {kind}", "", INTRO[kind], "",
                   f"`kubectl get {entry['plural']}` (short name `{entry['short'][0]}`) prints `NAME`, {cols}.", "",
                   "### spec", ""]
-        lines += _table(schema["spec"], "spec") + ["", "### status", ""]
-        lines += _table(schema["status"], "status") + [""]
+        lines += _table(schema["spec"], "spec", kind) + ["", "### status", ""]
+        lines += _table(schema["status"], "status", kind) + [""]
     for kind in ("InferenceObjective", "InferenceModelRewrite"):
         struct = getattr(resources, kind)
         schema = crds.schema_of(msgspec.inspect.type_info(struct))

@@ -141,6 +141,17 @@ def test_every_decision_trace_field_is_described() -> None:
     assert set(docgen.EXPLAIN_FIELDS) - fields == set(), "EXPLAIN_FIELDS describes fields that are gone"
 
 
+def test_every_described_field_exists() -> None:
+    from kinference_common import crds
+
+    paths = set()
+    for entry in crds.KINDS:
+        props = crds.crd(entry)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+        for root in ("spec", "status"):
+            paths |= {f"{entry['kind']} {p}" for p in docgen.field_paths(props[root], root)}
+    assert set(docgen.FIELD_MEANING) - paths == set()
+
+
 def test_every_error_code_the_router_answers_is_documented() -> None:
     source = "".join(p.read_text() for p in (REPO / "services" / "router").glob("*.py"))
     codes = set(re.findall(r'ApiError\(\s*\d{3},\s*"([a-z_]+)"', source))
