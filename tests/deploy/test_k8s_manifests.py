@@ -322,3 +322,32 @@ def test_the_example_compiles_without_errors(tmp_path) -> None:
     docs = [d for d in build(EXAMPLE) if group_of(d) == "kinference.buoyant.io" and d["kind"] != "CustomResourceDefinition"]
     (tmp_path / "example.yaml").write_text(yaml.safe_dump_all(docs))
     assert main(["lint", "--strict", str(tmp_path / "example.yaml")]) == 0
+
+
+def test_make_secrets_prints_valid_secrets_the_pods_use() -> None:
+    import subprocess
+
+    out = subprocess.run(["sh", str(K8S / "make-secrets.sh"), "--print"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    made = {d["metadata"]["name"]: d for d in yaml.safe_load_all(out) if d}
+    for doc in made.values():
+        kubernetes_validate.validate(doc, KUBE_VERSIONS[0], strict=True)
+        assert doc["metadata"]["namespace"] == "kinference-system"
+    assert made["kinference-nats-tls"]["type"] == "kubernetes.io/tls"
+    assert set(made["kinference-nats-tls"]["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    auth = made["kinference-nats-auth"]["stringData"]
+    # every key a pod reads is there, and the passwords differ
+    wanted = set()
+    for kind in ("Deployment", "StatefulSet"):
+        for d in of_kind(build(K8S), kind).values():
+            spec = d["spec"]["template"]["spec"]
+            for v in spec.get("volumes", []):
+                if v.get("secret", {}).get("secretName") == "kinference-nats-auth":
+                    wanted |= {i["key"] for i in v["secret"]["items"]}
+            for e in container(d).get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref and ref["name"] == "kinference-nats-auth":
+                    wanted.add(ref["key"])
+    assert wanted == set(auth)
+    assert len(set(auth.values())) == len(auth)
+    assert all(re.fullmatch(r"k[0-9a-f]{48}", pw) for pw in auth.values())
