@@ -165,3 +165,14 @@ def test_the_dashboard_shows_what_operators_asked_for(ask: str, metric: str) -> 
         assert any('backend_type="Provider"' in e for e in dashboard_exprs())
     if ask == "per-endpoint TTFT":
         assert any("pod" in e and metric in e for e in dashboard_exprs())
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    cells: dict[tuple[int, int], str] = {}
+    for p in dashboard()["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
