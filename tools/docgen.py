@@ -320,7 +320,7 @@ FIELD_MEANING = {
     "InferenceProvider spec.limits": "the router's own limits: concurrent requests and requests per minute "
                                      "(over them: 429 `rate_limited`)",
     "InferenceProvider spec.timeouts": "`connect` and `firstToken` durations (over them: 504)",
-    "InferenceProvider status.estimatedTtft": "the observed time to first token (what `EstimatedTTFT` sorts on)",
+    "InferenceProvider status.estimatedTTFT": "the observed time to first token (what `EstimatedTTFT` sorts on)",
     "InferenceProvider status.errorRate": "share of failed requests over the last minute",
 }
 

@@ -155,7 +155,8 @@ def test_every_described_field_exists() -> None:
 def test_every_error_code_the_router_answers_is_documented() -> None:
     source = "".join(p.read_text() for p in (REPO / "services" / "router").glob("*.py"))
     codes = set(re.findall(r'ApiError\(\s*\d{3},\s*"([a-z_]+)"', source))
-    codes |= set(re.findall(r'on_error\(\s*\d{3},\s*"([a-z_]+)"', source))
+    codes |= set(re.findall(r'(?:on_error|_fail)\(\s*\d{3},\s*"([a-z_]+)"', source))
+    codes |= set(re.findall(r'\.code = "([a-z_]+)"', source))
     engine = "".join(p.read_text() for p in (REPO / "libs" / "kinference_common" / "engine").glob("*.py"))
     codes |= set(re.findall(r'code = "([a-z_]+)"', engine))
     assert {"bad_request", "unauthorized", "no_capacity", "model_not_found", "policy_rejected"} <= codes

@@ -4,6 +4,7 @@ envelope otherwise; ``GET /v1/models`` lists the same objects."""
 
 from __future__ import annotations
 
+from .test_multipool import multi, publish_fleet  # noqa: F401  (fixture)
 from .test_router import Env, env  # noqa: F401  (fixture)
 
 
@@ -36,3 +37,17 @@ async def test_other_methods_and_the_bare_prefix(env: Env) -> None:  # noqa: F81
     assert r.status == 405 and r.headers["Allow"] == "GET, HEAD"
     r = await env.client.get("/v1/models/")
     assert r.status == 404  # the prefix alone names no model: not a route
+
+
+async def test_one_model_through_the_router_of_several_pools(multi) -> None:  # noqa: F811
+    """In Kubernetes mode the pool is the request's route's: /v1/models/{id} too."""
+    s, data = multi["session"], multi["data"]
+    await publish_fleet(multi)
+    async with s.get(f"{data}/v1/models/model-a", headers={"Host": "a.example.com"}) as r:
+        assert r.status == 200 and (await r.json())["id"] == "model-a"
+    async with s.get(f"{data}/v1/models/model-b", headers={"Host": "a.example.com"}) as r:
+        assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+    async with s.get(f"{data}/v1/models/model-b", headers={"Host": "z.b.example.com"}) as r:
+        assert r.status == 200 and (await r.json())["id"] == "model-b"
+    async with s.get(f"{data}/v1/models/model-a", headers={"Host": "nowhere.example.com"}) as r:
+        assert r.status == 404 and (await r.json())["error"]["code"] == "route_not_found"

@@ -59,6 +59,11 @@ SERVICE_RULES: dict[str, list[Rule]] = {
 }
 
 
+def role_rules(service: str) -> list[dict[str, list[str]]]:
+    """The service's rules as a Role's / ClusterRole's ``rules``."""
+    return [r.to_dict() for r in SERVICE_RULES[service]]
+
+
 def allowed(service: str, verb: str, group: str, resource: str) -> bool:
     return any(r.allows(verb, group, resource) for r in SERVICE_RULES[service])
 
