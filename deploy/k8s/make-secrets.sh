@@ -23,6 +23,9 @@ for arg in "$@"; do
     *) echo "make-secrets.sh: unknown argument $arg (see --help)" >&2; exit 1 ;;
   esac
 done
+if [ "$MODE" = apply ] && ! kubectl get namespace "$NS" >/dev/null 2>&1; then
+  kubectl create namespace "$NS"   # kubectl apply -k deploy/k8s then labels it
+fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
