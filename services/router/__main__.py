@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     p.add_argument("--connect-timeout", type=float, default=2.0, help="seconds (providers may set their own)")
     p.add_argument("--first-byte-timeout", type=float, default=120.0, help="seconds (providers may set their own)")
+    p.add_argument("--metrics-on-data-port", action="store_true",
+                   help="serve /metrics on the data port too (default: the admin port only); for clusters "
+                        "whose network policy closes the admin port and lets Prometheus scrape the data port")
     p.add_argument("--stale-after", type=float, default=2.0,
                    help="telemetry older than this is stale, seconds (default 2: two missed heartbeats of the collector)")
     p.add_argument("--provider-header", action="append", default=[], metavar="NAME",
@@ -196,7 +199,7 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
     settings = RouterSettings(namespace=namespace, pool=pool, max_body_bytes=args.max_body_bytes,
                               connect_timeout=args.connect_timeout, first_byte_timeout=args.first_byte_timeout,
                               stale_after=args.stale_after, provider_headers=provider_headers,
-                              http=http)
+                              http=http, metrics_on_data_port=args.metrics_on_data_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -82,6 +82,8 @@ class RouterSettings:
     provider_headers: frozenset[str] = frozenset()
     #: what clients may make the HTTP servers hold (deadlines, connections, memory)
     http: HttpLimits = field(default_factory=HttpLimits)
+    #: /metrics on the data port too (a cluster that closes the admin port to the network)
+    metrics_on_data_port: bool = False
 
 
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
@@ -219,10 +221,12 @@ class Router:
 
     def admin_server(self) -> HttpServer:
         """The admin port's server (not started): explain, health and metrics."""
-        return self._server({"/debug/explain": {"POST": self.explain}, "/metrics": {"GET": self.metrics_page}})
+        return self._server({"/debug/explain": {"POST": self.explain}})
 
     def _server(self, routes: dict[str, Any]) -> HttpServer:
         common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz}}
+        if "/debug/explain" in routes or self.settings.metrics_on_data_port:
+            common["/metrics"] = {"GET": self.metrics_page}
         server = HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes,
                             limits=self.settings.http, on_error=server_error)
         self.metrics.watch_http("admin" if "/debug/explain" in routes else "data", server)

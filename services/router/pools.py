@@ -251,7 +251,7 @@ class MultiPoolRouter:
         template = Router(self.settings, self.auth, self.secrets, metrics=self.metrics)
         server = template._server(routes)
         server.routes.update({"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz}})
-        if "/debug/explain" in routes:  # metrics on the admin port only
+        if "/debug/explain" in routes or self.settings.metrics_on_data_port:  # the admin port's, by default
             server.routes["/metrics"] = {"GET": self.metrics_page}
         return server
 

@@ -1,4 +1,5 @@
-"""Metrics are on the admin port only; the data port serves the API and health."""
+"""Metrics are on the admin port only (unless asked for on the data port); the data
+port serves the API and health."""
 
 from __future__ import annotations
 
@@ -28,3 +29,16 @@ async def test_metrics_only_on_the_admin_port(tmp_path: Path) -> None:
     finally:
         await data.close(grace=0.5)
         await admin.close(grace=0.5)
+
+
+async def test_metrics_on_the_data_port_when_asked(tmp_path: Path) -> None:
+    """``--metrics-on-data-port``: a cluster whose network policy closes the admin port."""
+    router = Router(RouterSettings(metrics_on_data_port=True), Authenticator("none"), SecretFiles(tmp_path / "s"))
+    data = router.data_server()
+    await data.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{data.port}/metrics") as r:
+                assert r.status == 200
+    finally:
+        await data.close(grace=0.5)

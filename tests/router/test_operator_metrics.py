@@ -38,7 +38,7 @@ async def test_a_streamed_local_request_counts_per_pod_and_per_backend(env: Env,
     assert value(env, "kinference_endpoint_ttft_seconds_count", pool=POOL, worker_set=ws, pod=pod) == 1
     assert value(env, "kinference_endpoint_ttft_seconds_sum", pool=POOL, worker_set=ws, pod=pod) > 0
     assert value(env, "kinference_classifier_tags_total", classifier="pii", tag="pii-none") >= 1
-    page = await (await env.client.get("/metrics")).text()
+    page = (await env.router.metrics_page(None)).body.decode()  # what the admin port's /metrics serves
     assert f'kinference_endpoint_ttft_seconds_count{{pod="{pod}",pool="{POOL}",worker_set="{ws}"}} 1.0' in page
 
 
