@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 import structlog
 from aiohttp import web
-from kinference_classifier.core import Classifiers
+from kinference_common.detectors.core import Classifiers
 from kinference_common.classifiers import DEFAULT_MAX_CHARS
 from kinference_common import bus
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
