@@ -139,8 +139,9 @@ class ClassifyReply(_Msg, kw_only=True):
     classifier: str
     #: exactly one tag of the classifier's (see kinference_common.classifiers)
     tags: list[str]
-    #: "ok" or why the failure tag was used: "oversize", "error", "deadline"
-    outcome: Literal["ok", "oversize", "error", "deadline"] = "ok"
+    #: "ok" or why the failure tag was used: "oversize", "error", "deadline";
+    #: "shed" only in the router (not sent: the classifier's backlog was over its limit)
+    outcome: Literal["ok", "oversize", "error", "deadline", "shed"] = "ok"
     micros: float = 0.0
     request_id: str = ""
     #: entity kinds behind the tag (e.g. ["email"]); never text of the prompt

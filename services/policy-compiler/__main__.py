@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from kinference_common import logs
+from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_policy_compiler.service import PolicyCompilerService, Settings
 
 
@@ -33,6 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=8090, help="/healthz, /readyz, /metrics (default 8090)")
     p.add_argument("--namespace", action="append", dest="namespaces", metavar="NS",
                    help="only these namespaces (repeat; default: all)")
+    p.add_argument("--in-process-classifier", action="append", dest="in_process", default=[], metavar="NAME",
+                   choices=sorted(BUILTIN_CLASSIFIERS),
+                   help="routers run this classifier in their own process instead of asking the classifier "
+                        "service over NATS (no prompt on the bus; repeat; default: none). The policies' status "
+                        "shows the path and deadline that apply")
     logs.add_arguments(p)
     return p.parse_args(argv)
 
@@ -41,7 +47,7 @@ async def run(args: argparse.Namespace) -> int:
     service = PolicyCompilerService(Settings(
         manifests=args.manifests, nats_url=args.nats_url, status_dir=args.status_dir, interval=args.interval,
         resync=args.resync, http_host=args.http_host, http_port=args.http_port,
-        watched_namespaces=args.namespaces,
+        watched_namespaces=args.namespaces, in_process_classifiers=args.in_process,
     ))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

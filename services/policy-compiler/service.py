@@ -44,6 +44,8 @@ class Settings:
     #: health and metrics; 0 = any free port, None = no HTTP server
     http_port: int | None = None
     watched_namespaces: Collection[str] | None = None
+    #: classifiers routers run in their own process (``--in-process-classifier``)
+    in_process_classifiers: Collection[str] = ()
 
 
 class Metrics:
@@ -140,7 +142,8 @@ class PolicyCompilerService:
     def reconcile(self) -> CompileResult:
         """Compile the documents in force and write statuses (no NATS)."""
         started = time.perf_counter()
-        res = compile_documents(self.source.documents(), watched_namespaces=self.settings.watched_namespaces)
+        res = compile_documents(self.source.documents(), watched_namespaces=self.settings.watched_namespaces,
+                               in_process_classifiers=self.settings.in_process_classifiers)
         errors = [*self.source.errors(), *res.errors]
         if self.statuses is not None:
             self.statuses.write(res, errors)

@@ -1,0 +1,323 @@
+"""The router's classification: lazy, on the configured path, with back-pressure.
+
+One :class:`Classification` per router; one :class:`RequestTags` per request
+(:meth:`Classification.start`). The request path calls
+:meth:`RequestTags.decide` instead of deciding directly:
+
+- **Lazy** (:mod:`kinference_common.engine.lazy`): the classifiers a request
+  requires are asked only when their answer can change the decision; what
+  was skipped, and why, goes into the trace (``classifiers[].outcome:
+  skipped``). A request about to wait in flow control's queue, whose later
+  decisions are synchronous, is classified first (:meth:`RequestTags.complete`).
+- **Path**, per classifier, from the compiled policy (the compiler's
+  ``--in-process-classifier``): the classifier service over NATS (default),
+  or the pattern detectors inside this process (no prompt on the bus).
+- **Back-pressure** (:class:`Pressure`), per classifier on the service path:
+  at most ``limit`` classify requests in flight; the limit shrinks when
+  answers miss their deadline and grows back while they arrive in time
+  (additive increase, multiplicative decrease). A request over the limit
+  is not sent: it gets the classifier's failure tag at once (``outcome:
+  shed``), so it stays local exactly as if the classifier had failed,
+  while the requests within the limit are answered in time and clean ones
+  still burst. Sending them all would put every one of them behind the
+  same backlog and make them all late (the cliff this replaces).
+  Sustained deadline misses (over :attr:`Pressure.threshold` of the answers
+  in the last :attr:`Pressure.window` seconds) set
+  ``kinference_classifier_overloaded{classifier}`` and log one line with the
+  rate when they start, every ``log_every`` seconds while they last, and
+  when they end: never one line per request.
+
+Tags of a request are the failure tag of any classifier that failed, was
+shed or is absent: the router never fails open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import structlog
+from prometheus_client import Counter, Gauge
+
+from kinference_common.classifiers import BUILTIN_CLASSIFIERS, IN_PROCESS, SERVICE
+from kinference_common.classify_client import classify_body, failure
+from kinference_common.engine import Decision, InFlightLedger, PrefixIndex, Request, Snapshot
+from kinference_common.engine.lazy import decide_lazily
+from kinference_common.engine.trace import ClassifierTrace
+from kinference_common.prompt_texts import texts_from_body
+
+log = structlog.get_logger("router.classification")
+
+
+class Pressure:
+    """One classifier's service path: the in-flight limit and the miss rate."""
+
+    def __init__(self, name: str, *, max_limit: int = 256, min_limit: int = 4, window: float = 10.0,
+                 threshold: float = 0.1, min_answers: int = 20, log_every: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.deadline = BUILTIN_CLASSIFIERS[name].deadline_seconds
+        self.max_limit, self.min_limit = max_limit, min_limit
+        self.limit = float(max_limit)
+        self.in_flight = 0
+        self.window, self.threshold, self.min_answers, self.log_every = window, threshold, min_answers, log_every
+        self.clock = clock
+        #: (second, answers, misses, shed) per second of the window
+        self._buckets: deque[list[float]] = deque()
+        self._last_decrease = -1e9
+        self.overloaded = False
+        self._last_log = -1e9
+
+    def admit(self) -> bool:
+        if self.in_flight >= int(self.limit):
+            self._count(shed=True)
+            return False
+        self.in_flight += 1
+        return True
+
+    def answered(self, missed: bool) -> None:
+        self.in_flight -= 1
+        now = self.clock()
+        if missed:
+            # once per deadline: the answers in flight together miss together
+            if now - self._last_decrease > self.deadline:
+                self.limit = max(float(self.min_limit), self.limit * 0.75)
+                self._last_decrease = now
+        else:
+            self.limit = min(float(self.max_limit), self.limit + 1.0 / max(self.limit, 1.0))
+        self._count(missed=missed, answered=True)
+
+    def _count(self, *, missed: bool = False, answered: bool = False, shed: bool = False) -> None:
+        now = self.clock()
+        sec = int(now)
+        b = self._buckets
+        if not b or b[-1][0] != sec:
+            b.append([sec, 0, 0, 0])
+            while b and b[0][0] <= sec - self.window:
+                b.popleft()
+        last = b[-1]
+        last[1] += answered
+        last[2] += missed
+        last[3] += shed
+
+    def rate(self) -> tuple[int, int, int]:
+        """``(answers, misses, shed)`` over the window."""
+        now = int(self.clock())
+        a = m = s = 0
+        for sec, answers, misses, shed in self._buckets:
+            if sec > now - self.window:
+                a, m, s = a + answers, m + misses, s + shed
+        return int(a), int(m), int(s)
+
+    def check(self) -> tuple[bool, str | None]:
+        """``(overloaded, log line or None)``: cheap, called after each answer."""
+        answers, misses, shed = self.rate()
+        now = self.clock()
+        over = answers >= self.min_answers and misses > self.threshold * answers
+        over = over or (shed > 0 and misses > 0)
+        line = None
+        if over and (not self.overloaded or now - self._last_log >= self.log_every):
+            line = "start" if not self.overloaded else "continue"
+        elif not over and self.overloaded:
+            line = "end"
+        self.overloaded = over
+        if line is not None:
+            self._last_log = now
+        return over, line
+
+
+class Classification:
+    """Router-wide classification state: paths, detectors, back-pressure, metrics."""
+
+    def __init__(self, metrics: Any, nc: Any = None, *, max_in_flight: int = 256,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.metrics = metrics
+        self.nc = nc
+        self.max_in_flight = max_in_flight
+        self.clock = clock
+        self.pressure = {n: Pressure(n, max_limit=max_in_flight, clock=clock) for n in BUILTIN_CLASSIFIERS}
+        self._detectors: Any = None
+        r = metrics.registry
+        self.misses = Counter("kinference_classifier_deadline_misses_total",
+                              "Classify requests that got no answer within their deadline (failure tag used)",
+                              ["classifier", "path"], registry=r)
+        self.shed = Counter("kinference_classifier_shed_total",
+                            "Classify requests not sent because the classifier's backlog was over its "
+                            "in-flight limit (failure tag used at once)", ["classifier"], registry=r)
+        self.skipped = Counter("kinference_classifier_skipped_total",
+                               "Required classifiers not asked because their answer could not change the "
+                               "decision", ["classifier"], registry=r)
+        self.overloaded = Gauge("kinference_classifier_overloaded",
+                                "1 while a classifier misses its deadline for a sustained period", ["classifier"],
+                                registry=r)
+        self.limit = Gauge("kinference_classifier_in_flight_limit",
+                           "Classify requests this router lets be in flight (adapts to deadline misses)",
+                           ["classifier"], registry=r)
+        for n, p in self.pressure.items():
+            self.limit.labels(n).set(p.limit)
+            self.overloaded.labels(n).set(0)
+
+    def start(self, req: Request, body: Any, decision_id: str) -> RequestTags:
+        return RequestTags(self, req, body, decision_id)
+
+    # --------------------------------------------------------------- paths
+
+    def path(self, snap: Snapshot, name: str) -> str:
+        return IN_PROCESS if name in snap.pool.policy.in_process_classifiers else SERVICE
+
+    def detectors(self) -> Any:
+        """The pattern detectors, compiled and warmed on first use (only when
+        a policy runs a classifier in process)."""
+        if self._detectors is None:
+            from kinference_common.detectors.core import Classifiers
+
+            self._detectors = Classifiers()
+            self._detectors.warm_up()
+        return self._detectors
+
+    def prepare(self, snap: Snapshot) -> None:
+        """Load the detectors ahead of the first request that needs them."""
+        if snap.pool.policy.in_process_classifiers:
+            self.detectors()
+
+    async def ask(self, snap: Snapshot, names: Sequence[str], body: Any,
+                  decision_id: str) -> tuple[frozenset[str], list[ClassifierTrace]]:
+        """Each of ``names`` on its path, in parallel; failure tags for what fails."""
+        started = time.perf_counter()
+        results: list[tuple[str, Any, float, str, str]] = []
+        remote = []
+        for name in names:
+            path = self.path(snap, name)
+            if path == IN_PROCESS:
+                t0 = time.perf_counter()
+                ex = texts_from_body(body.raw)
+                info = BUILTIN_CLASSIFIERS[name]
+                reply = self.detectors().classify(name, ex.texts, roles=ex.roles, unreadable=ex.unreadable,
+                                                  deadline_ms=info.deadline(IN_PROCESS) * 1e3,
+                                                  request_id=decision_id)
+                results.append((name, reply, time.perf_counter() - t0, path, ""))
+            elif not self.pressure[name].admit():
+                self.shed.labels(name).inc()
+                p = self.pressure[name]
+                reply = failure(name, "shed", "backlog over the in-flight limit", started, decision_id)
+                results.append((name, reply, 0.0, path,
+                                f"not sent: {p.in_flight} requests to it in flight, over its limit of "
+                                f"{int(p.limit)} (it is missing its deadline); failure tag used"))
+            else:
+                remote.append(name)
+
+        async def one(name: str) -> tuple[str, Any, float, str, str]:
+            t0 = time.perf_counter()
+            try:
+                reply = await classify_body(self.nc, name, body.raw, BUILTIN_CLASSIFIERS[name].deadline_seconds,
+                                            request_id=decision_id)
+            finally:
+                pass
+            seconds = time.perf_counter() - t0
+            self._answered(name, reply.outcome)
+            return name, reply, seconds, SERVICE, ""
+
+        if remote:
+            results += await asyncio.gather(*(one(n) for n in remote))
+        tags: set[str] = set()
+        traces = []
+        order = {n: i for i, n in enumerate(names)}
+        for name, reply, seconds, path, why in sorted(results, key=lambda r: order[r[0]]):
+            tags.update(reply.tags)
+            self.metrics.classifier.labels(name, reply.outcome).observe(seconds)
+            if reply.outcome == "deadline":
+                self.misses.labels(name, path).inc()
+            traces.append(ClassifierTrace(name=name, ms=round(seconds * 1e3, 3), outcome=reply.outcome,
+                                          path=path, tags=list(reply.tags), why=why))
+        return frozenset(tags), traces
+
+    def _answered(self, name: str, outcome: str) -> None:
+        p = self.pressure[name]
+        p.answered(outcome == "deadline")
+        self.limit.labels(name).set(p.limit)
+        over, line = p.check()
+        if line is not None:
+            self.overloaded.labels(name).set(1 if over else 0)
+            answers, misses, shed = p.rate()
+            rate = misses / answers if answers else 0.0
+            if line == "end":
+                log.info("classifier keeps its deadline again", classifier=name,
+                         miss_rate=round(rate, 3), answers=answers, window_seconds=p.window)
+            else:
+                log.warning("classifier missing its deadline", classifier=name, miss_rate=round(rate, 3),
+                            missed=misses, answers=answers, shed=shed, window_seconds=p.window,
+                            deadline_ms=round(p.deadline * 1e3, 1), in_flight_limit=int(p.limit),
+                            effect="late and shed requests get the failure tag: they stay local")
+
+
+class RequestTags:
+    """One request's tags: asked for when (and only when) they matter."""
+
+    def __init__(self, owner: Classification, req: Request, body: Any, decision_id: str) -> None:
+        self.owner = owner
+        #: the request with the tags known so far
+        self.req = req
+        self.body = body
+        self.decision_id = decision_id
+        #: classifier names asked so far
+        self.known: set[str] = set()
+        #: what the trace shows: classifiers asked (with timings) and skipped (with why)
+        self.traces: list[ClassifierTrace] = []
+        self._skipped: dict[str, ClassifierTrace] = {}
+
+    @classmethod
+    def supplied(cls, owner: Classification, req: Request, body: Any, tags: frozenset[str]) -> RequestTags:
+        """Tags given by the caller (explain with ``tags``): nothing is asked."""
+        self = cls(owner, msgspec.structs.replace(req, tags=tags), body, "explain")
+        self.known = set(BUILTIN_CLASSIFIERS)
+        return self
+
+    async def _ask(self, snap: Snapshot, names: list[str]) -> None:
+        tags, traces = await self.owner.ask(snap, names, self.body, self.decision_id)
+        self.req = msgspec.structs.replace(self.req, tags=self.req.tags | tags)
+        self.known.update(names)
+        for name in names:
+            self._skipped.pop(name, None)
+        self.traces = [t for t in self.traces if t.name not in names] + traces
+
+    async def decide(self, snap: Snapshot, avoid: set[str] | frozenset[str],
+                     eager: Callable[[Request, Snapshot, Any], Decision], *, ledger: InFlightLedger | None,
+                     prefix: PrefixIndex | None, rng: Any,
+                     observe: Callable[[float], None] | None = None) -> Decision:
+        """The decision on ``snap``, asking only the classifiers whose answer
+        can change it; exactly the decision the request would get with every
+        tag known (see :mod:`kinference_common.engine.lazy`). ``eager(req,
+        snap, avoid)`` decides when every required tag is known (the common
+        case of a policy that reads no tags)."""
+        needed = snap.classifiers_for(self.req)
+        for _ in range(len(needed) + 1):
+            if all(n in self.known for n in needed):
+                return eager(self.req, snap, avoid)
+            started = time.perf_counter()
+            got = decide_lazily(snap, self.req, needed, known=self.known, ledger=ledger, prefix=prefix,
+                                rng=rng, avoid=avoid)
+            if observe is not None:
+                observe(time.perf_counter() - started)
+            if got.decision is not None:
+                for name, why in got.skipped.items():
+                    if name not in self._skipped:
+                        self.owner.skipped.labels(name).inc()
+                    self._skipped[name] = ClassifierTrace(name=name, ms=0.0, outcome="skipped",
+                                                          path=self.owner.path(snap, name), why=why)
+                self.traces = [t for t in self.traces if t.name not in got.skipped] + [
+                    self._skipped[n] for n in got.skipped]
+                return got.decision
+            await self._ask(snap, got.needed)
+        raise AssertionError("lazy decision did not converge")  # pragma: no cover - decide_lazily guarantees it
+
+    async def complete(self, snap: Snapshot) -> Request:
+        """Ask every required classifier not asked yet (before the request
+        waits in flow control, where it is decided again without awaiting)."""
+        missing = [n for n in snap.classifiers_for(self.req) if n not in self.known]
+        if missing:
+            await self._ask(snap, missing)
+        return self.req
