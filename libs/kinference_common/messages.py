@@ -150,6 +150,23 @@ class ClassifyReply(_Msg, kw_only=True):
     detail: str = ""
 
 
+class ClassifyBatch(_Msg, kw_only=True):
+    """``kinference.classify.<classifier>.batch`` request: several requests in
+    one message (the router sends one per event-loop turn). The classifier
+    works through ``items`` in order within ``deadline_ms`` of reading the
+    batch; an item it has no time left for gets the failure tag."""
+
+    items: list[ClassifyRequest]
+    deadline_ms: float | None = None
+    sent_at: float | None = None
+
+
+class ClassifyBatchReply(_Msg, kw_only=True):
+    """One reply per item of a :class:`ClassifyBatch`, in the same order."""
+
+    replies: list[ClassifyReply]
+
+
 # ------------------------------------------------------------------- encoding
 
 _encoder = msgspec.json.Encoder()

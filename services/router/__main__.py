@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from kinference_common import bus, logs
+from kinference_router.classification import configure as configure_classification
 from kinference_router.app import Router, RouterSettings
 from kinference_router.tenants import Authenticator, TenantsFileError
 from kinference_router.upstream import SecretFiles
@@ -41,6 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--first-byte-timeout", type=float, default=120.0, help="seconds (providers may set their own)")
     p.add_argument("--stale-after", type=float, default=5.0, help="telemetry older than this is stale, seconds")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
+    p.add_argument("--no-classify-batching", dest="classify_batching", action="store_false",
+                   help="send one classify request per request instead of one batch per event-loop turn")
+    p.add_argument("--classify-max-in-flight", type=int, default=256, metavar="N",
+                   help="classify requests in flight per classifier at most; the limit adapts down while "
+                        "answers miss their deadline (default %(default)s)")
     logs.add_arguments(p)
     return p.parse_args(argv)
 
@@ -90,6 +96,8 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     nc = connecting.result()
     router = Router(settings, auth, SecretFiles(args.secrets_dir), nc=nc)
+    configure_classification(router.classification, batching=args.classify_batching,
+                             max_in_flight=args.classify_max_in_flight)
     await router.start()
     tune_gc()
     servers = []

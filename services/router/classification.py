@@ -43,8 +43,12 @@ import msgspec
 import structlog
 from prometheus_client import Counter, Gauge
 
-from kinference_common.classifiers import BUILTIN_CLASSIFIERS, IN_PROCESS, SERVICE
-from kinference_common.classify_client import classify_body, failure
+import nats.errors
+
+from kinference_common.classifiers import BUILTIN_CLASSIFIERS, DEFAULT_MAX_CHARS, IN_PROCESS, SERVICE
+from kinference_common.classify_client import SERVICE_SHARE, classify_body, failure
+from kinference_common.messages import ClassifyBatch, ClassifyBatchReply, ClassifyReply, ClassifyRequest, decoder, encode
+from kinference_common.subjects import classify_batch_subject
 from kinference_common.engine import Decision, InFlightLedger, PrefixIndex, Request, Snapshot
 from kinference_common.engine.lazy import decide_lazily
 from kinference_common.engine.trace import ClassifierTrace
@@ -130,13 +134,103 @@ class Pressure:
         return over, line
 
 
+class Batcher:
+    """Classify requests on the wire in batches: every request for a
+    classifier made in one turn of the event loop goes out as one
+    :class:`ClassifyBatch` (at most ``max_items`` items, ``max_bytes`` of
+    text), answered by one reply. Under a burst the router's loop and the
+    classifier each handle one message instead of hundreds. The deadline
+    runs from when the batch is sent: time a request spent before that in
+    this router's own queue (at most one loop turn) is not the classifier's."""
+
+    def __init__(self, nc: Callable[[], Any], *, max_items: int = 32, max_bytes: int = 512 * 1024,
+                 max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        self._nc = nc
+        self.max_items, self.max_bytes, self.max_chars = max_items, max_bytes, max_chars
+        self._pending: dict[str, list[tuple[ClassifyRequest, asyncio.Future[ClassifyReply], float]]] = {}
+        self._bytes: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._decoder = decoder(ClassifyBatchReply)
+
+    async def classify(self, name: str, body: dict[str, Any], request_id: str) -> ClassifyReply:
+        started = time.perf_counter()
+        ex = texts_from_body(body)
+        size = sum(len(t) for t in ex.texts)
+        if size > self.max_chars:
+            return failure(name, "oversize", "over the size cap, not sent", started, request_id)
+        nc = self._nc()
+        if nc is None or not nc.is_connected:
+            return failure(name, "error", "not connected to NATS", started, request_id)
+        info = BUILTIN_CLASSIFIERS[name]
+        item = ClassifyRequest(texts=list(ex.texts), request_id=request_id, roles=list(ex.roles),
+                               unreadable=ex.unreadable,
+                               deadline_ms=info.deadline_seconds * 1000.0 * SERVICE_SHARE)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[ClassifyReply] = loop.create_future()
+        batch = self._pending.get(name)
+        if batch is None:
+            batch = self._pending[name] = []
+            self._bytes[name] = 0
+            loop.call_soon(self._flush, name)
+        batch.append((item, fut, started))
+        self._bytes[name] += size
+        if len(batch) >= self.max_items or self._bytes[name] >= self.max_bytes:
+            self._flush(name)
+        return await fut
+
+    def _flush(self, name: str) -> None:
+        batch = self._pending.pop(name, None)
+        self._bytes.pop(name, None)
+        if not batch:
+            return
+        task = asyncio.ensure_future(self._send(name, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, name: str, batch: list[tuple[ClassifyRequest, asyncio.Future[ClassifyReply], float]]) -> None:
+        info = BUILTIN_CLASSIFIERS[name]
+        timeout = info.deadline_seconds
+        replies: list[ClassifyReply] | None = None
+        why = ("error", "")
+        try:
+            payload = encode(ClassifyBatch(items=[b[0] for b in batch], sent_at=time.time(),
+                                           deadline_ms=timeout * 1000.0 * SERVICE_SHARE))
+            msg = await self._nc().request(classify_batch_subject(name), payload, timeout=timeout)
+            got = self._decoder.decode(msg.data).replies
+            if len(got) == len(batch):
+                replies = got
+            else:
+                why = ("error", "invalid batch reply")
+        except nats.errors.NoRespondersError:
+            why = ("error", "no responders")
+        except nats.errors.TimeoutError:
+            why = ("deadline", "no answer within the deadline")
+        except asyncio.CancelledError:
+            why = ("error", "cancelled")
+            raise
+        except Exception as exc:  # connection closed, payload too large, undecodable reply
+            why = ("error", type(exc).__name__)
+        finally:
+            for i, (item, fut, started) in enumerate(batch):
+                if fut.done():
+                    continue
+                reply = replies[i] if replies is not None else None
+                if (reply is None or len(reply.tags) != 1 or reply.tags[0] not in info.tags
+                        or reply.classifier != name):
+                    outcome, detail = why if reply is None else ("error", "invalid reply")
+                    reply = failure(name, outcome, detail, started, item.request_id)
+                fut.set_result(reply)
+
+
 class Classification:
     """Router-wide classification state: paths, detectors, back-pressure, metrics."""
 
-    def __init__(self, metrics: Any, nc: Any = None, *, max_in_flight: int = 256,
+    def __init__(self, metrics: Any, nc: Any = None, *, max_in_flight: int = 256, batching: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.metrics = metrics
         self.nc = nc
+        #: one message per classifier per event-loop turn (False: one request each)
+        self.batcher: Batcher | None = Batcher(lambda: self.nc) if batching else None
         self.max_in_flight = max_in_flight
         self.clock = clock
         self.pressure = {n: Pressure(n, max_limit=max_in_flight, clock=clock) for n in BUILTIN_CLASSIFIERS}
@@ -212,11 +306,11 @@ class Classification:
 
         async def one(name: str) -> tuple[str, Any, float, str, str]:
             t0 = time.perf_counter()
-            try:
+            if self.batcher is not None:
+                reply = await self.batcher.classify(name, body.raw, decision_id)
+            else:
                 reply = await classify_body(self.nc, name, body.raw, BUILTIN_CLASSIFIERS[name].deadline_seconds,
                                             request_id=decision_id)
-            finally:
-                pass
             seconds = time.perf_counter() - t0
             self._answered(name, reply.outcome)
             return name, reply, seconds, SERVICE, ""
@@ -252,6 +346,17 @@ class Classification:
                             missed=misses, answers=answers, shed=shed, window_seconds=p.window,
                             deadline_ms=round(p.deadline * 1e3, 1), in_flight_limit=int(p.limit),
                             effect="late and shed requests get the failure tag: they stay local")
+
+
+def configure(c: Classification, *, batching: bool = True, max_in_flight: int = 256) -> None:
+    """Apply the router's command-line choices."""
+    if not batching:
+        c.batcher = None
+    c.max_in_flight = max_in_flight
+    for p in c.pressure.values():
+        p.max_limit = max_in_flight
+        p.limit = float(max_in_flight)
+        c.limit.labels(p.name).set(p.limit)
 
 
 class RequestTags:
