@@ -157,6 +157,9 @@ async def trial(stack: Any, n_clean: int, n_pii: int, max_tokens: int) -> dict[s
     out["provider_log"] = {"requests": len(received),
                            "with_pii": sum(1 for line in received if any(m in line for m in PII_MARKERS))}
     out["classifier"] = classifier_counts(delta)
+    logs = stack.run_dir / "logs"
+    out["nats_violations"] = sum(line.lower().count("violation")
+                                 for f in logs.glob("*.log") for line in f.read_text(errors="replace").splitlines())
     cd = {k: cls_after.get(k, 0.0) - cls_before.get(k, 0.0) for k in cls_after}
     served = sum(v for k, v in cd.items() if k.startswith('kinference_classify_seconds_count{classifier="pii"'))
     busy = sum(v for k, v in cd.items() if k.startswith('kinference_classify_seconds_sum{classifier="pii"'))

@@ -116,8 +116,11 @@ class ClassifierService:
         max_chars: int = DEFAULT_MAX_CHARS,
         metrics: Metrics | None = None,
         logger: Any = None,
+        nats_options: dict[str, Any] | None = None,
     ) -> None:
         self.nats_url = nats_url
+        #: credentials and TLS (:func:`kinference_common.natsauth.connect_options`)
+        self.nats_options = nats_options or {}
         self.health_host = health_host
         self.health_port = health_port
         self._classifiers = classifiers
@@ -169,6 +172,7 @@ class ClassifierService:
             name="kinference-classifier",
             on_disconnect=self._on_disconnected,
             on_reconnect=self._on_reconnected,
+            **self.nats_options,
         )
         self.metrics.connected.set(1)
         for name in self.names:

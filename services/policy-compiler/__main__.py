@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from kinference_common import logs
+from kinference_common import logs, natsauth
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_policy_compiler.service import PolicyCompilerService, Settings
 
@@ -39,15 +39,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="routers run this classifier in their own process instead of asking the classifier "
                         "service over NATS (no prompt on the bus; repeat; default: none). The policies' status "
                         "shows the path and deadline that apply")
+    natsauth.add_arguments(p, default_user=natsauth.COMPILER)
     logs.add_arguments(p)
     return p.parse_args(argv)
 
 
 async def run(args: argparse.Namespace) -> int:
+    try:
+        nats_options = natsauth.connect_options(args)
+    except natsauth.CredentialsError as exc:
+        print(f"kinference-policy-compiler: {exc}", file=sys.stderr)
+        return 1
     service = PolicyCompilerService(Settings(
         manifests=args.manifests, nats_url=args.nats_url, status_dir=args.status_dir, interval=args.interval,
         resync=args.resync, http_host=args.http_host, http_port=args.http_port,
-        watched_namespaces=args.namespaces, in_process_classifiers=args.in_process,
+        watched_namespaces=args.namespaces, in_process_classifiers=args.in_process, nats_options=nats_options,
     ))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

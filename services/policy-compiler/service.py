@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import nats
@@ -44,6 +45,8 @@ class Settings:
     #: health and metrics; 0 = any free port, None = no HTTP server
     http_port: int | None = None
     watched_namespaces: Collection[str] | None = None
+    #: credentials and TLS (:func:`kinference_common.natsauth.connect_options`)
+    nats_options: dict[str, Any] = field(default_factory=dict)
     #: classifiers routers run in their own process (``--in-process-classifier``)
     in_process_classifiers: Collection[str] = ()
 
@@ -78,7 +81,7 @@ class PolicyCompilerService:
 
     async def start(self) -> None:
         self._nc = await bus.connect(self.settings.nats_url, name="kinference-policy-compiler",
-                                     on_reconnect=self._on_reconnect)
+                                     on_reconnect=self._on_reconnect, **self.settings.nats_options)
         self._publisher = ConfigPublisher(self._nc)
         await self._publisher.start()
         await self._start_http()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from kinference_common import bus, logs
+from kinference_common import natsauth
 from kinference_router.classification import configure as configure_classification
 from kinference_router.app import Router, RouterSettings
 from kinference_router.tenants import Authenticator, TenantsFileError
@@ -42,6 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--first-byte-timeout", type=float, default=120.0, help="seconds (providers may set their own)")
     p.add_argument("--stale-after", type=float, default=5.0, help="telemetry older than this is stale, seconds")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
+    natsauth.add_arguments(p, default_user=natsauth.ROUTER)
     p.add_argument("--no-classify-batching", dest="classify_batching", action="store_false",
                    help="send one classify request per request instead of one batch per event-loop turn")
     p.add_argument("--classify-max-in-flight", type=int, default=256, metavar="N",
@@ -87,7 +89,13 @@ async def run(args: argparse.Namespace) -> int:
         if router is not None:
             await router.keeper.resync()
 
-    connecting = asyncio.create_task(bus.connect(args.nats_url, name="kinference-router", on_reconnect=reconnected))
+    try:
+        nats_options = natsauth.connect_options(args)
+    except natsauth.CredentialsError as exc:
+        print(f"kinference-router: {exc}", file=sys.stderr)
+        return 1
+    connecting = asyncio.create_task(bus.connect(args.nats_url, name="kinference-router", on_reconnect=reconnected,
+                                                 **nats_options))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not connecting.done():
