@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router load-router eval-classifier lint clean
+        bench-classifier bench-router load-router load-burst eval-classifier lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -59,6 +59,9 @@ bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> ben
 
 load-router: install  ## 500 concurrent streams for a minute through the router -> bench/results/load_router.json
 	$(BIN)/python -m bench.load_router
+
+load-burst: install  ## 200 streams at once (180 clean, 20 PII) on the make-run stack -> bench/results/burst.json
+	$(BIN)/python -m bench.burst $(BURST_ARGS)
 
 eval-classifier: install  ## regenerate docs/classifier-eval.md
 	$(BIN)/python -m bench.eval_classifier
