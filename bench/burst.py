@@ -41,7 +41,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "burst.json"
 
 CARD = "4111 1111 1111 1111"
 EMAIL = "jane.doe@example.com"
-PII_MARKERS = ("4111", "jane.doe")
+#: what only a PII prompt carries (shorter markers match timestamps and ids in the log)
+PII_MARKERS = (CARD, EMAIL)
 TOPICS = ["tea", "bridges", "volcanoes", "chess", "the printing press", "bees", "glaciers", "jazz", "sailing",
           "bread", "comets", "railways", "maps", "paper", "clocks", "coffee", "owls", "deserts"]
 
@@ -154,8 +155,8 @@ async def trial(stack: Any, n_clean: int, n_pii: int, max_tokens: int) -> dict[s
         }
     log_path = stack.run_dir / "provider-requests.jsonl"
     received = [line for line in log_path.read_text().splitlines() if line.strip()] if log_path.exists() else []
-    out["provider_log"] = {"requests": len(received),
-                           "with_pii": sum(1 for line in received if any(m in line for m in PII_MARKERS))}
+    leaked = [line for line in received if any(m in line for m in PII_MARKERS)]
+    out["provider_log"] = {"requests": len(received), "with_pii": len(leaked), "leaked": leaked[:3]}
     out["classifier"] = classifier_counts(delta)
     logs = stack.run_dir / "logs"
     out["nats_violations"] = sum(line.lower().count("violation")

@@ -257,7 +257,7 @@ def card(text: str, start: int, end: int) -> Verdict:
 
 
 def iban(text: str, start: int, end: int) -> Verdict:
-    groups = text[start:end].split()
+    groups = text[start:end].upper().split()  # written in lower case too
     # The pattern may run on into following upper-case words: try shorter prefixes.
     for k in range(len(groups), 0, -1):
         candidate = "".join(groups[:k])
@@ -304,8 +304,10 @@ def phone(text: str, start: int, end: int, plain_regions: Sequence[str] = ("US",
     if _inside_token(text, start, end) or _in_digit_groups(text, start, end):
         return NONE
     digits = sum(c.isdigit() for c in raw)
-    if digits < 7:
+    if digits < 7 or _DATE.fullmatch(raw) or _NOT_A_PHONE.fullmatch(raw):
         return NONE
+    if "." in raw and raw[0] not in "+0(" and not _NANP_DOTTED.fullmatch(raw):
+        return NONE  # 15.35.160: a version; dotted NANP numbers are 415.555.0100
     if raw.startswith("00"):
         raw = "+" + raw[2:]
     regions: Sequence[str | None]
@@ -326,6 +328,38 @@ def phone(text: str, start: int, end: int, plain_regions: Sequence[str] = ("US",
         if best is NONE and phonenumbers.is_possible_number(num):
             best = UNKNOWN
     return best
+
+
+#: a date written with separators (03.12.2024, 2024-12-03, 12/03/24, 03 12 2024): never a phone
+_DATE = re.compile(
+    r"(?:0?[1-9]|[12][0-9]|3[01])[ ./-](?:0?[1-9]|1[0-2])[ ./-](?:19|20)?[0-9]{2}"
+    r"|(?:0?[1-9]|1[0-2])[ ./-](?:0?[1-9]|[12][0-9]|3[01])[ ./-](?:19|20)?[0-9]{2}"
+    r"|(?:19|20)[0-9]{2}[ ./-](?:0?[1-9]|1[0-2])[ ./-](?:0?[1-9]|[12][0-9]|3[01])",
+    re.ASCII,
+)
+
+
+#: shapes of other numbers: a Brazilian CPF (069.130.680-08), dots mixed with dashes
+_NOT_A_PHONE = re.compile(r"[0-9]{3}\.[0-9]{3}\.[0-9]{3}-[0-9]{2}|.*\..*-.*|.*-.*\..*", re.ASCII)
+_NANP_DOTTED = re.compile(r"(?:1[ .-]?)?[0-9]{3}\.[0-9]{3}\.[0-9]{4}(?:[ \t]{0,3}(?:x|ext\.?)[ \t]{0,3}[0-9]+)?",
+                          re.ASCII | re.IGNORECASE)
+
+
+def phone_grouped(text: str, start: int, end: int) -> Verdict:
+    """A number written in groups the way much of the world writes phone
+    numbers without a country code: a trunk ``0`` and groups of 2-4 digits
+    (``07700 900 123``, ``0612 34 56 78``, ``030 123 45 67``), or a
+    parenthesised area code (``(21) 555-0199``). Valid somewhere likely:
+    confirmed; otherwise, being phone-shaped with separators, at least
+    unknown when it has 8 to 12 digits (a plausible length) and is no date."""
+    verdict = phone(text, start, end, _PLAIN_REGIONS)
+    if verdict is not NONE:
+        return verdict
+    raw = text[start:end]
+    if (_inside_token(text, start, end) or _in_digit_groups(text, start, end) or _DATE.fullmatch(raw)
+            or _NOT_A_PHONE.fullmatch(raw)):
+        return NONE
+    return UNKNOWN if 8 <= sum(c.isdigit() for c in raw) <= 12 else NONE
 
 
 def phone_after_keyword(text: str, start: int, end: int) -> Verdict:
@@ -557,7 +591,7 @@ RULES: tuple[Rule, ...] = (
     Rule("card", Pattern("card", r"\b(?:[0-9][ -]?){11,18}[0-9]\b"), card),
     Rule(
         "iban",
-        Pattern("iban", r"\b[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){11,30}\b"),
+        Pattern("iban", r"\b[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){11,30}\b", caseless=True),
         iban,
     ),
     Rule("ssn", Pattern("ssn", r"\b[0-9]{3}[- ][0-9]{2}[- ][0-9]{4}\b"), us_ssn),
@@ -580,7 +614,9 @@ RULES: tuple[Rule, ...] = (
             "ipv6",
             # eight groups, or fewer around one "::" (times like 12:30:45 are neither)
             r"\b(?:[0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f]{1,4}\b"
-            r"|\b(?:[0-9A-Fa-f]{1,4}:){1,6}(?::[0-9A-Fa-f]{1,4}){1,6}\b",
+            r"|\b(?:[0-9A-Fa-f]{1,4}:){1,6}(?::[0-9A-Fa-f]{1,4}){1,6}\b"
+            # a prefix written with its trailing "::" (2a00:1450:4001::)
+            r"|\b(?:[0-9A-Fa-f]{1,4}:){2,7}:",
         ),
         ip_address,
     ),
@@ -647,6 +683,15 @@ RULES: tuple[Rule, ...] = (
         phone,
     ),
     Rule("phone", Pattern("phone_pairs", r"\b0[1-9](?:[ .-][0-9]{2}){4}\b"), phone),
+    Rule(
+        "phone",
+        Pattern(
+            "phone_grouped",
+            r"\b0[1-9][0-9]{0,4}(?:[ .-][0-9]{2,4}){2,4}\b"
+            r"|\([0-9]{2,4}\)[ ]?[0-9]{3,5}[ -][0-9]{3,4}\b",
+        ),
+        phone_grouped,
+    ),
     Rule("phone", Pattern("phone_bare_trunk", r"\b0[1-9][0-9]{7,9}\b"), phone_bare),
 )
 
