@@ -658,7 +658,7 @@ def render(samples: list[Sample], result: dict[str, object], args: argparse.Name
             else f"a different tag on {result['disagreements']} texts."
         ),
         "- How the data is made, and what counts as confirmed or unknown: the docstrings of "
-        "`bench/eval_classifier.py` and `services/classifier/pii.py`.",
+        "`bench/eval_classifier.py` and `libs/kinference_common/detectors/pii.py`.",
         "",
         "## Structured personal data and secrets",
         "",
