@@ -340,8 +340,8 @@ class Router:
                 break
             # after a refused connection, decide again without what failed
             d = await tags.decide(snap, tried, self._decide, ledger=self.ledger, prefix=self.prefix, rng=self.rng,
-                                  observe=self.metrics.decision.observe)
-            req, traces = tags.req, tags.traces
+                                  observe=self.metrics.decision.observe, latest=lambda: self.keeper.snapshot)
+            req, traces, snap = tags.req, tags.traces, d.snapshot
             flow_control = snap.pool.flow_control
             if flow_control is not None and (
                     (not d.routed and d.code == "no_capacity")

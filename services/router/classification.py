@@ -332,11 +332,15 @@ class Classification:
 
         async def one(name: str) -> tuple[str, Any, float, str, str]:
             t0 = time.perf_counter()
-            if self.batcher is not None:
-                reply = await self.batcher.classify(name, body.raw, decision_id)
-            else:
-                reply = await classify_body(self.nc, name, body.raw, BUILTIN_CLASSIFIERS[name].deadline_seconds,
-                                            request_id=decision_id)
+            try:
+                if self.batcher is not None:
+                    reply = await self.batcher.classify(name, body.raw, decision_id)
+                else:
+                    reply = await classify_body(self.nc, name, body.raw,
+                                                BUILTIN_CLASSIFIERS[name].deadline_seconds, request_id=decision_id)
+            except BaseException:  # the client went away: give its slot back
+                self.pressure[name].in_flight -= 1
+                raise
             seconds = time.perf_counter() - t0
             self._answered(name, reply.outcome)
             return name, reply, seconds, SERVICE, ""
@@ -418,14 +422,18 @@ class RequestTags:
     async def decide(self, snap: Snapshot, avoid: set[str] | frozenset[str],
                      eager: Callable[[Request, Snapshot, Any], Decision], *, ledger: InFlightLedger | None,
                      prefix: PrefixIndex | None, rng: Any,
-                     observe: Callable[[float], None] | None = None) -> Decision:
+                     observe: Callable[[float], None] | None = None,
+                     latest: Callable[[], Snapshot | None] | None = None) -> Decision:
         """The decision on ``snap``, asking only the classifiers whose answer
         can change it; exactly the decision the request would get with every
         tag known (see :mod:`kinference_common.engine.lazy`). ``eager(req,
         snap, avoid)`` decides when every required tag is known (the common
-        case of a policy that reads no tags)."""
+        case of a policy that reads no tags). After waiting for a classifier
+        the decision is taken on ``latest()`` (the newest snapshot) when
+        given: ``Decision.snapshot`` says which."""
         needed = snap.classifiers_for(self.req)
-        for _ in range(len(needed) + 1):
+        # each turn either decides or asks at least one classifier not asked yet
+        for _ in range(len(BUILTIN_CLASSIFIERS) + 2):
             if all(n in self.known for n in needed):
                 return eager(self.req, snap, avoid)
             started = time.perf_counter()
@@ -443,6 +451,8 @@ class RequestTags:
                     self._skipped[n] for n in got.skipped]
                 return got.decision
             await self._ask(snap, got.needed)
+            snap = (latest() if latest is not None else None) or snap
+            needed = snap.classifiers_for(self.req)
         raise AssertionError("lazy decision did not converge")  # pragma: no cover - decide_lazily guarantees it
 
     async def complete(self, snap: Snapshot) -> Request:
