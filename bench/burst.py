@@ -230,6 +230,12 @@ def table(rounds: list[dict[str, Any]]) -> str:
 
 
 async def amain(args: argparse.Namespace) -> int:
+    import signal
+
+    # SIGTERM stops the stack like Ctrl-C does (the stack's processes are ours to end)
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     rounds = []
     for i in range(args.rounds):
         rounds.append(await run_round(args, args.port_offset + i * 200))
