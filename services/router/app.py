@@ -175,6 +175,7 @@ class Router:
         self.keeper.on_rebuild = self.flow.capacity_changed
         self.keeper.calibration = self._calibration
         self.classification = Classification(self.metrics, self.nc)
+        self.classification.watch(self.keeper)  # loads in-process classifiers when a policy asks for them
 
     # ------------------------------------------------------------ lifecycle
 

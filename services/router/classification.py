@@ -261,6 +261,7 @@ class Classification:
         self.clock = clock
         self.pressure = {n: Pressure(n, max_limit=max_in_flight, clock=clock) for n in BUILTIN_CLASSIFIERS}
         self._detectors: Any = None
+        self._loading: Any = None
         r = metrics.registry
         self.misses = Counter("kinference_classifier_deadline_misses_total",
                               "Classify requests that got no answer within their deadline (failure tag used)",
@@ -290,19 +291,41 @@ class Classification:
         return IN_PROCESS if name in snap.pool.policy.in_process_classifiers else SERVICE
 
     def detectors(self) -> Any:
-        """The pattern detectors, compiled and warmed on first use (only when
-        a policy runs a classifier in process)."""
-        if self._detectors is None:
-            from kinference_common.detectors.core import Classifiers
-
-            self._detectors = Classifiers()
-            self._detectors.warm_up()
+        """The pattern detectors, or None while they load: compiling them
+        takes most of a second, so it happens in a thread when a snapshot
+        first runs a classifier in process (:meth:`prepare`), never on the
+        event loop; until then such a request gets the failure tag."""
+        if self._detectors is None and self._loading is None:
+            try:
+                self._loading = asyncio.get_running_loop().run_in_executor(None, self._load)
+            except RuntimeError:  # no event loop (a synchronous caller): load here
+                self._loading = True
+                self._load()
         return self._detectors
 
-    def prepare(self, snap: Snapshot) -> None:
-        """Load the detectors ahead of the first request that needs them."""
-        if snap.pool.policy.in_process_classifiers:
+    def _load(self) -> None:
+        from kinference_common.detectors.core import Classifiers
+
+        detectors = Classifiers()
+        detectors.warm_up()
+        self._detectors = detectors
+        log.info("in-process classifiers loaded", classifiers=detectors.names)
+
+    def prepare(self, snap: Snapshot | None) -> None:
+        """Start loading the detectors when ``snap`` runs a classifier in process."""
+        if snap is not None and snap.pool.policy.in_process_classifiers and self._detectors is None:
             self.detectors()
+
+    def watch(self, keeper: Any) -> None:
+        """Call :meth:`prepare` after each snapshot rebuild of ``keeper``."""
+        before = keeper.on_rebuild
+
+        def rebuilt() -> None:
+            self.prepare(keeper.snapshot)
+            if before is not None:
+                before()
+
+        keeper.on_rebuild = rebuilt
 
     async def ask(self, snap: Snapshot, names: Sequence[str], body: Any,
                   decision_id: str) -> tuple[frozenset[str], list[ClassifierTrace]]:
@@ -316,9 +339,14 @@ class Classification:
                 t0 = time.perf_counter()
                 ex = texts_from_body(body.raw)
                 info = BUILTIN_CLASSIFIERS[name]
-                reply = self.detectors().classify(name, ex.texts, roles=ex.roles, unreadable=ex.unreadable,
-                                                  deadline_ms=info.deadline(IN_PROCESS) * 1e3,
-                                                  request_id=decision_id)
+                detectors = self.detectors()
+                if detectors is None:
+                    reply = failure(name, "error", "in-process classifier still loading", t0, decision_id)
+                    results.append((name, reply, 0.0, path, "the in-process detectors are still loading "
+                                                            "(just after start): failure tag used"))
+                    continue
+                reply = detectors.classify(name, ex.texts, roles=ex.roles, unreadable=ex.unreadable,
+                                           deadline_ms=info.deadline(IN_PROCESS) * 1e3, request_id=decision_id)
                 results.append((name, reply, time.perf_counter() - t0, path, ""))
             elif not self.pressure[name].admit():
                 self.shed.labels(name).inc()

@@ -94,6 +94,12 @@ async def republish(env: Env, **compile_kwargs: Any) -> None:
 async def test_in_process_classifier_needs_no_service_and_puts_nothing_on_the_bus(env: Env) -> None:
     await republish(env, in_process_classifiers=["pii"])
     assert env.router.keeper.snapshot.pool.policy.in_process_classifiers == ["pii"]
+    # the snapshot started loading the detectors in a thread; until then the failure tag
+    for _ in range(200):
+        if env.router.classification._detectors is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert env.router.classification._detectors is not None
     seen: list[str] = []
 
     async def on(msg: Any) -> None:
