@@ -216,7 +216,8 @@ class Router:
         return Response(200, b"ok\n", content_type="text/plain; charset=utf-8")
 
     async def readyz(self, _: HttpRequest) -> Response:
-        ready = self.keeper.snapshot is not None
+        # and, when the policy runs a classifier in process, once it is loaded
+        ready = self.keeper.snapshot is not None and self.classification.ready(self.keeper.snapshot)
         return Response(200 if ready else 503, b"ready\n" if ready else b"no configuration yet\n",
                         content_type="text/plain; charset=utf-8")
 

@@ -316,6 +316,12 @@ class Classification:
         if snap is not None and snap.pool.policy.in_process_classifiers and self._detectors is None:
             self.detectors()
 
+    def ready(self, snap: Snapshot | None) -> bool:
+        """False while ``snap`` runs a classifier in process that is still loading."""
+        if snap is None or not snap.pool.policy.in_process_classifiers:
+            return True
+        return self.detectors() is not None
+
     def watch(self, keeper: Any) -> None:
         """Call :meth:`prepare` after each snapshot rebuild of ``keeper``."""
         before = keeper.on_rebuild

@@ -197,3 +197,33 @@ async def test_sustained_misses_log_one_line_with_the_rate(env: Env) -> None:
     assert len(warnings) == 1 and warnings[0]["miss_rate"] == 1.0
     assert env.router.metrics.registry.get_sample_value("kinference_classifier_overloaded",
                                                        {"classifier": "pii"}) == 1
+
+
+async def test_not_ready_while_in_process_classifiers_load(env: Env) -> None:
+    import threading
+
+    from kinference_common.detectors.core import Classifiers
+
+    c = env.router.classification
+    release = threading.Event()
+
+    def slow_load() -> None:
+        release.wait(10)
+        c._detectors = Classifiers()
+
+    c._load = slow_load  # type: ignore[method-assign]
+    client = env.client
+    assert (await client.get("/readyz")).status == 200
+    await republish(env, in_process_classifiers=["pii"])
+    assert (await client.get("/readyz")).status == 503
+    await env.saturate()
+    r = await env.chat(CLEAN)
+    assert r.status == 503  # the failure tag until loaded: stays local, local is full
+    release.set()
+    for _ in range(100):
+        if (await client.get("/readyz")).status == 200:
+            break
+        await asyncio.sleep(0.05)
+    assert (await client.get("/readyz")).status == 200
+    r = await env.chat(CLEAN)
+    assert r.status == 200 and r.headers["x-kinference-backend"] == "Provider/databricks"
