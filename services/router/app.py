@@ -353,6 +353,9 @@ class Router:
                     queue_deadline = asyncio.get_running_loop().time() + flow_control.max_queue_wait_seconds
                 # it is decided again while waiting, without awaiting: every tag first
                 req, traces = await tags.complete(snap), tags.traces
+                if d.request is not req:  # decided without some tags: again with them, for the event
+                    again = self._decide(req, snap, tried)
+                    d = again if (again.routed, again.code) == (d.routed, d.code) else d
                 try:
                     d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, d)
                 except ApiError as err:

@@ -79,11 +79,13 @@ async def test_live_explain_runs_the_classifiers_like_the_request_path(env: Env,
     assert t["classifiers"] == [] and t["tags"] == ["pii-none"]
 
 
-async def republish(env: Env, **compile_kwargs: Any) -> None:
+async def republish(env: Env, flow_control: str | None = None, **compile_kwargs: Any) -> None:
     docs = []
     for f in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
-        docs += load_text(f.read_text().replace("http://127.0.0.1:8300/v1", f"http://{env.provider.address}/v1"),
-                          str(f))
+        text = f.read_text().replace("http://127.0.0.1:8300/v1", f"http://{env.provider.address}/v1")
+        if flow_control and f.name == "20-pool.yaml":
+            text = text.replace("  policyRef:", f"  flowControl: {flow_control}\n  policyRef:")
+        docs += load_text(text, str(f))
     res = compile_documents(docs, **compile_kwargs)
     publisher = ConfigPublisher(env.nc)
     await publisher.start()
@@ -227,3 +229,31 @@ async def test_not_ready_while_in_process_classifiers_load(env: Env) -> None:
     assert (await client.get("/readyz")).status == 200
     r = await env.chat(CLEAN)
     assert r.status == 200 and r.headers["x-kinference-backend"] == "Provider/databricks"
+
+
+async def test_a_request_about_to_queue_is_classified_first(env: Env, classifier: Any) -> None:  # noqa: F811
+    """With flow control, a request whose decision is no_capacity waits in
+    the queue and is decided again without awaiting: it gets its tags first."""
+    await republish(env, flow_control="{maxQueueWait: 300ms, maxQueued: 10}")
+    assert env.router.keeper.snapshot.pool.flow_control is not None
+    events: list[dict[str, Any]] = []
+
+    async def on(msg: Any) -> None:
+        events.append(json.loads(msg.data))
+
+    await env.nc.subscribe(subjects.decisions_subject("default", "inference-all"), cb=on)
+    await env.saturate()
+    # the provider rate-limits: it cools down, so nothing can place any request
+    env.provider.status, env.provider.retry_after = 429, "30"
+    assert (await env.chat(CLEAN)).status == 429
+    await env.settle()
+    assert answered(classifier) == 1
+    # every tag now gives no_capacity (lazy would skip pii), but the request
+    # waits in the queue, where it is decided again without awaiting: asked first
+    r = await env.chat(CARD_PROMPT)
+    assert r.status == 503
+    assert answered(classifier) == 2
+    await asyncio.sleep(0.2)
+    (event,) = [e for e in events if e["decision_id"] == r.headers["x-kinference-decision-id"]]
+    assert event["tags"] == ["pii-confirmed"]
+    assert event["classifiers"][0]["outcome"] == "ok"
