@@ -8,11 +8,18 @@ import gc
 import signal
 import sys
 from pathlib import Path
+from typing import Any
+
+import structlog
 
 from kinference_common import bus, logs
 from kinference_common import natsauth
+from kinference_router import provider_request
+from kinference_router.classification import Classification
 from kinference_router.classification import configure as configure_classification
 from kinference_router.app import Router, RouterSettings
+from kinference_router.http_server import HttpLimits
+from kinference_router.pools import MultiPoolRouter
 from kinference_router.tenants import Authenticator, TenantsFileError
 from kinference_router.upstream import SecretFiles
 
@@ -27,14 +34,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "The admin port serves POST /debug/explain."
         ),
     )
-    p.add_argument("--pool", default="default/inference-all", metavar="NS/NAME", help="the pool to serve")
+    p.add_argument("--pool", metavar="NS/NAME",
+                   help="serve this pool only (default with --source files: default/inference-all; with "
+                        "--source kubernetes: every pool, each request to the pool its HTTPRoute names)")
+    p.add_argument("--source", choices=["files", "kubernetes"], default="files",
+                   help="files: keys from --tenants-file and --secrets-dir (default); kubernetes: from "
+                        "Secrets, watched")
+    p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--namespaces", help="kubernetes: comma-separated namespaces whose Secrets are watched "
+                                        "(default: all)")
     p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="data port (default 8080)")
     p.add_argument("--admin-host", default="127.0.0.1")
     p.add_argument("--admin-port", type=int, default=8081, help="admin port (default 8081)")
-    p.add_argument("--auth", choices=["none", "header", "apiKey"], default="none",
-                   help="none: tenant 'anonymous'; header: trust x-kinference-tenant; apiKey: Bearer keys")
+    p.add_argument("--auth", choices=["none", "header", "apiKey"],
+                   help="none: tenant 'anonymous' (default with --source files); header: trust "
+                        "x-kinference-tenant; apiKey: Bearer keys (default with --source kubernetes)")
     p.add_argument("--tenants-file", type=Path, help="apiKey mode: YAML {tenants: [{name, apiKeys: [...]}]}")
     p.add_argument("--secrets-dir", type=Path,
                    help="provider API keys as files <dir>/<secret>/<key> (a Secret volume's layout)")
@@ -42,6 +58,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--connect-timeout", type=float, default=2.0, help="seconds (providers may set their own)")
     p.add_argument("--first-byte-timeout", type=float, default=120.0, help="seconds (providers may set their own)")
     p.add_argument("--stale-after", type=float, default=5.0, help="telemetry older than this is stale, seconds")
+    p.add_argument("--provider-header", action="append", default=[], metavar="NAME",
+                   help="a client header a provider may receive (repeatable; none by default; cookies, "
+                        "credentials, X-Forwarded-*, X-User-* are refused)")
+    d = HttpLimits()
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help=f"open client connections per port; one more gets 503 (default {d.max_connections})")
+    p.add_argument("--header-timeout", type=float, default=d.header_timeout,
+                   help=f"seconds for a request's line and headers to arrive, else 408 (default {d.header_timeout:g})")
+    p.add_argument("--body-timeout", type=float, default=d.body_timeout,
+                   help=f"seconds for a request's body to arrive after its headers, else 408 "
+                        f"(default {d.body_timeout:g})")
+    p.add_argument("--max-pending-body-bytes", type=int, default=d.max_pending_body_bytes,
+                   help="bytes of unfinished request bodies held across connections; past it 503 "
+                        f"(default {d.max_pending_body_bytes})")
+    p.add_argument("--max-headers", type=int, default=d.max_headers,
+                   help=f"header lines per request, else 431 (default {d.max_headers})")
+    p.add_argument("--max-header-bytes", type=int, default=d.max_head_bytes,
+                   help=f"bytes of a request's line and headers, else 431 (default {d.max_head_bytes})")
+    p.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout,
+                   help=f"seconds an idle client connection stays open (default {d.keepalive_timeout:g})")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
     natsauth.add_arguments(p, default_user=natsauth.ROUTER)
     p.add_argument("--no-classify-batching", dest="classify_batching", action="store_false",
@@ -51,6 +87,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "answers miss their deadline (default %(default)s)")
     logs.add_arguments(p)
     return p.parse_args(argv)
+
+
+def limits(args: argparse.Namespace) -> tuple[frozenset[str], HttpLimits]:
+    """The provider header allowlist and the HTTP limits of the command line;
+    ValueError naming the flag that is wrong."""
+    try:
+        provider_headers = provider_request.check_allowlist(args.provider_header)
+        http = HttpLimits(max_connections=args.max_connections, header_timeout=args.header_timeout,
+                          body_timeout=args.body_timeout, max_pending_body_bytes=args.max_pending_body_bytes,
+                          max_headers=args.max_headers, max_head_bytes=args.max_header_bytes,
+                          keepalive_timeout=args.keepalive_timeout)
+    except ValueError as exc:
+        msg = str(exc)
+        name = msg.split(" ", 1)[0]
+        if name in vars(HttpLimits):  # a limit: name its flag
+            msg = "--" + {"max_head_bytes": "max_header_bytes"}.get(name, name).replace("_", "-") + msg[len(name):]
+        raise ValueError(msg) from None
+    return provider_headers, http
+
+
+def raise_fd_limit(want: int) -> None:
+    """Raise the soft limit on open files towards ``want`` (client connections
+    on both ports, as many upstream connections, NATS and files), within the
+    hard limit; say so when it stays lower, since accept() would then fail
+    before --max-connections is reached."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            if new < want:
+                print(f"kinference-router: open-file limit {new} is below the {want} that --max-connections "
+                      "needs; lower it or raise the hard limit", file=sys.stderr)
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 def tune_gc() -> None:
@@ -66,24 +139,75 @@ def tune_gc() -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    namespace, _, pool = args.pool.partition("/")
-    if not pool:
+    kube = args.source == "kubernetes"
+    pool_arg = args.pool or ("" if kube else "default/inference-all")
+    namespace, _, pool = pool_arg.partition("/")
+    if pool_arg and (not namespace or not pool):
         print("kinference-router: --pool must be NAMESPACE/NAME", file=sys.stderr)
         return 1
     try:
-        auth = Authenticator.from_file(args.auth, args.tenants_file)
-    except TenantsFileError as exc:
+        limits(args)
+    except ValueError as exc:
         print(f"kinference-router: {exc}", file=sys.stderr)
         return 1
+    mode = args.auth or ("apiKey" if kube else "none")
+    secrets: Any = SecretFiles(args.secrets_dir)
+    kube_api = None
+    try:
+        if kube and args.tenants_file is None:
+            auth = Authenticator(mode)  # keys from Secrets (kube_secrets.py)
+        else:
+            auth = Authenticator.from_file(mode, args.tenants_file)
+        if kube:
+            kube_api, secrets = await kube_secrets_source(args, auth if args.tenants_file is None else None)
+    except (TenantsFileError, KubeSetupError) as exc:
+        print(f"kinference-router: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return await serve(args, namespace, pool, auth, secrets)
+    finally:
+        if kube_api is not None:
+            await secrets.stop()
+            await kube_api.close()
+
+
+class KubeSetupError(Exception):
+    pass
+
+
+async def kube_secrets_source(args: argparse.Namespace, auth: Authenticator | None) -> tuple[Any, Any]:
+    """The API client and the watched Secrets (synced, or given up on after 30 s with a warning)."""
+    from kinference_common.kube.client import ResourceClient
+    from kinference_common.kube.config import KubeConfigError, api_client
+    from kinference_router.kube_secrets import KubeSecrets
+
+    try:
+        api = await api_client(args.kubeconfig, "kinference-router")
+    except KubeConfigError as exc:
+        raise KubeSetupError(str(exc)) from None
+    namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()] if args.namespaces else None
+    secrets = KubeSecrets(ResourceClient(api), auth, namespaces=namespaces)
+    secrets.start()
+    try:
+        await secrets.wait_synced(30.0)
+    except TimeoutError:
+        structlog.get_logger("router").warning("secrets not listed yet; serving, keys arrive when they do")
+    return api, secrets
+
+
+async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authenticator, secrets: Any) -> int:
+    provider_headers, http = limits(args)  # checked by run()
+    raise_fd_limit(2 * http.max_connections + 1024)
     settings = RouterSettings(namespace=namespace, pool=pool, max_body_bytes=args.max_body_bytes,
                               connect_timeout=args.connect_timeout, first_byte_timeout=args.first_byte_timeout,
-                              stale_after=args.stale_after)
+                              stale_after=args.stale_after, provider_headers=provider_headers,
+                              http=http)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    router: Router | None = None
+    router: Any = None
 
     async def reconnected() -> None:
         if router is not None:
@@ -103,8 +227,8 @@ async def run(args: argparse.Namespace) -> int:
         await asyncio.gather(connecting, return_exceptions=True)
         return 0
     nc = connecting.result()
-    router = Router(settings, auth, SecretFiles(args.secrets_dir), nc=nc)
-    configure_classification(router.classification, batching=args.classify_batching,
+    router = Router(settings, auth, secrets, nc=nc) if pool else MultiPoolRouter(settings, auth, secrets, nc=nc)
+    configure_classification(Classification.shared(router.metrics, nc), batching=args.classify_batching,
                              max_in_flight=args.classify_max_in_flight)
     await router.start()
     tune_gc()
@@ -121,7 +245,7 @@ async def run(args: argparse.Namespace) -> int:
         await router.stop()
         await nc.close()
         return 1
-    print(f"kinference-router: serving {args.pool} on http://{args.host}:{args.port} "
+    print(f"kinference-router: serving {namespace + '/' + pool if pool else 'every pool, by route'} on http://{args.host}:{args.port} "
           f"(admin http://{args.admin_host}:{args.admin_port})", file=sys.stderr, flush=True)
     await stop.wait()
     # requests under way get a few seconds to finish; new ones are refused

@@ -9,8 +9,10 @@ One request, in order (ARCHITECTURE.md, "The hot path"):
 3. ask the classifiers the applicable rules need, in parallel, each with its
    deadline (no answer = its failure tag);
 4. decide on the snapshot (the pure engine call);
-5. proxy to the pick, streaming as chunks arrive; a connection failure before
-   any byte was sent tries the next best candidate (bounded);
+5. proxy to the pick, streaming as chunks arrive; a request provably not
+   received (connect failed, or the connection closed before it was fully
+   written) tries the next best candidate (bounded, retry.py); one that may
+   have been received is never sent again (502);
 6. publish the decision event and the observation without waiting.
 """
 
@@ -37,16 +39,18 @@ from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
+from kinference_router import provider_request, retry, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.classification import Classification, RequestTags
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 from kinference_router.metrics import RouterMetrics
-from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
+from kinference_router.http_server import HttpLimits, HttpServer, Request as HttpRequest, Response
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter, SecretError, SecretFiles, UpstreamHealth
-from kinference_router.upstream_http import ConnectFailed, UpstreamClient, UpstreamError, UpstreamTimeout
+from kinference_router.upstream_http import (ConnectFailed, SentNotAnswered, UpstreamClient, UpstreamError,
+                                             UpstreamTimeout)
 
 log = structlog.get_logger("router")
 
@@ -73,6 +77,10 @@ class RouterSettings:
     first_byte_timeout: float = 120.0
     #: the collector's freshness bound: older telemetry is stale
     stale_after: float = 5.0
+    #: client headers (lower-cased) a provider may receive (provider_request.check_allowlist)
+    provider_headers: frozenset[str] = frozenset()
+    #: what clients may make the HTTP servers hold (deadlines, connections, memory)
+    http: HttpLimits = field(default_factory=HttpLimits)
 
 
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
@@ -128,7 +136,8 @@ def new_decision_id() -> str:
 
 def error_response(err: ApiError, decision_id: str) -> Response:
     """OpenAI's error envelope (INTERFACES.md), with the decision id."""
-    body = {"error": {"message": err.message, "type": _ERROR_TYPES.get(err.status, "server_error"),
+    kind = _ERROR_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "server_error")
+    body = {"error": {"message": err.message, "type": kind,
                       "code": err.code, "decision_id": decision_id}}
     headers = [("x-kinference-decision-id", decision_id)]
     if err.retry_after is not None:
@@ -161,10 +170,13 @@ class Router:
     health: UpstreamHealth = field(default_factory=UpstreamHealth)
     limiter: ProviderLimiter = field(default_factory=ProviderLimiter)
     calibration: Calibration = field(default_factory=Calibration)
+    #: None: the router follows its pool itself; else fed by a router of several pools (pools.py)
+    keeper: SnapshotKeeper | None = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
-                                     stale_after=self.settings.stale_after, ejected=self.health.excluded)
+        if self.keeper is None:
+            self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
+                                         stale_after=self.settings.stale_after, ejected=self.health.excluded)
         self.events = EventPublisher(self.nc, self.metrics.dropped_events)
         #: the pool's metrics label, formatted once
         self.pool_label = f"{self.settings.namespace}/{self.settings.pool}"
@@ -174,7 +186,8 @@ class Router:
         self.flow = FlowQueue(on_depth=self._queue_depth)
         self.keeper.on_rebuild = self.flow.capacity_changed
         self.keeper.calibration = self._calibration
-        self.classification = Classification(self.metrics, self.nc)
+        # one per process (routers of several pools share metrics, hence this)
+        self.classification = Classification.shared(self.metrics, self.nc)
         self.classification.watch(self.keeper)  # loads in-process classifiers when a policy asks for them
 
     # ------------------------------------------------------------ lifecycle
@@ -210,7 +223,10 @@ class Router:
     def _server(self, routes: dict[str, Any]) -> HttpServer:
         common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz},
                   "/metrics": {"GET": self.metrics_page}}
-        return HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes, on_error=server_error)
+        server = HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes,
+                            limits=self.settings.http, on_error=server_error)
+        self.metrics.watch_http("admin" if "/debug/explain" in routes else "data", server)
+        return server
 
     async def healthz(self, _: HttpRequest) -> Response:
         return Response(200, b"ok\n", content_type="text/plain; charset=utf-8")
@@ -246,7 +262,9 @@ class Router:
         if request.body_too_large:
             raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes")
         try:
-            return parse(request.body, chat=chat)
+            parsed = parse(request.body, chat=chat)
+            validate.check_body(parsed)
+            return parsed
         except BadRequest as exc:
             raise ApiError(400, "bad_request", str(exc)) from None
 
@@ -364,18 +382,24 @@ class Router:
                     err.rule = d.rule or ""
                     raise
                 snap = d.snapshot  # the state it was decided on
+            d = validate.interpret(d)  # every candidate's context window too small: a 400
             # built and published in a later turn of the event loop: while the
             # upstream works on the request, not before it is sent
             asyncio.get_running_loop().call_soon(self._publish_decision, d, decision_id, traces)
             rule = d.rule or ""
             if not d.routed:
                 code = d.code or "policy_rejected"
-                status = {"model_not_found": 404, "no_capacity": 503}.get(code, 403)
+                status = {"model_not_found": 404, "no_capacity": 503, "context_length_exceeded": 400}.get(code, 403)
                 raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None,
                                rule=rule)
             cand = d.candidate
             tried.add(cand.ledger_key)
-            result = await self._send(request, chat, body, req, d, snap, decision_id)
+            try:
+                result = await self._send(request, chat, body, req, d, snap, decision_id)
+            except ApiError as err:
+                if err.decision is not None:
+                    self._publish_decision(err.decision, decision_id, traces)
+                raise
             if result is not _NOT_SENT:
                 return result  # type: ignore[return-value]
         raise ApiError(502, "upstream_error", "every candidate tried refused the connection")
@@ -398,6 +422,8 @@ class Router:
         else:
             provider = dest.provider
             assert provider is not None
+            headers = provider_request.headers(request.headers, stream=body.stream, request_id=decision_id,
+                                               allow=self.settings.provider_headers)
             if not self.limiter.acquire(cand.ledger_key, provider):
                 raise ApiError(429, "rate_limited", f"provider {dest.name} is at its configured limit",
                                retry_after=1)
@@ -412,7 +438,7 @@ class Router:
             url = provider.url.rstrip("/") + path
             connect_timeout = provider.connect_timeout_seconds or connect_timeout
             first_byte = provider.first_token_timeout_seconds or first_byte
-        data = body.encode(cand.served_name)
+        data = body.encode(cand.served_name) if cand.is_local else provider_request.body(body.raw, cand.served_name)
         route_headers = [("x-kinference-decision-id", decision_id), ("x-kinference-rule", d.rule or "unmatched"),
                          ("x-kinference-backend", cand.backend)]
         # PredictedTTFT of the pick without calibration, before this send joins the
@@ -448,7 +474,10 @@ class Router:
                 obs.timeout_seconds = first_byte
                 raise ApiError(504, "upstream_timeout", f"{cand.backend} did not answer in time") from None
             except UpstreamError as exc:
-                raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
+                err = ApiError(502, "upstream_error", f"{cand.backend}: {exc}")
+                if isinstance(exc, SentNotAnswered):  # never re-sent: the event says why (retry.py)
+                    err.decision = retry.not_resent(d, cand.backend)
+                raise err from None
             except ValueError as exc:  # a bad provider URL or header; never echo header values
                 outcome = "not_sent"
                 why = "a header could not be encoded" if isinstance(exc, UnicodeError) else str(exc).split(";")[0]
@@ -463,6 +492,13 @@ class Router:
                     raise ApiError(429, "rate_limited", f"provider {dest.name} is rate limiting", retry_after=seconds)
                 if upstream.status >= 500:
                     raise ApiError(502, "upstream_error", f"{cand.backend} answered {upstream.status}")
+                if upstream.status >= 400:  # in the envelope, with the decision id and the upstream's message
+                    try:
+                        payload = await upstream.read()
+                    except UpstreamError:
+                        payload = b""
+                    raise ApiError(*validate.upstream_refusal(upstream.status, payload, cand.backend,
+                                                              upstream.header("Retry-After")))
                 ctype = upstream.header("Content-Type", "application/json")
                 if body.stream and upstream.status == 200:
                     request.start_stream(200, [("Content-Type", ctype), ("Cache-Control", "no-cache"),
@@ -563,27 +599,20 @@ class Router:
         if request.body_too_large:
             return _explain_error(413, f"body over {self.settings.max_body_bytes} bytes")
         try:
-            raw = msgspec.json.decode(request.body)
-        except msgspec.DecodeError as exc:
-            return _explain_error(400, f"not JSON: {exc}")
-        if not isinstance(raw, dict):
-            return _explain_error(400, "expected a JSON object")
+            explained = validate.explain_input(request.body)
+        except BadRequest as exc:
+            return _explain_error(400, str(exc))
         snap = self.keeper.snapshot
         if snap is None:
             return _explain_error(503, "no configuration yet")
-        inner = raw.get("body", raw)
-        chat = "messages" in inner
         try:
-            body = parse(msgspec.json.encode({k: v for k, v in inner.items()
-                                              if k not in ("tenant", "tags", "headers")}), chat=chat)
+            body = parse(msgspec.json.encode(explained.body), chat=explained.chat)
         except BadRequest as exc:
             return _explain_error(400, str(exc))
-        headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
-        req = self._engine_request(headers, body, str(raw.get("tenant") or "anonymous"))
-        given = raw.get("tags")
+        req = self._engine_request(explained.headers, body, explained.tenant)
         # without caller tags, the classifiers run as on the request path (lazily, on their path)
-        tags = (RequestTags.supplied(self.classification, req, body, frozenset(map(str, given)))
-                if given is not None else self.classification.start(req, body, "explain"))
+        tags = (RequestTags.supplied(self.classification, req, body, explained.tags)
+                if explained.tags is not None else self.classification.start(req, body, "explain"))
         explain_rng = random.Random(0)
         d = await tags.decide(snap, set(), lambda r, sn, av: decide(sn, r, ledger=self.ledger, prefix=self.prefix,
                                                                      rng=explain_rng),
@@ -592,7 +621,8 @@ class Router:
 
 
 def _explain_error(status: int, message: str) -> Response:
-    return Response(status, msgspec.json.encode({"error": message}))
+    """The error envelope, as on the data port."""
+    return server_error(status, {413: "payload_too_large", 503: "no_capacity"}.get(status, "bad_request"), message)
 
 
 #: what _send returns when nothing reached the upstream (the caller tries the next candidate)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -282,6 +283,16 @@ class Classification:
             self.limit.labels(n).set(p.limit)
             self.overloaded.labels(n).set(0)
 
+    @classmethod
+    def shared(cls, metrics: Any, nc: Any = None) -> Classification:
+        """The one instance for ``metrics`` (routers of several pools in one
+        process share their metrics, so they share classification state and
+        its back-pressure too)."""
+        got = _SHARED.get(metrics)
+        if got is None:
+            got = _SHARED[metrics] = cls(metrics, nc)
+        return got
+
     def start(self, req: Request, body: Any, decision_id: str) -> RequestTags:
         return RequestTags(self, req, body, decision_id)
 
@@ -421,6 +432,9 @@ def configure(c: Classification, *, batching: bool = True, max_in_flight: int = 
         p.max_limit = max_in_flight
         p.limit = float(max_in_flight)
         c.limit.labels(p.name).set(p.limit)
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, Classification] = weakref.WeakKeyDictionary()
 
 
 class RequestTags:

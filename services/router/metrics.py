@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 
@@ -42,6 +42,14 @@ class RouterMetrics:
                                           "Requests naming an InferenceObjective the pool does not have",
                                           registry=r)
         self._children: dict[tuple[Any, ...], Any] = {}
+        #: the HTTP servers whose limits are exported, by name (data, admin)
+        self._http: dict[str, Any] = {}
+        r.register(_HttpCollector(self._http))
+
+    def watch_http(self, name: str, server: Any) -> None:
+        """Export ``server``'s connections, pending body bytes and refusals
+        (an :class:`~kinference_router.http_server.HttpServer`) as ``server=name``."""
+        self._http[name] = server
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, kept after the first use."""
@@ -63,3 +71,30 @@ class _InflightCollector(Collector):
         for backend, n in list(self._counts.items()):
             g.add_metric([backend], n)
         yield g
+
+
+class _HttpCollector(Collector):
+    """What clients make the HTTP servers hold, read at scrape time:
+    ``kinference_http_connections{server}``,
+    ``kinference_http_pending_body_bytes{server}`` and
+    ``kinference_http_rejected_total{server, reason}`` (connection_limit,
+    header_timeout, body_timeout, body_memory, header_limit)."""
+
+    def __init__(self, servers: dict[str, Any]) -> None:
+        self._servers = servers
+
+    def collect(self) -> Any:
+        conns = GaugeMetricFamily("kinference_http_connections", "Open client connections", labels=["server"])
+        pending = GaugeMetricFamily("kinference_http_pending_body_bytes",
+                                    "Bytes of request bodies received but not yet handed to a handler",
+                                    labels=["server"])
+        rejected = CounterMetricFamily("kinference_http_rejected",
+                                       "Connections and requests refused by an HTTP limit", labels=["server", "reason"])
+        for name, server in list(self._servers.items()):
+            conns.add_metric([name], len(server.connections))
+            pending.add_metric([name], server.pending_body_bytes)
+            for reason, n in server.rejected.items():
+                rejected.add_metric([name, reason], n)
+        yield conns
+        yield pending
+        yield rejected
