@@ -53,7 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "x-kinference-tenant; apiKey: Bearer keys (default with --source kubernetes)")
     p.add_argument("--tenants-file", type=Path, help="apiKey mode: YAML {tenants: [{name, apiKeys: [...]}]}")
     p.add_argument("--secrets-dir", type=Path,
-                   help="provider API keys as files <dir>/<secret>/<key> (a Secret volume's layout)")
+                   help="provider API keys as files: <dir>/<namespace>/<secret>/<key> (the provider's "
+                        "namespace, its spec.auth.secretRef name and key; the file holds the key alone), "
+                        "else <dir>/<secret>/<key> (one Secret volume mounted at <dir>/<secret>). "
+                        "Files are re-read when they change")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     p.add_argument("--connect-timeout", type=float, default=2.0, help="seconds (providers may set their own)")
     p.add_argument("--first-byte-timeout", type=float, default=120.0, help="seconds (providers may set their own)")

@@ -39,7 +39,7 @@ from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
-from kinference_router import provider_request, retry, validate
+from kinference_router import models_api, provider_request, retry, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.classification import Classification, RequestTags
 from kinference_router.events import EventPublisher
@@ -214,6 +214,7 @@ class Router:
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
             "/v1/models": {"GET": self.models},
+            "/v1/models/*": {"GET": self.model},
         })
 
     def admin_server(self) -> HttpServer:
@@ -242,13 +243,15 @@ class Router:
 
     async def models(self, _: HttpRequest) -> Response:
         snap = self.keeper.snapshot
-        data = []
-        if snap is not None:
-            for m in snap.pool.models:
-                data.append({"id": m.name, "object": "model", "owned_by": "kinference",
-                             "aliases": m.aliases, "served_by": m.served_by,
-                             **({"max_model_len": m.context_window["max"]} if m.context_window else {})})
-        return Response(200, msgspec.json.encode({"object": "list", "data": data}))
+        return Response(200, msgspec.json.encode(models_api.model_list(snap.pool.models if snap else [])))
+
+    async def model(self, request: HttpRequest) -> Response:
+        snap = self.keeper.snapshot
+        found = models_api.find(snap.pool.models if snap else [], request.path)
+        if found is None:
+            return error_response(ApiError(404, "model_not_found", "no destination of the pool serves "
+                                           f"{request.path[len(models_api.PREFIX):]!r}"), new_decision_id())
+        return Response(200, msgspec.json.encode(models_api.model_object(found)))
 
     async def chat(self, request: HttpRequest) -> Response | None:
         return await self._handle(request, chat=True)
@@ -293,6 +296,9 @@ class Router:
         except ApiError as err:  # counted once, here
             self.metrics.child(self.metrics.requests, self.pool_label, err.rule, err.code, "").inc()
             return error_response(err, decision_id)
+        except (asyncio.CancelledError, ConnectionResetError):  # the client went away before its answer ended
+            self.metrics.child(self.metrics.requests, self.pool_label, "", "abandoned", "").inc()
+            raise
         finally:
             structlog.contextvars.reset_contextvars(**bound)
 
@@ -510,6 +516,7 @@ class Router:
                             if first:
                                 first = False
                                 self._first_token(send, obs, started, cand.backend, predicted)
+                                self.metrics.first_token(self.pool_label, cand.dest_name, cand.endpoint, obs.ttft_seconds)
                             await request.write(chunk)
                             tail = (tail + chunk)[-4096:]
                     except UpstreamError as exc:
@@ -556,6 +563,8 @@ class Router:
                 self.limiter.release(cand.ledger_key)
             if outcome != "not_sent":  # nothing reached the upstream: nothing to observe
                 obs.outcome = outcome  # type: ignore[assignment]
+                self.metrics.sent(self.pool_label, cand.backend, cand.dest_name, cand.endpoint, cand.is_local,
+                                  outcome, obs.prompt_tokens, obs.completion_tokens)
                 # encoded and published after the response is on its way
                 asyncio.get_running_loop().call_soon(self._publish_observation, obs)
 

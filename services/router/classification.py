@@ -397,6 +397,9 @@ class Classification:
         order = {n: i for i, n in enumerate(names)}
         for name, reply, seconds, path, why in sorted(results, key=lambda r: order[r[0]]):
             tags.update(reply.tags)
+            tagged = getattr(self.metrics, "tags", None)  # kinference_classifier_tags_total, where the metrics have it
+            if tagged is not None:
+                tagged(name, reply.tags)
             self.metrics.classifier.labels(name, reply.outcome).observe(seconds)
             if reply.outcome == "deadline":
                 self.misses.labels(name, path).inc()

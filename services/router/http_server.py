@@ -37,7 +37,9 @@ What it does:
   in its own error format) and the connection closes after the answer,
   without reading the rest of the body. ``Expect: 100-continue`` is answered
   ``100 Continue`` only for a body within the limit.
-- Routes are exact paths with their methods; ``HEAD`` is served by the
+- Routes are exact paths with their methods, or prefixes written
+  ``/prefix/*`` (any longer path under it; the handler reads ``path``);
+  ``HEAD`` is served by the
   ``GET`` handler without the body. An unknown path is 404, a known path
   with another method 405 (with ``Allow``), a request that is not HTTP 400,
   and the connection closes after a 400.
@@ -553,7 +555,7 @@ class _Connection(asyncio.Protocol):
 
     def _route(self, req: Request) -> Handler | None:
         """The handler for ``req``; None once the server answered it itself (404, 405)."""
-        methods = self.server.routes.get(req.path)
+        methods = self.server.routes.get(req.path) or self.server.prefix_route(req.path)
         if methods is not None:
             handler = methods.get(req.method) or (methods.get("GET") if req.method == "HEAD" else None)
             if handler is not None:
@@ -704,6 +706,15 @@ class HttpServer:
         self._date_second = 0
         self._date = ""
         self._port = 0
+
+    def prefix_route(self, path: str) -> dict[str, Handler] | None:
+        """The methods of the ``/prefix/*`` route ``path`` is under, if any
+        (looked up only when no exact route matched; routes may be added after
+        construction)."""
+        for route, methods in self.routes.items():
+            if route.endswith("/*") and path.startswith(route[:-1]) and len(path) > len(route) - 1:
+                return methods
+        return None
 
     @property
     def port(self) -> int:

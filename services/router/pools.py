@@ -238,6 +238,7 @@ class MultiPoolRouter:
             "/v1/chat/completions": {"POST": self._dispatch("chat")},
             "/v1/completions": {"POST": self._dispatch("completions")},
             "/v1/models": {"GET": self._dispatch("models", authenticate=False)},  # as a single pool's
+            "/v1/models/*": {"GET": self._dispatch("model", authenticate=False)},
         })
 
     def admin_server(self) -> HttpServer:
