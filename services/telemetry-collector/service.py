@@ -324,6 +324,8 @@ class ServiceConfig:
     #: 0 = no HTTP server
     http_port: int = 9090
     collector: CollectorConfig = field(default_factory=CollectorConfig)
+    #: credentials and TLS (:func:`kinference_common.natsauth.connect_options`)
+    nats_options: dict = field(default_factory=dict)
 
 
 class NatsLog:
@@ -366,7 +368,7 @@ class NatsLog:
         log.info("nats_reconnected", url=self.url, down_seconds=down, errors=self._errors)
 
 
-async def connect_nats(url: str, stop: asyncio.Event,
+async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = None,
                        on_reconnect: Callable[[], None] | None = None) -> object | None:
     """Connect (retrying until ``stop``); reconnects forever once connected."""
     import nats
@@ -391,7 +393,7 @@ async def connect_nats(url: str, stop: asyncio.Event,
             return await nats.connect(
                 url, name="kinference-telemetry-collector", max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5, connect_timeout=2, error_cb=on_error,
-                disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
+                disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, **(options or {}),
             )
         except Exception as exc:
             failures += 1
@@ -424,7 +426,7 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
         await web.TCPSite(runner, config.http_host, config.http_port).start()
         log.info("http_listening", host=config.http_host, port=config.http_port)
     reopen: list[Callable[[], None]] = []
-    nc = await connect_nats(config.nats_url, stop, on_reconnect=lambda: [f() for f in reopen])
+    nc = await connect_nats(config.nats_url, stop, config.nats_options, on_reconnect=lambda: [f() for f in reopen])
     if nc is None:
         if runner is not None:
             await runner.cleanup()
