@@ -19,9 +19,10 @@ provider answering 500 to everything and one that never answers.
 For each fault: requests, success rate (200 and a complete body), p50/p99
 latency, where requests went (``x-kinference-backend``, or the error status),
 recovery time (from the end of the fault, the process running again, until
-the first steady request of the final run of successes was sent; 0 when that
-run began before, null when the phase ended failing; requests of the load's
-bursts are left out), and the marked PII found in what the provider simulator received
+the end of the last one-second window in which more than 20% of the steady
+requests failed; 0 when that was before the fault ended, null when the phase
+ended that way; the load's bursts are left out),
+and the marked PII found in what the provider simulator received
 (body and headers): ``pii_leaked`` counts every marked request found,
 ``pii_leaked_message`` those whose PII was in the message itself,
 ``pii_leaked_side`` those with PII only outside the messages.
@@ -332,21 +333,28 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
-def recovery(shots: list[Shot], fault_at: float, fault_end: float) -> float | None:
+def recovery(shots: list[Shot], fault_at: float, fault_end: float, window: float = 1.0,
+             tolerance: float = 0.2) -> float | None:
     """Seconds from the end of the fault (the process running again, the
-    provider healed) until the first steady request of the final run of
-    successes was sent: 0 when that run began before the fault ended (or
-    nothing failed); None when the phase ended failing. Burst requests are
-    left out: they saturate the pods on purpose, and what they lose is load,
-    not the fault."""
-    after = sorted((s for s in shots if not s.burst and s.sent + s.latency >= fault_at), key=lambda s: s.sent)
-    failed = [i for i, s in enumerate(after) if not s.ok]
-    if not failed:
+    provider healed) until the end of the last one-second window (by sending
+    time, from the fault on) in which more than ``tolerance`` of the steady
+    requests failed: 0 when that window ended before the fault did (or none
+    was that bad); None when the phase's last window was still that bad.
+    Burst requests are left out: they saturate the pods on purpose, and what
+    they lose is load, not the fault; the tolerance lets an odd request shed
+    by the load pass, as it does before any fault."""
+    steady = [s for s in shots if not s.burst and s.sent >= fault_at]
+    if not steady:
         return 0.0
-    last = failed[-1]
-    if last == len(after) - 1:
+    buckets: dict[int, list[Shot]] = {}
+    for s in steady:
+        buckets.setdefault(int((s.sent - fault_at) // window), []).append(s)
+    bad = [i for i, b in buckets.items() if sum(not s.ok for s in b) > tolerance * len(b)]
+    if not bad:
+        return 0.0
+    if max(bad) == max(buckets):
         return None
-    return round(max(0.0, after[last + 1].sent - fault_end), 2)
+    return round(max(0.0, fault_at + (max(bad) + 1) * window - fault_end), 2)
 
 
 def leaked(shots: list[Shot], provider_text: str) -> tuple[int, int]:
