@@ -1,12 +1,13 @@
 """``kinfctl get pools|policies|workersets|providers``: list resources with
-the printer columns of the seeds (kubectl's layout).
+the CRDs' printer columns (kubectl's layout).
 
 With ``-f MANIFESTS`` the statuses are computed offline by the compiler,
 exactly as the controllers would write them. Without ``-f`` the objects and
 their statuses are read from the cluster of the current kubeconfig context
 (``--kubeconfig``, ``--context``; in a pod, the service account), as
 ``kubectl get`` would show them: a column whose status field was never
-written stays blank (seed 000: "RULES blank").
+written stays blank (an object outside the namespaces Kinference watches
+shows RULES and STATE blank).
 """
 
 from __future__ import annotations
