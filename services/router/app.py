@@ -44,6 +44,7 @@ from kinference_common.messages import Observation, encode
 from kinference_router import models_api, provider_request, retry, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
+from kinference_router.explain_classify import classify_for_explain
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 from kinference_router.metrics import RouterMetrics
 from kinference_router.http_server import HttpLimits, HttpServer, Request as HttpRequest, Response
@@ -634,10 +635,12 @@ class Router:
         except BadRequest as exc:
             return _explain_error(400, str(exc))
         req = self._engine_request(explained.headers, body, explained.tenant)
-        if explained.tags is not None:
-            req = msgspec.structs.replace(req, tags=explained.tags)
+        tags, traces = explained.tags, []
+        if tags is None:  # classified as the data port would (explain_classify.py)
+            tags, traces = await classify_for_explain(self.nc, snap.classifiers_for(req), body.raw)
+        req = msgspec.structs.replace(req, tags=tags)
         d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=random.Random(0))
-        return Response(200, encode_trace(build_trace(d, decision_id="explain")))
+        return Response(200, encode_trace(build_trace(d, decision_id="explain", classifiers=traces)))
 
 
 def _explain_error(status: int, message: str) -> Response:
