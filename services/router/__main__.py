@@ -237,10 +237,7 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
     # requests under way get a few seconds to finish; new ones are refused
     await asyncio.gather(*(server.close() for server in servers))
     await router.stop()
-    try:
-        await nc.drain()
-    except Exception:
-        pass
+    await bus.close(nc)  # bounded: NATS may be gone too (Ctrl-C on make run)
     return 0
 
 
