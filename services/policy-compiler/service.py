@@ -137,10 +137,7 @@ class PolicyCompilerService:
         if self._runner is not None:
             await self._runner.cleanup()
         if self._nc is not None:
-            try:
-                await self._nc.drain()
-            except Exception:  # already closed or never connected
-                pass
+            await bus.close(self._nc)  # bounded: NATS may be gone too
         log.info("stopped")
 
     def wake(self) -> None:
