@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
     p.add_argument("-f", "--filename", action="append", metavar="FILE|DIR", help="read manifests offline")
     p.add_argument("-n", "--namespace", help="only this namespace (cluster default: the context's)")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format (default table)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(run=run)
