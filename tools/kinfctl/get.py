@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -103,11 +105,24 @@ def _offline(args: argparse.Namespace, resource: str) -> tuple[list[Item], int]:
     return items, EXIT_INVALID if res.errors else EXIT_OK
 
 
+def _default_kubeconfig_exists() -> bool:
+    """Whether kubectl would find a kubeconfig without --kubeconfig."""
+    env = os.environ.get("KUBECONFIG")
+    paths = [p for p in env.split(os.pathsep) if p] if env else ["~/.kube/config"]
+    return any(Path(p).expanduser().is_file() for p in paths)
+
+
 async def _from_cluster(args: argparse.Namespace, resource: str) -> list[Item]:
     from kubernetes_asyncio import client, config
     from kubernetes_asyncio.client.exceptions import ApiException
     from kubernetes_asyncio.config.config_exception import ConfigException
 
+    if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
+        raise CommandError(f"--kubeconfig {args.kubeconfig}: no such file (or -f MANIFESTS to read manifests offline)")
+    if not args.kubeconfig and not _default_kubeconfig_exists() and "KUBERNETES_SERVICE_HOST" not in os.environ:
+        # asking the library anyway only adds its own "Config not found" line
+        raise CommandError("no cluster to read: no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a pod; "
+                           "pass --kubeconfig FILE, or -f MANIFESTS to read manifests offline")
     try:
         try:
             await config.load_kube_config(config_file=args.kubeconfig, context=args.context)
