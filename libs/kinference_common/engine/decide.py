@@ -242,12 +242,16 @@ def _ledger_adjusted(ex: ExclusionRuntime, snapshot: Snapshot, ctx: DecisionCont
 
 
 def _rank_predicted_ttft(
-    snapshot: Snapshot, kept: list[Candidate], ctx: DecisionContext
+    snapshot: Snapshot, kept: list[Candidate], ctx: DecisionContext, tolerance: bool = False
 ) -> tuple[list[Candidate], float]:
     """``minimize: PredictedTTFT`` over Local candidates, fast: the
     precomputed per-endpoint line (:meth:`Snapshot._ttft_arrays`) for every
     endpoint, the exact model only for those with requests in flight or a
-    prefix match. Same values as :meth:`DecisionContext.predicted_ttft`."""
+    prefix match. Same values as :meth:`DecisionContext.predicted_ttft`.
+
+    With ``tolerance``, the tied candidates are those within the model's
+    ``tie_tolerance`` of the best (:class:`.ttft.TTFTModel`), in ascending
+    order of their prediction (the best first)."""
     P = ctx.prompt_tokens
     A, PT, H, IT, F = snapshot.ttft_a, snapshot.ttft_pt, snapshot.ttft_h, snapshot.ttft_it, snapshot.ttft_f
     hashes = ctx.block_hashes
@@ -287,6 +291,13 @@ def _rank_predicted_ttft(
             vals[j] = v
             cache[i] = v
     best = min(vals)
+    if tolerance:
+        model = snapshot.ttft_model
+        limit = max(best * (1.0 + model.tie_tolerance), best + model.tie_tolerance_seconds)
+        near = [(v, j) for j, v in enumerate(vals) if v <= limit]
+        if len(near) > 1:
+            near.sort()
+            return [kept[j] for _, j in near], best
     if vals.count(best) == 1:
         return [kept[vals.index(best)]], best
     return [c for c, v in zip(kept, vals) if v == best], best
@@ -351,7 +362,7 @@ def _run_rule(
             step.tiers.append(TierStep(tier, kept, None))
             continue
         if tier.minimize == "PredictedTTFT" and want:
-            tied, value = _rank_predicted_ttft(snapshot, kept, ctx)
+            tied, value = _rank_predicted_ttft(snapshot, kept, ctx, tolerance=bool(rule.tie_break))
         else:
             tied, value = _rank(tier, kept, ctx)
         n_tied = len(tied)
