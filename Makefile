@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router load-router eval-classifier lint clean
+        bench-classifier bench-router bench-routing load-router eval-classifier lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -56,6 +56,10 @@ bench-classifier: install  ## classifier latency table -> bench/results/classifi
 
 bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> bench/results/router.json
 	$(BIN)/python -m bench.router
+
+bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results/routing.json, docs/img/routing-*.png
+	nice -n 15 $(BIN)/python -m bench.routing $(BENCH_ROUTING_ARGS)
+	nice -n 15 $(BIN)/python -m bench.routing.burst
 
 load-router: install  ## 500 concurrent streams for a minute through the router -> bench/results/load_router.json
 	$(BIN)/python -m bench.load_router
