@@ -60,6 +60,7 @@ bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> ben
 bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results/routing.json, docs/img/routing-*.png
 	nice -n 15 $(BIN)/python -m bench.routing $(BENCH_ROUTING_ARGS)
 	nice -n 15 $(BIN)/python -m bench.routing.burst
+	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
 
 load-router: install  ## 500 concurrent streams for a minute through the router -> bench/results/load_router.json
 	$(BIN)/python -m bench.load_router
