@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router bench-routing load-router eval-classifier lint clean
+        bench-classifier bench-router bench-routing bench-kube bench-kube-dataplane load-router eval-classifier \
+        lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -48,6 +49,9 @@ bench: bench-decision bench-collector bench-classifier  ## every benchmark that 
 bench-decision: install  ## decision engine latency table -> bench/results/decision.json
 	$(BIN)/python -m bench.decision
 
+bench-kube: install  ## Kubernetes-mode compiler: start-up, edit->status, idle writes, failover -> bench/results/kube_compiler.json
+	$(BIN)/python -m bench.kube_compiler
+
 bench-collector: install  ## scrape/parse/derive throughput -> bench/results/collector.json
 	$(BIN)/python -m bench.collector
 
@@ -61,6 +65,9 @@ bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results
 	nice -n 15 $(BIN)/python -m bench.routing $(BENCH_ROUTING_ARGS)
 	nice -n 15 $(BIN)/python -m bench.routing.burst
 	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
+
+bench-kube-dataplane: install  ## pod change -> router / worker-set status latency, Kubernetes mode -> bench/results/kube_dataplane.json
+	$(BIN)/python -m bench.kube_dataplane
 
 load-router: install  ## 500 concurrent streams for a minute through the router -> bench/results/load_router.json
 	$(BIN)/python -m bench.load_router

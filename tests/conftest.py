@@ -39,3 +39,26 @@ def nats_server() -> Iterator[natsserver.NatsServer]:
 @pytest.fixture
 def repo_root() -> Path:
     return REPO
+
+
+# ------------------------------------------------------- Kubernetes (fake API)
+
+
+@pytest.fixture
+async def kube_api():
+    """An in-process fake Kubernetes API server (kinference_simulators.kubeapi)
+    serving the repository's CRDs plus the built-in kinds; started on
+    127.0.0.1, port 0. Test hooks: drop_watches(), compact(), go_down(s),
+    requests / used(who); direct access: apply(), get(), list(), set_status()."""
+    from kinference_simulators.kubeapi import FakeKubeAPI
+
+    api = FakeKubeAPI([REPO / "deploy" / "k8s" / "crds"])
+    await api.start()
+    yield api
+    await api.stop()
+
+
+@pytest.fixture
+def kubeconfig(kube_api, tmp_path: Path) -> Path:
+    """A kubeconfig file pointing at ``kube_api`` (user "test", no token)."""
+    return kube_api.write_kubeconfig(tmp_path / "kubeconfig")

@@ -267,6 +267,25 @@ class CompiledFlowControl(_C, kw_only=True):
     max_queued: int
 
 
+class RoutePath(_C, kw_only=True):
+    """One HTTPRoute path match (Gateway API semantics)."""
+
+    type: Literal["Exact", "PathPrefix", "RegularExpression"] = "PathPrefix"
+    value: str = "/"
+
+
+class CompiledRoute(_C, kw_only=True):
+    """An HTTPRoute whose rules name this pool as a backendRef: the hostnames
+    and paths for which a router serving several pools picks this pool."""
+
+    #: ``namespace/name`` of the HTTPRoute
+    route: str
+    #: empty = any host; ``*.example.com`` = any subdomain
+    hostnames: list[str] = []
+    #: the path matches of the rules that name the pool (a rule without matches: PathPrefix "/")
+    paths: list[RoutePath] = []
+
+
 class CompiledPool(_C, kw_only=True):
     schema_version: int = SCHEMA_VERSION
     namespace: str
@@ -282,6 +301,8 @@ class CompiledPool(_C, kw_only=True):
     #: InferenceObjective name -> priority
     objectives: dict[str, int] = {}
     flow_control: CompiledFlowControl | None = None
+    #: HTTPRoutes naming this pool as a backendRef (routers serving several pools match on them)
+    routes: list[CompiledRoute] = []
 
 
 _encoder = msgspec.json.Encoder()

@@ -326,7 +326,19 @@ class BackendRef(_Model, kw_only=True):
     weight: int | None = None
 
 
+class HTTPPathMatch(_Model, kw_only=True):
+    type: str = "PathPrefix"  # Exact | PathPrefix | RegularExpression
+    value: str = "/"
+
+
+class HTTPRouteMatch(_Model, kw_only=True):
+    #: None = PathPrefix "/" (Gateway API's default)
+    path: HTTPPathMatch | None = None
+
+
 class HTTPRouteRule(_Model, kw_only=True):
+    #: no entry = every path (one PathPrefix "/" match)
+    matches: list[HTTPRouteMatch] = []
     backend_refs: list[BackendRef] = []
 
 

@@ -16,14 +16,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="kinference-policy-compiler",
         description=(
-            "Watch a directory of Kinference manifests (InferencePolicy, InferencePool, InferenceWorkerSet, "
+            "Watch a directory of Kinference manifests, or with --source kubernetes a cluster's resources "
+            "(InferencePolicy, InferencePool, InferenceWorkerSet, "
             "InferenceProvider, ReferenceGrant, HTTPRoute, InferenceObjective, InferenceModelRewrite), "
             "compile them, publish compiled pools on NATS (KV bucket kinference-config and subjects "
-            "kinference.config.<ns>.<pool>), and write every object's status to a directory. A file that "
-            "breaks is reported and skipped; its last good version stays in force."
+            "kinference.config.<ns>.<pool>), and write every object's status to a directory (or, in "
+            "Kubernetes mode, to the status subresources, with Events). A document that breaks is reported "
+            "and skipped; its last good version stays in force."
         ),
     )
-    p.add_argument("--manifests", type=Path, required=True, metavar="DIR", help="directory of YAML/JSON manifests")
+    p.add_argument("--source", choices=("directory", "kubernetes"), default="directory",
+                   help="read manifests from a directory (default) or watch a Kubernetes API server")
+    p.add_argument("--manifests", type=Path, metavar="DIR",
+                   help="directory of YAML/JSON manifests (--source directory)")
     p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
     p.add_argument("--status-dir", type=Path, metavar="DIR",
                    help="write <Kind>/<namespace>/<name>.yaml status files and errors.yaml here")
@@ -33,16 +38,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=8090, help="/healthz, /readyz, /metrics (default 8090)")
     p.add_argument("--namespace", action="append", dest="namespaces", metavar="NS",
                    help="only these namespaces (repeat; default: all)")
+    k = p.add_argument_group("Kubernetes mode (--source kubernetes)")
+    k.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig file (default: in-cluster service account, then ~/.kube/config)")
+    k.add_argument("--namespaces", dest="namespaces_list", metavar="A,B",
+                   help="watch only these namespaces, comma-separated (default: all)")
+    k.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                   help="elect one writer among replicas with a Lease (default: on)")
+    k.add_argument("--lease-name", default="kinference-policy-compiler")
+    k.add_argument("--lease-namespace", metavar="NS",
+                   help="namespace of the Lease (default: $POD_NAMESPACE, else kinference-system)")
+    k.add_argument("--identity", metavar="ID", help="this replica's name in the Lease (default: $POD_NAME, "
+                   "else hostname-pid)")
+    k.add_argument("--lease-duration", type=float, default=15.0, metavar="SECONDS",
+                   help="a standby takes over after the Lease went unrenewed this long (default 15)")
     logs.add_arguments(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.source == "directory" and args.manifests is None:
+        p.error("--manifests DIR is required with --source directory")
+    if args.source == "kubernetes" and args.manifests is not None:
+        p.error("--manifests is for --source directory; with --source kubernetes the cluster is the source")
+    args.namespaces = list(args.namespaces or []) or None
+    if args.namespaces_list:
+        extra = [n.strip() for n in args.namespaces_list.split(",") if n.strip()]
+        if not extra:
+            p.error("--namespaces: give at least one namespace name")
+        args.namespaces = sorted(set((args.namespaces or []) + extra))
+    if args.lease_duration < 3:
+        p.error("--lease-duration: at least 3 seconds")
+    return args
 
 
 async def run(args: argparse.Namespace) -> int:
-    service = PolicyCompilerService(Settings(
-        manifests=args.manifests, nats_url=args.nats_url, status_dir=args.status_dir, interval=args.interval,
-        resync=args.resync, http_host=args.http_host, http_port=args.http_port,
+    settings = Settings(
+        manifests=args.manifests or Path("."), nats_url=args.nats_url, status_dir=args.status_dir,
+        interval=args.interval, resync=args.resync, http_host=args.http_host, http_port=args.http_port,
         watched_namespaces=args.namespaces,
-    ))
+    )
+    if args.source == "kubernetes":
+        return await run_kubernetes(args, settings)
+    service = PolicyCompilerService(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -64,6 +99,40 @@ async def run(args: argparse.Namespace) -> int:
         return 1
     await stop.wait()
     await service.stop()
+    return 0
+
+
+async def run_kubernetes(args: argparse.Namespace, settings: Settings) -> int:
+    from kinference_common.kube.config import KubeConfigError
+    from kinference_policy_compiler.kube_mode import KubeSettings, KubernetesMode
+
+    duration = args.lease_duration
+    mode = KubernetesMode(settings, KubeSettings(
+        kubeconfig=args.kubeconfig, namespaces=args.namespaces, leader_elect=args.leader_elect,
+        lease_name=args.lease_name, lease_namespace=args.lease_namespace, identity=args.identity,
+        lease_duration=duration, renew_deadline=duration * 2 / 3, retry_period=duration / 7.5,
+    ))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    starting = asyncio.create_task(mode.start())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await mode.stop()
+        return 0
+    stopping.cancel()
+    if (exc := starting.exception()) is not None:
+        what = str(exc) if isinstance(exc, KubeConfigError) else f"{type(exc).__name__}: {exc}"
+        print(f"kinference-policy-compiler: cannot start: {what}", file=sys.stderr)
+        await mode.stop()
+        return 1
+    loop.add_signal_handler(signal.SIGHUP, starting.result().wake)
+    await stop.wait()
+    await mode.stop()
     return 0
 
 

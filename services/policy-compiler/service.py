@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import nats
 import structlog
@@ -26,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kinference_common import bus
 from kinference_common.compiler import CompileResult, compile_documents
+from kinference_common.manifests import ManifestError
 from kinference_policy_compiler.publisher import ConfigPublisher
 from kinference_policy_compiler.source import DirectorySource, ManifestSource
 from kinference_policy_compiler.statuses import StatusDirectory
@@ -46,6 +48,13 @@ class Settings:
     watched_namespaces: Collection[str] | None = None
 
 
+class StatusSink(Protocol):
+    """Where statuses go besides the status directory (Kubernetes mode:
+    kube_status.KubernetesStatusSink). True when the pass completed."""
+
+    async def write(self, res: CompileResult, errors: list[ManifestError]) -> bool: ...
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -59,9 +68,15 @@ class Metrics:
 
 
 class PolicyCompilerService:
-    def __init__(self, settings: Settings, source: ManifestSource | None = None) -> None:
+    def __init__(self, settings: Settings, source: ManifestSource | None = None,
+                 status_sink: StatusSink | None = None, is_leader: Callable[[], bool] | None = None) -> None:
         self.settings = settings
         self.source = source or DirectorySource(settings.manifests)
+        #: Kubernetes mode: statuses to the cluster; only the leader writes and publishes
+        self.status_sink = status_sink
+        self.is_leader = is_leader or (lambda: True)
+        self._sink_pending = False
+        self.last_errors: list[ManifestError] = []
         self.metrics = Metrics()
         self.statuses = StatusDirectory(settings.status_dir) if settings.status_dir else None
         self.last_result: CompileResult | None = None
@@ -71,6 +86,7 @@ class PolicyCompilerService:
         self._task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._wake = asyncio.Event()
+        self._stopping = False
         self._unpublished = True
         self.http_port: int | None = None
 
@@ -79,12 +95,20 @@ class PolicyCompilerService:
                                      on_reconnect=self._on_reconnect)
         self._publisher = ConfigPublisher(self._nc)
         await self._publisher.start()
-        await self._start_http()
+        if self._runner is None:
+            await self._start_http()
         self.source.poll()
         self.reconcile()  # compile once before publishing, so start() returns with state
+        await self._write_statuses()
         await self._publish()
         self._task = asyncio.create_task(self._loop(), name="policy-compiler-loop")
         log.info("started", manifests=str(self.settings.manifests), nats=self.settings.nats_url)
+
+    async def start_http(self) -> None:
+        """Serve /healthz (and a 503 /readyz) before start(), e.g. while the
+        Kubernetes caches fill."""
+        if self._runner is None:
+            await self._start_http()
 
     async def _start_http(self) -> None:
         if self.settings.http_port is None:
@@ -100,6 +124,10 @@ class PolicyCompilerService:
         self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
+        # Python 3.11's wait_for can swallow a cancel when the wake event is
+        # set at the same moment (a cache change, a leadership change): the
+        # flag ends the loop anyway.
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             try:
@@ -123,7 +151,7 @@ class PolicyCompilerService:
 
     async def _loop(self) -> None:
         last_full = time.monotonic()
-        while True:
+        while not self._stopping:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.settings.interval)
             except TimeoutError:
@@ -134,6 +162,7 @@ class PolicyCompilerService:
                 last_full = time.monotonic()
                 self.reconcile()
                 self._unpublished = True
+            await self._write_statuses()
             if self._unpublished:
                 await self._publish()
 
@@ -142,6 +171,8 @@ class PolicyCompilerService:
         started = time.perf_counter()
         res = compile_documents(self.source.documents(), watched_namespaces=self.settings.watched_namespaces)
         errors = [*self.source.errors(), *res.errors]
+        self.last_errors = errors
+        self._sink_pending = self.status_sink is not None
         if self.statuses is not None:
             self.statuses.write(res, errors)
         self.metrics.warnings.clear()
@@ -161,8 +192,24 @@ class PolicyCompilerService:
                  warnings=res.warning_count)
         return res
 
+    def leadership_changed(self) -> None:
+        """Called by the leader elector: a new leader writes and publishes at once."""
+        self._sink_pending = self.status_sink is not None
+        self._unpublished = True
+        self.wake()
+
+    async def _write_statuses(self) -> None:
+        if self.status_sink is None or not self._sink_pending or self.last_result is None:
+            return
+        if not self.is_leader():
+            return
+        if await self.status_sink.write(self.last_result, self.last_errors):
+            self._sink_pending = False
+
     async def _publish(self) -> None:
         if self._publisher is None or self.last_result is None:
+            return
+        if not self.is_leader():
             return
         if self._nc is None or not self._nc.is_connected:
             return
@@ -185,7 +232,8 @@ class PolicyCompilerService:
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        ok = self.last_result is not None and self._nc is not None and self._nc.is_connected
+        ok = self.last_result is not None and self._nc is not None and self._nc.is_connected \
+            and self._task is not None
         return web.Response(status=200 if ok else 503, text="ready\n" if ok else "not ready\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:

@@ -8,9 +8,13 @@ import gc
 import signal
 import sys
 from pathlib import Path
+from typing import Any
+
+import structlog
 
 from kinference_common import bus, logs
 from kinference_router.app import Router, RouterSettings
+from kinference_router.pools import MultiPoolRouter
 from kinference_router.tenants import Authenticator, TenantsFileError
 from kinference_router.upstream import SecretFiles
 
@@ -25,14 +29,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "The admin port serves POST /debug/explain."
         ),
     )
-    p.add_argument("--pool", default="default/inference-all", metavar="NS/NAME", help="the pool to serve")
+    p.add_argument("--pool", metavar="NS/NAME",
+                   help="serve this pool only (default with --source files: default/inference-all; with "
+                        "--source kubernetes: every pool, each request to the pool its HTTPRoute names)")
+    p.add_argument("--source", choices=["files", "kubernetes"], default="files",
+                   help="files: keys from --tenants-file and --secrets-dir (default); kubernetes: from "
+                        "Secrets, watched")
+    p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--namespaces", help="kubernetes: comma-separated namespaces whose Secrets are watched "
+                                        "(default: all)")
     p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080, help="data port (default 8080)")
     p.add_argument("--admin-host", default="127.0.0.1")
     p.add_argument("--admin-port", type=int, default=8081, help="admin port (default 8081)")
-    p.add_argument("--auth", choices=["none", "header", "apiKey"], default="none",
-                   help="none: tenant 'anonymous'; header: trust x-kinference-tenant; apiKey: Bearer keys")
+    p.add_argument("--auth", choices=["none", "header", "apiKey"],
+                   help="none: tenant 'anonymous' (default with --source files); header: trust "
+                        "x-kinference-tenant; apiKey: Bearer keys (default with --source kubernetes)")
     p.add_argument("--tenants-file", type=Path, help="apiKey mode: YAML {tenants: [{name, apiKeys: [...]}]}")
     p.add_argument("--secrets-dir", type=Path,
                    help="provider API keys as files <dir>/<secret>/<key> (a Secret volume's layout)")
@@ -58,15 +71,58 @@ def tune_gc() -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    namespace, _, pool = args.pool.partition("/")
-    if not pool:
+    kube = args.source == "kubernetes"
+    pool_arg = args.pool or ("" if kube else "default/inference-all")
+    namespace, _, pool = pool_arg.partition("/")
+    if pool_arg and (not namespace or not pool):
         print("kinference-router: --pool must be NAMESPACE/NAME", file=sys.stderr)
         return 1
+    mode = args.auth or ("apiKey" if kube else "none")
+    secrets: Any = SecretFiles(args.secrets_dir)
+    kube_api = None
     try:
-        auth = Authenticator.from_file(args.auth, args.tenants_file)
-    except TenantsFileError as exc:
+        if kube and args.tenants_file is None:
+            auth = Authenticator(mode)  # keys from Secrets (kube_secrets.py)
+        else:
+            auth = Authenticator.from_file(mode, args.tenants_file)
+        if kube:
+            kube_api, secrets = await kube_secrets_source(args, auth if args.tenants_file is None else None)
+    except (TenantsFileError, KubeSetupError) as exc:
         print(f"kinference-router: {exc}", file=sys.stderr)
         return 1
+    try:
+        return await serve(args, namespace, pool, auth, secrets)
+    finally:
+        if kube_api is not None:
+            await secrets.stop()
+            await kube_api.close()
+
+
+class KubeSetupError(Exception):
+    pass
+
+
+async def kube_secrets_source(args: argparse.Namespace, auth: Authenticator | None) -> tuple[Any, Any]:
+    """The API client and the watched Secrets (synced, or given up on after 30 s with a warning)."""
+    from kinference_common.kube.client import ResourceClient
+    from kinference_common.kube.config import KubeConfigError, api_client
+    from kinference_router.kube_secrets import KubeSecrets
+
+    try:
+        api = await api_client(args.kubeconfig, "kinference-router")
+    except KubeConfigError as exc:
+        raise KubeSetupError(str(exc)) from None
+    namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()] if args.namespaces else None
+    secrets = KubeSecrets(ResourceClient(api), auth, namespaces=namespaces)
+    secrets.start()
+    try:
+        await secrets.wait_synced(30.0)
+    except TimeoutError:
+        structlog.get_logger("router").warning("secrets not listed yet; serving, keys arrive when they do")
+    return api, secrets
+
+
+async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authenticator, secrets: Any) -> int:
     settings = RouterSettings(namespace=namespace, pool=pool, max_body_bytes=args.max_body_bytes,
                               connect_timeout=args.connect_timeout, first_byte_timeout=args.first_byte_timeout,
                               stale_after=args.stale_after)
@@ -75,7 +131,7 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    router: Router | None = None
+    router: Any = None
 
     async def reconnected() -> None:
         if router is not None:
@@ -89,7 +145,7 @@ async def run(args: argparse.Namespace) -> int:
         await asyncio.gather(connecting, return_exceptions=True)
         return 0
     nc = connecting.result()
-    router = Router(settings, auth, SecretFiles(args.secrets_dir), nc=nc)
+    router = Router(settings, auth, secrets, nc=nc) if pool else MultiPoolRouter(settings, auth, secrets, nc=nc)
     await router.start()
     tune_gc()
     servers = []
@@ -105,7 +161,7 @@ async def run(args: argparse.Namespace) -> int:
         await router.stop()
         await nc.close()
         return 1
-    print(f"kinference-router: serving {args.pool} on http://{args.host}:{args.port} "
+    print(f"kinference-router: serving {namespace + '/' + pool if pool else 'every pool, by route'} on http://{args.host}:{args.port} "
           f"(admin http://{args.admin_host}:{args.admin_port})", file=sys.stderr, flush=True)
     await stop.wait()
     # requests under way get a few seconds to finish; new ones are refused

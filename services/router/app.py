@@ -162,10 +162,13 @@ class Router:
     health: UpstreamHealth = field(default_factory=UpstreamHealth)
     limiter: ProviderLimiter = field(default_factory=ProviderLimiter)
     calibration: Calibration = field(default_factory=Calibration)
+    #: None: the router follows its pool itself; else fed by a router of several pools (pools.py)
+    keeper: SnapshotKeeper | None = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
-                                     stale_after=self.settings.stale_after, ejected=self.health.excluded)
+        if self.keeper is None:
+            self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
+                                         stale_after=self.settings.stale_after, ejected=self.health.excluded)
         self.events = EventPublisher(self.nc, self.metrics.dropped_events)
         #: the pool's metrics label, formatted once
         self.pool_label = f"{self.settings.namespace}/{self.settings.pool}"

@@ -207,3 +207,193 @@ class SnapshotKeeper:
                     self.rebuild()
                 except Exception as exc:  # never let one bad state stop routing updates
                     log.error("snapshot rebuild failed", error=str(exc))
+
+
+# ------------------------------------------------------------ several pools
+
+PoolKey = tuple[str, str]
+
+
+class FedKeeper(SnapshotKeeper):
+    """One pool's keeper in a router serving several pools: a
+    :class:`PoolsFollower` feeds it (the compiled pool, and telemetry in
+    dictionaries shared by every pool); it only rebuilds its snapshot."""
+
+    async def start(self, nc: nats.NATS) -> None:
+        self._nc = nc
+        self.rebuild()
+        self._task = asyncio.create_task(self._rebuild_loop(), name=f"snapshot-rebuild {self.namespace}/{self.pool_name}")
+
+    async def resync(self) -> None:  # the follower resyncs for everyone
+        self.rebuild()
+
+
+class PoolsFollower:
+    """Every pool's compiled configuration and all telemetry, from NATS: the
+    ``kinference.config.>`` and telemetry subjects, and on start and on
+    reconnect the whole ``kinference-config`` and ``kinference-telemetry``
+    buckets (a pool whose key is gone was deleted meanwhile). Each pool has a
+    :class:`FedKeeper` (made by ``keeper_for``) sharing this follower's
+    telemetry; ``on_pools`` is called whenever the set of pools or a pool's
+    routes may have changed."""
+
+    def __init__(self, make_keeper: Callable[[PoolKey], SnapshotKeeper], ledger: InFlightLedger) -> None:
+        self.make_keeper = make_keeper
+        self.ledger = ledger
+        self.pools: dict[PoolKey, CompiledPool] = {}
+        self.keepers: dict[PoolKey, SnapshotKeeper] = {}
+        self.endpoints: dict[str, EndpointState] = {}
+        self.providers: dict[str, ProviderState] = {}
+        self.on_pools: Callable[[], None] = lambda: None
+        #: True once the buckets were read at least once
+        self.synced = False
+        self._nc: nats.NATS | None = None
+        self._subs: list[object] = []
+        self.updates = 0
+
+    def keeper_for(self, key: PoolKey) -> SnapshotKeeper:
+        k = self.keepers.get(key)
+        if k is None:
+            k = self.keepers[key] = self.make_keeper(key)
+            k.endpoints, k.providers = self.endpoints, self.providers  # shared, not copied
+        return k
+
+    # ------------------------------------------------------------- inputs
+
+    def set_pool(self, key: PoolKey, pool: CompiledPool | None) -> None:
+        old = self.pools.get(key)
+        if pool is None:
+            if old is None:
+                return
+            del self.pools[key]
+            log.warning("pool removed from configuration", pool=f"{key[0]}/{key[1]}")
+        else:
+            if old is not None and old.revision == pool.revision:
+                return
+            self.pools[key] = pool
+        self.keeper_for(key).set_pool(pool)
+        self.on_pools()
+
+    def set_endpoint(self, state: EndpointState) -> None:
+        key = f"{state.namespace}/{state.worker_set}/{state.pod}"
+        self.endpoints[key] = state
+        if state.scraped_at:
+            self.ledger.observed(key, state.scraped_at)
+        self._changed()
+
+    def set_provider(self, state: ProviderState) -> None:
+        self.providers[f"{state.namespace}/{state.name}"] = state
+        self._changed()
+
+    def _changed(self) -> None:
+        self.updates += 1
+        for k in self.keepers.values():
+            k.mark_dirty()
+
+    def _apply_config(self, key: PoolKey, data: bytes) -> None:
+        if not data:
+            self.set_pool(key, None)
+            return
+        try:
+            pool = decode_pool(data)
+        except msgspec.DecodeError as exc:
+            log.warning("unreadable compiled pool ignored", error=str(exc))
+            return
+        # the key escapes '.', the pool names itself exactly
+        self.set_pool((pool.namespace, pool.name), pool)
+
+    # --------------------------------------------------------------- NATS
+
+    async def start(self, nc: nats.NATS) -> None:
+        self._nc = nc
+
+        async def on_config(msg: nats.aio.msg.Msg) -> None:
+            parts = msg.subject.split(".")
+            if len(parts) == 4:
+                key = self._key_of(parts[2], parts[3])
+                self._apply_config(key, msg.data)
+
+        async def on_endpoint(msg: nats.aio.msg.Msg) -> None:
+            SnapshotKeeper._apply(msg.data, _endpoint_decoder, self.set_endpoint)
+
+        async def on_provider(msg: nats.aio.msg.Msg) -> None:
+            SnapshotKeeper._apply(msg.data, _provider_decoder, self.set_provider)
+
+        self._subs = [
+            await nc.subscribe(f"{subjects.CONFIG_PREFIX}.>", cb=on_config),
+            await nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=on_endpoint),
+            await nc.subscribe(f"{subjects.TELEMETRY_PROVIDER_PREFIX}.>", cb=on_provider),
+        ]
+        await self.resync()
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()  # type: ignore[attr-defined]
+            except Exception:
+                pass
+        self._subs = []
+
+    def _key_of(self, ns_token: str, pool_token: str) -> PoolKey:
+        """The pool a subject or KV key names (tokens escape '.' as '_')."""
+        for key in self.pools:
+            if subjects.token(key[0]) == ns_token and subjects.token(key[1]) == pool_token:
+                return key
+        return (ns_token, pool_token)
+
+    async def resync(self) -> None:
+        """Read every pool and all telemetry from the KV buckets (start, reconnect)."""
+        if self._nc is None or not self._nc.is_connected:
+            return
+        js = self._nc.jetstream()
+        try:
+            kv = await js.key_value(subjects.CONFIG_BUCKET)
+            try:
+                keys = await kv.keys()
+            except NoKeysError:
+                keys = []
+            seen: set[PoolKey] = set()
+            for k in keys:
+                try:
+                    entry = await kv.get(k)
+                except KeyNotFoundError:
+                    continue
+                if entry.value:
+                    try:
+                        pool = decode_pool(entry.value)
+                    except msgspec.DecodeError as exc:
+                        log.warning("unreadable compiled pool ignored", key=k, error=str(exc))
+                        continue
+                    seen.add((pool.namespace, pool.name))
+                    self.set_pool((pool.namespace, pool.name), pool)
+            for key in [k for k in self.pools if k not in seen]:
+                self.set_pool(key, None)
+            self.synced = True
+        except BucketNotFoundError:
+            self.synced = True
+            log.info("no configuration yet")
+        except Exception as exc:  # NATS went away mid-resync: the next reconnect retries
+            log.warning("configuration resync failed", error=str(exc))
+        try:
+            kv = await js.key_value(subjects.TELEMETRY_BUCKET)
+            try:
+                keys = await kv.keys()
+            except NoKeysError:
+                keys = []
+            for key in keys:
+                try:
+                    entry = await kv.get(key)
+                except KeyNotFoundError:
+                    continue
+                if not entry.value:
+                    continue
+                if key.startswith("endpoint."):
+                    SnapshotKeeper._apply(entry.value, _endpoint_decoder, self.set_endpoint)
+                elif key.startswith("provider."):
+                    SnapshotKeeper._apply(entry.value, _provider_decoder, self.set_provider)
+        except BucketNotFoundError:
+            pass
+        except Exception as exc:
+            log.warning("telemetry resync failed", error=str(exc))
+        for k in self.keepers.values():
+            k.rebuild()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -73,6 +73,11 @@ class Authenticator:
         except (OSError, yaml.YAMLError, msgspec.ValidationError) as exc:
             raise TenantsFileError(f"{path}: {exc}") from None
         self._keys = [(_digest(key), t.name) for t in parsed.tenants for key in t.api_keys]
+
+    def set_keys(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Replace every known key with ``(tenant, key)`` pairs (the
+        Kubernetes mode's Secrets); the next request sees the new set."""
+        self._keys = [(_digest(key), tenant) for tenant, key in keys]
 
     def tenant(self, headers: Mapping[str, str]) -> str | None:
         """The tenant of a request, or None when it must be rejected (401).

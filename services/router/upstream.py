@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
+from typing import Protocol
 
 from kinference_common.compiled import ProviderSettings, SecretRef
 
@@ -111,6 +112,15 @@ class ProviderLimiter:
 
 class SecretError(LookupError):
     pass
+
+
+class ProviderKeys(Protocol):
+    """Where provider API keys come from: :class:`SecretFiles` (files) or
+    :class:`kinference_router.kube_secrets.KubeSecrets` (watched Secrets).
+    ``read`` is called for every request to a provider (a rotated key is used
+    at once) and raises :class:`SecretError` naming what is missing, never a value."""
+
+    def read(self, namespace: str, ref: SecretRef) -> str: ...
 
 
 @dataclass

@@ -32,6 +32,17 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
                    help="NATS server (default: $NATS_URL or %(default)s)")
+    p.add_argument("--source", choices=["files", "kubernetes"], default="files",
+                   help="files: --endpoints-file and --dcgm (default); kubernetes: worker sets' pods and DCGM "
+                        "exporter pods from the API server, statuses written back")
+    p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--namespaces", help="kubernetes: comma-separated namespaces to watch (default: all)")
+    p.add_argument("--dcgm-selector", default="app=nvidia-dcgm-exporter",
+                   help="kubernetes: labels of DCGM exporter pods, k=v[,k=v] (default %(default)s; '' = none)")
+    p.add_argument("--dcgm-port", type=int, default=9400, help="kubernetes: DCGM exporters' port (default 9400)")
+    p.add_argument("--last-scrape-granularity", type=_positive, default=30.0,
+                   help="kubernetes: status endpoints[].lastScrape is rounded down to this many seconds, so "
+                        "scrapes do not rewrite the status each time (default 30)")
     p.add_argument("--endpoints-file", help="YAML/JSON endpoint list (re-read when it changes)")
     p.add_argument("--dcgm", action="append", default=[], metavar="HOST:PORT",
                    help="a DCGM exporter to scrape (repeatable)")
@@ -55,10 +66,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+async def run_kubernetes(config: ServiceConfig, args: argparse.Namespace) -> int:
+    """``--source kubernetes``: discovery from the API server (:mod:`.kube_discovery`)."""
+    from kinference_common.kube.client import ResourceClient
+    from kinference_common.kube.config import KubeConfigError, api_client
+
+    from .kube_discovery import KubeDiscovery
+
+    try:
+        api = await api_client(args.kubeconfig, "kinference-telemetry-collector")
+    except KubeConfigError as exc:
+        print(f"kinference-telemetry-collector: {exc}", file=sys.stderr)
+        return 1
+    namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()] if args.namespaces else None
+    try:
+        discovery = KubeDiscovery(ResourceClient(api), namespaces=namespaces, dcgm_selector=args.dcgm_selector,
+                                  dcgm_port=args.dcgm_port, scrape_granularity=args.last_scrape_granularity)
+        return await run_service(config, discovery)
+    finally:
+        await api.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format)
-    if not args.endpoints_file and not args.dcgm:
+    if args.source == "files" and not args.endpoints_file and not args.dcgm:
         structlog.get_logger("kinference.collector").warning("no_targets",
                                                              hint="pass --endpoints-file and/or --dcgm")
     config = ServiceConfig(
@@ -76,15 +108,25 @@ def main(argv: list[str] | None = None) -> int:
             providers=ProviderConfig(tau=args.provider_tau),
         ),
     )
-    discovery = StaticDiscovery(args.endpoints_file, args.dcgm)
     try:
         import uvloop
 
         runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
         runner = asyncio.run
+    if args.source == "kubernetes":
+        from .kube_discovery import parse_label_selector
+
+        try:
+            parse_label_selector(args.dcgm_selector)
+        except ValueError as exc:
+            print(f"kinference-telemetry-collector: --dcgm-selector: {exc}", file=sys.stderr)
+            return 2
+        main_coro = run_kubernetes(config, args)
+    else:
+        main_coro = run_service(config, StaticDiscovery(args.endpoints_file, args.dcgm))
     try:
-        return runner(run_service(config, discovery))
+        return runner(main_coro)
     except KeyboardInterrupt:
         return 130
 

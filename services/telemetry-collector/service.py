@@ -157,7 +157,9 @@ class Collector:
                 continue
             tr = self.trackers.get(key)
             if tr is not None and tr.target.address == t.address:
-                tr.target = t  # readiness or model changed: no new scrape state
+                if tr.target != t:  # readiness or model changed: no new scrape state
+                    tr.target = t
+                    self.emit(tr, now)  # now, not at the next scrape
                 continue
             if key in self._tasks:
                 self._tasks.pop(key).cancel()
@@ -391,10 +393,16 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
 
     sub = await nc.subscribe(f"{subjects.OBSERVATIONS_PREFIX}.>", cb=on_msg)  # type: ignore[attr-defined]
     await collector.start()
+    # a discovery with watches of its own (Kubernetes) runs beside the collector
+    attach = getattr(discovery, "attach", None)
+    attached = asyncio.create_task(attach(collector), name="discovery") if attach is not None else None
     try:
         await stop.wait()
         log.info("draining")
     finally:
+        if attached is not None:
+            attached.cancel()
+            await asyncio.gather(attached, return_exceptions=True)
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
         await collector.stop()

@@ -29,7 +29,9 @@ from kinference_common.compiled import (
     CompiledPolicy,
     CompiledPool,
     CompiledRewrite,
+    CompiledRoute,
     RewriteTarget,
+    RoutePath,
 )
 from kinference_common.compiler import validate
 from kinference_common.compiler.policy import (
@@ -134,6 +136,7 @@ def compile_documents(
     _provider_statuses(res, now)
     objectives, rewrites = _gie(res, now)
     parents = _route_parents(res)
+    routes = _route_matches(res)
 
     # Which pools reference which policy (valid group/kind only).
     referenced_by: dict[Key, list[str]] = defaultdict(list)
@@ -266,6 +269,7 @@ def compile_documents(
             flow_control=CompiledFlowControl(
                 max_queue_wait_seconds=parse_duration(flow.max_queue_wait), max_queued=flow.max_queued
             ) if flow else None,
+            routes=routes.get(key, []),
         )
         digest = hashlib.sha256(msgspec.json.encode(compiled)).hexdigest()[:16]
         res.pools[key] = msgspec.structs.replace(compiled, revision=digest)
@@ -385,6 +389,37 @@ def _route_parents(res: CompileResult) -> dict[Key, list[ParentReference]]:
                 )
                 if ref not in out[pool_key]:
                     out[pool_key].append(ref)
+    return out
+
+
+_PATH_TYPES = ("Exact", "PathPrefix", "RegularExpression")
+
+
+def _route_matches(res: CompileResult) -> dict[Key, list[CompiledRoute]]:
+    """For each pool, the HTTPRoutes whose rules name it as a backendRef,
+    with their hostnames and the path matches of those rules (a router
+    serving several pools picks the pool by them)."""
+    out: dict[Key, list[CompiledRoute]] = defaultdict(list)
+    for (ns, name), lo in sorted(res.objects["HTTPRoute"].items()):
+        route: r.HTTPRoute = lo.obj  # type: ignore[assignment]
+        paths: dict[Key, list[RoutePath]] = defaultdict(list)
+        for rule in route.spec.rules:
+            pools = {(b.namespace or ns, b.name) for b in rule.backend_refs
+                     if b.group == API_GROUP and b.kind == "InferencePool"}
+            if not pools:
+                continue
+            # a match of a path type Gateway API does not define matches nothing
+            rule_paths = [
+                RoutePath(type=m.path.type, value=m.path.value or "/") if m.path is not None  # type: ignore[arg-type]
+                else RoutePath()
+                for m in rule.matches if m.path is None or m.path.type in _PATH_TYPES
+            ] if rule.matches else [RoutePath()]
+            for pool_key in pools:
+                paths[pool_key].extend(p for p in rule_paths if p not in paths[pool_key])
+        for pool_key, pool_paths in sorted(paths.items()):
+            out[pool_key].append(CompiledRoute(
+                route=f"{ns}/{name}", hostnames=list(route.spec.hostnames), paths=pool_paths,
+            ))
     return out
 
 

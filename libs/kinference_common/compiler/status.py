@@ -98,7 +98,8 @@ class PoolStatus(_S, kw_only=True, omit_defaults=False):
 
 class ProviderStatus(_S, kw_only=True):
     conditions: list[Condition] = msgspec.field(default_factory=list)
-    estimated_ttft: str | None = None
+    #: RESOURCES.md's spelling (camelCase of the rest would make it estimatedTtft)
+    estimated_ttft: str | None = msgspec.field(default=None, name="estimatedTTFT")
     error_rate: float | None = None
 
 
