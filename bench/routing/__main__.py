@@ -41,7 +41,7 @@ def cases(args: argparse.Namespace) -> list[run.Case]:
         for load in args.loads:
             for r in args.routers:
                 out.append(run.Case(w, r, load, seed=args.seed))
-    if "kinference" in args.routers:
+    if "kinference" in args.routers and not args.no_before:
         for w in ("chat", "shared_prefix", "trial"):
             if w in args.workloads:
                 out.extend(run.Case(w, "kinference", load, seed=args.seed, variant="before") for load in args.loads)
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="chat and shared_prefix at loads 0.4, 0.8, 1.0 only")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-before", action="store_true", help="skip the engine-before-the-fixes rows")
+    ap.add_argument("--merge", action="store_true", help="replace only the rows this run produces in --out "
+                    "(e.g. --routers kinference after an engine change), keep the others")
     args = ap.parse_args(argv)
     for w in args.workloads:
         if w not in run.SPECS:
@@ -108,6 +111,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{h['best_peer_p99']} {h['best_peer_p99_s']:.3f}s (x{h['p99_ratio']:.2f}); goodput "
                   f"x{h['goodput_ratio']:.2f} of {h['best_peer_goodput']}'s; p50 x{h['p50_ratio']:.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge and args.out.exists():
+        def key(r: dict) -> tuple:
+            return (r["workload"], r["router"], r["load"], r["replicas"], r["scrape_interval_s"], r.get("variant", ""))
+
+        fresh = {key(r) for r in rows}
+        rows = [r for r in json.loads(args.out.read_text()) if key(r) not in fresh] + rows
+        rows.sort(key=lambda r: (list(run.SPECS).index(r["workload"]), r["replicas"], r["scrape_interval_s"],
+                                 r["load"], run.ROUTERS.index(r["router"]), r.get("variant", "")))
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"\nwrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out} "
           f"({len(rows)} rows) in {took:.0f} s")

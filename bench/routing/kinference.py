@@ -160,7 +160,8 @@ class Kinference(Router):
         self.endpoints: dict[str, EndpointState] = {}
         self.provider_states = [ProviderState(namespace=NAMESPACE, name=p.name) for p in providers]
         self.snapshot: Snapshot | None = None
-        self._base_model = TTFTModel() if self.fixed else TTFTModel(tie_tolerance=0.0, tie_tolerance_seconds=0.0)
+        self._base_model = TTFTModel() if self.fixed else TTFTModel(tie_tolerance=0.0, tie_tolerance_seconds=0.0,
+                                                                               prefix_stickiness=0.0)
         self._model = self._base_model
         self._dirty = True
         self._built = -1e9

@@ -100,3 +100,43 @@ def test_the_index_without_a_capacity_keeps_its_own_bound() -> None:
     assert index.match(first) == {"k": len(first)}
     index.record("k", second, max_blocks=10**9)  # never above the index's own bound
     assert index.blocks("k") <= 100
+
+
+def _holder_world(queue_at_holder: int):
+    """Two idle-ish endpoints; "h" holds the prompt's prefix and has this
+    router's ``queue_at_holder`` prefill tokens pending."""
+    eps = [ep("qwen", "h", theta=10_000.0, overhead=0.0), ep("qwen", "o", theta=10_000.0, overhead=0.0)]
+    hashes = block_hashes("shared system prompt " * 500)  # 10,500 characters: 41 blocks
+    index = PrefixIndex()
+    index.record("default/qwen/h", hashes)
+    ledger = InFlightLedger()
+    if queue_at_holder:
+        ledger.sent("default/qwen/h", queue_at_holder, 0.0)
+    return eps, hashes, index, ledger
+
+
+def test_a_prefix_holder_is_kept_until_its_queue_outweighs_a_second_copy() -> None:
+    # 2,600-token prompt, 2,500 of them cached at h: o would prefill 2,500 more
+    eps, hashes, index, ledger = _holder_world(queue_at_holder=4_000)
+    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=hashes)
+    sticky = decide(snap(_pool(["PrefixAffinity"]), eps), r, ledger=ledger, prefix=index)
+    greedy = decide(snap(_pool(["PrefixAffinity"]), eps, ttft_model=TTFTModel(prefix_stickiness=0.0)), r,
+                    ledger=ledger, prefix=index)
+    # by this request's TTFT alone, o (2,600 tokens) beats h (4,000 queued + ~60)
+    assert greedy.endpoint == "o"
+    # charged for the copy (3 x the extra 2,540 tokens), h is still cheaper
+    assert sticky.endpoint == "h"
+
+
+def test_a_saturated_holder_still_yields() -> None:
+    eps, hashes, index, ledger = _holder_world(queue_at_holder=20_000)
+    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=hashes)
+    d = decide(snap(_pool(["PrefixAffinity"]), eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "o"
+
+
+def test_stickiness_needs_a_tie_break_rule_as_the_tolerance_does() -> None:
+    eps, hashes, index, ledger = _holder_world(queue_at_holder=4_000)
+    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=hashes)
+    d = decide(snap(_pool(None), eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "o"  # a rule without tieBreak ranks by PredictedTTFT alone, as before

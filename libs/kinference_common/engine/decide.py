@@ -290,6 +290,16 @@ def _rank_predicted_ttft(
             v = a + PT[i] * u + ((u - h) * IT[i] if u > h else 0.0)
             vals[j] = v
             cache[i] = v
+    if tolerance and hashes and matches and snapshot.ttft_model.prefix_stickiness > 0:
+        # charge each candidate the prefill it does beyond the best holder's
+        s = snapshot.ttft_model.prefix_stickiness
+        total = len(hashes)
+        m_best = max(min(matches.get(c.ledger_key, 0), total) for c in kept)
+        if m_best > 0:
+            for j, c in enumerate(kept):
+                m = min(matches.get(c.ledger_key, 0), total)
+                if m < m_best:
+                    vals[j] += s * PT[c.index] * P * (m_best - m) / total
     best = min(vals)
     if tolerance:
         model = snapshot.ttft_model

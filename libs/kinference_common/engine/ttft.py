@@ -74,6 +74,13 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     #: ``tieBreak`` the lowest prediction still wins.
     tie_tolerance: float = 0.1
     tie_tolerance_seconds: float = 0.005
+    #: in a tier ranked by PredictedTTFT with ``tieBreak``, each candidate
+    #: is also charged this many times the prefill it would do beyond the
+    #: best prefix holder's (``PT * (u - u_min)``): the cost to the fleet of
+    #: a second copy of a prefix (a full prefill now, KV space another prefix
+    #: loses), which the request's own TTFT does not show. 0 ranks by the
+    #: request's TTFT alone.
+    prefix_stickiness: float = 3.0
 
 
 DEFAULT_TTFT_MODEL = TTFTModel()
