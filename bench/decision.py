@@ -257,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row.get('snapshot_build_ms', ''):>9}  {row['case']}")
     targets = {100: 100.0, 1000: 1000.0}
     for row in rows[1:]:
+        if row["case"] != "decide":
+            continue
         limit = targets.get(row["endpoints"])
         if limit is not None:
             verdict = "meets" if row["p99_us"] < limit else "MISSES"
