@@ -9,8 +9,10 @@ One request, in order (ARCHITECTURE.md, "The hot path"):
 3. ask the classifiers the applicable rules need, in parallel, each with its
    deadline (no answer = its failure tag);
 4. decide on the snapshot (the pure engine call);
-5. proxy to the pick, streaming as chunks arrive; a connection failure before
-   any byte was sent tries the next best candidate (bounded);
+5. proxy to the pick, streaming as chunks arrive; a request provably not
+   received (connect failed, or the connection closed before it was fully
+   written) tries the next best candidate (bounded, retry.py); one that may
+   have been received is never sent again (502);
 6. publish the decision event and the observation without waiting.
 """
 
@@ -31,23 +33,24 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kinference_common import subjects
-from kinference_common.classifiers import BUILTIN_CLASSIFIERS
-from kinference_common.classify_client import classify_body
 from kinference_common.compiled import CompiledFlowControl
 from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
 from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
+from kinference_router import models_api, provider_request, retry, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
+from kinference_router.classification import Classification, RequestTags
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 from kinference_router.metrics import RouterMetrics
-from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
+from kinference_router.http_server import HttpLimits, HttpServer, Request as HttpRequest, Response
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter, SecretError, SecretFiles, UpstreamHealth
-from kinference_router.upstream_http import ConnectFailed, UpstreamClient, UpstreamError, UpstreamTimeout
+from kinference_router.upstream_http import (ConnectFailed, SentNotAnswered, UpstreamClient, UpstreamError,
+                                             UpstreamTimeout)
 
 log = structlog.get_logger("router")
 
@@ -74,6 +77,10 @@ class RouterSettings:
     first_byte_timeout: float = 120.0
     #: the collector's freshness bound: older telemetry is stale
     stale_after: float = 5.0
+    #: client headers (lower-cased) a provider may receive (provider_request.check_allowlist)
+    provider_headers: frozenset[str] = frozenset()
+    #: what clients may make the HTTP servers hold (deadlines, connections, memory)
+    http: HttpLimits = field(default_factory=HttpLimits)
 
 
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
@@ -129,7 +136,8 @@ def new_decision_id() -> str:
 
 def error_response(err: ApiError, decision_id: str) -> Response:
     """OpenAI's error envelope (INTERFACES.md), with the decision id."""
-    body = {"error": {"message": err.message, "type": _ERROR_TYPES.get(err.status, "server_error"),
+    kind = _ERROR_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "server_error")
+    body = {"error": {"message": err.message, "type": kind,
                       "code": err.code, "decision_id": decision_id}}
     headers = [("x-kinference-decision-id", decision_id)]
     if err.retry_after is not None:
@@ -178,6 +186,9 @@ class Router:
         self.flow = FlowQueue(on_depth=self._queue_depth)
         self.keeper.on_rebuild = self.flow.capacity_changed
         self.keeper.calibration = self._calibration
+        # one per process (routers of several pools share metrics, hence this)
+        self.classification = Classification.shared(self.metrics, self.nc)
+        self.classification.watch(self.keeper)  # loads in-process classifiers when a policy asks for them
 
     # ------------------------------------------------------------ lifecycle
 
@@ -203,6 +214,7 @@ class Router:
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
             "/v1/models": {"GET": self.models},
+            "/v1/models/*": {"GET": self.model},
         })
 
     def admin_server(self) -> HttpServer:
@@ -212,13 +224,17 @@ class Router:
     def _server(self, routes: dict[str, Any]) -> HttpServer:
         common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz},
                   "/metrics": {"GET": self.metrics_page}}
-        return HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes, on_error=server_error)
+        server = HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes,
+                            limits=self.settings.http, on_error=server_error)
+        self.metrics.watch_http("admin" if "/debug/explain" in routes else "data", server)
+        return server
 
     async def healthz(self, _: HttpRequest) -> Response:
         return Response(200, b"ok\n", content_type="text/plain; charset=utf-8")
 
     async def readyz(self, _: HttpRequest) -> Response:
-        ready = self.keeper.snapshot is not None
+        # and, when the policy runs a classifier in process, once it is loaded
+        ready = self.keeper.snapshot is not None and self.classification.ready(self.keeper.snapshot)
         return Response(200 if ready else 503, b"ready\n" if ready else b"no configuration yet\n",
                         content_type="text/plain; charset=utf-8")
 
@@ -227,13 +243,15 @@ class Router:
 
     async def models(self, _: HttpRequest) -> Response:
         snap = self.keeper.snapshot
-        data = []
-        if snap is not None:
-            for m in snap.pool.models:
-                data.append({"id": m.name, "object": "model", "owned_by": "kinference",
-                             "aliases": m.aliases, "served_by": m.served_by,
-                             **({"max_model_len": m.context_window["max"]} if m.context_window else {})})
-        return Response(200, msgspec.json.encode({"object": "list", "data": data}))
+        return Response(200, msgspec.json.encode(models_api.model_list(snap.pool.models if snap else [])))
+
+    async def model(self, request: HttpRequest) -> Response:
+        snap = self.keeper.snapshot
+        found = models_api.find(snap.pool.models if snap else [], request.path)
+        if found is None:
+            return error_response(ApiError(404, "model_not_found", "no destination of the pool serves "
+                                           f"{request.path[len(models_api.PREFIX):]!r}"), new_decision_id())
+        return Response(200, msgspec.json.encode(models_api.model_object(found)))
 
     async def chat(self, request: HttpRequest) -> Response | None:
         return await self._handle(request, chat=True)
@@ -247,7 +265,9 @@ class Router:
         if request.body_too_large:
             raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes")
         try:
-            return parse(request.body, chat=chat)
+            parsed = parse(request.body, chat=chat)
+            validate.check_body(parsed)
+            return parsed
         except BadRequest as exc:
             raise ApiError(400, "bad_request", str(exc)) from None
 
@@ -258,27 +278,6 @@ class Router:
         if req.objective is not None and req.objective not in snap.pool.objectives:
             self.metrics.unknown_objectives.inc()
         return req
-
-    async def _classify(self, names: list[str], body: ParsedBody,
-                        decision_id: str) -> tuple[frozenset[str], list[ClassifierTrace]]:
-        """Ask each classifier in parallel, each with its deadline; a classifier
-        that fails, is absent or is late answers its failure tag (the client
-        never fails open)."""
-
-        async def one(name: str) -> tuple[str, Any, float]:
-            started = time.perf_counter()
-            reply = await classify_body(self.nc, name, body.raw, BUILTIN_CLASSIFIERS[name].deadline_seconds,
-                                        request_id=decision_id)
-            return name, reply, time.perf_counter() - started
-
-        results = await asyncio.gather(*(one(n) for n in names))
-        tags: set[str] = set()
-        traces = []
-        for name, reply, seconds in results:
-            tags.update(reply.tags)
-            self.metrics.classifier.labels(name, reply.outcome).observe(seconds)
-            traces.append(ClassifierTrace(name=name, ms=round(seconds * 1e3, 3), outcome=reply.outcome))
-        return frozenset(tags), traces
 
     async def _handle(self, request: HttpRequest, chat: bool) -> Response | None:
         decision_id = new_decision_id()
@@ -291,15 +290,15 @@ class Router:
             if self.keeper.snapshot is None:
                 raise ApiError(503, "no_capacity", "the router has no configuration yet", retry_after=1)
             req = self._engine_request(request.headers, body, tenant)
-            needed = self.keeper.snapshot.classifiers_for(req)
-            traces: list[ClassifierTrace] = []
-            if needed:
-                tags, traces = await self._classify(needed, body, decision_id)
-                req = msgspec.structs.replace(req, tags=tags)
-            return await self._route(request, chat, body, req, decision_id, traces)
+            # classified lazily: only when a classifier's answer can change the decision
+            tags = self.classification.start(req, body, decision_id)
+            return await self._route(request, chat, body, tags, decision_id)
         except ApiError as err:  # counted once, here
             self.metrics.child(self.metrics.requests, self.pool_label, err.rule, err.code, "").inc()
             return error_response(err, decision_id)
+        except (asyncio.CancelledError, ConnectionResetError):  # the client went away before its answer ended
+            self.metrics.child(self.metrics.requests, self.pool_label, "", "abandoned", "").inc()
+            raise
         finally:
             structlog.contextvars.reset_contextvars(**bound)
 
@@ -356,8 +355,8 @@ class Router:
             return
         self.events.publish(self._decisions_subject, data)
 
-    async def _route(self, request: HttpRequest, chat: bool, body: ParsedBody, req: Request, decision_id: str,
-                     traces: list[ClassifierTrace]) -> Response | None:
+    async def _route(self, request: HttpRequest, chat: bool, body: ParsedBody, tags: RequestTags,
+                     decision_id: str) -> Response | None:
         tried: set[str] = set()
         #: when flow control gives up on this request (set when it first queues)
         queue_deadline: float | None = None
@@ -366,7 +365,9 @@ class Router:
             if snap is None:
                 break
             # after a refused connection, decide again without what failed
-            d = self._decide(req, snap, tried)
+            d = await tags.decide(snap, tried, self._decide, ledger=self.ledger, prefix=self.prefix, rng=self.rng,
+                                  observe=self.metrics.decision.observe, latest=lambda: self.keeper.snapshot)
+            req, traces, snap = tags.req, tags.traces, d.snapshot
             flow_control = snap.pool.flow_control
             if flow_control is not None and (
                     (not d.routed and d.code == "no_capacity")
@@ -374,6 +375,11 @@ class Router:
                     or (d.routed and not tried and self.flow.waiting_at_or_above(req.priority, d.canonical_model))):
                 if queue_deadline is None:
                     queue_deadline = asyncio.get_running_loop().time() + flow_control.max_queue_wait_seconds
+                # it is decided again while waiting, without awaiting: every tag first
+                req, traces = await tags.complete(snap), tags.traces
+                if d.request is not req:  # decided without some tags: again with them, for the event
+                    again = self._decide(req, snap, tried)
+                    d = again if (again.routed, again.code) == (d.routed, d.code) else d
                 try:
                     d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, d)
                 except ApiError as err:
@@ -382,18 +388,24 @@ class Router:
                     err.rule = d.rule or ""
                     raise
                 snap = d.snapshot  # the state it was decided on
+            d = validate.interpret(d)  # every candidate's context window too small: a 400
             # built and published in a later turn of the event loop: while the
             # upstream works on the request, not before it is sent
             asyncio.get_running_loop().call_soon(self._publish_decision, d, decision_id, traces)
             rule = d.rule or ""
             if not d.routed:
                 code = d.code or "policy_rejected"
-                status = {"model_not_found": 404, "no_capacity": 503}.get(code, 403)
+                status = {"model_not_found": 404, "no_capacity": 503, "context_length_exceeded": 400}.get(code, 403)
                 raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None,
                                rule=rule)
             cand = d.candidate
             tried.add(cand.ledger_key)
-            result = await self._send(request, chat, body, req, d, snap, decision_id)
+            try:
+                result = await self._send(request, chat, body, req, d, snap, decision_id)
+            except ApiError as err:
+                if err.decision is not None:
+                    self._publish_decision(err.decision, decision_id, traces)
+                raise
             if result is not _NOT_SENT:
                 return result  # type: ignore[return-value]
         raise ApiError(502, "upstream_error", "every candidate tried refused the connection")
@@ -416,6 +428,8 @@ class Router:
         else:
             provider = dest.provider
             assert provider is not None
+            headers = provider_request.headers(request.headers, stream=body.stream, request_id=decision_id,
+                                               allow=self.settings.provider_headers)
             if not self.limiter.acquire(cand.ledger_key, provider):
                 raise ApiError(429, "rate_limited", f"provider {dest.name} is at its configured limit",
                                retry_after=1)
@@ -430,7 +444,7 @@ class Router:
             url = provider.url.rstrip("/") + path
             connect_timeout = provider.connect_timeout_seconds or connect_timeout
             first_byte = provider.first_token_timeout_seconds or first_byte
-        data = body.encode(cand.served_name)
+        data = body.encode(cand.served_name) if cand.is_local else provider_request.body(body.raw, cand.served_name)
         route_headers = [("x-kinference-decision-id", decision_id), ("x-kinference-rule", d.rule or "unmatched"),
                          ("x-kinference-backend", cand.backend)]
         # PredictedTTFT of the pick without calibration, before this send joins the
@@ -466,7 +480,10 @@ class Router:
                 obs.timeout_seconds = first_byte
                 raise ApiError(504, "upstream_timeout", f"{cand.backend} did not answer in time") from None
             except UpstreamError as exc:
-                raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
+                err = ApiError(502, "upstream_error", f"{cand.backend}: {exc}")
+                if isinstance(exc, SentNotAnswered):  # never re-sent: the event says why (retry.py)
+                    err.decision = retry.not_resent(d, cand.backend)
+                raise err from None
             except ValueError as exc:  # a bad provider URL or header; never echo header values
                 outcome = "not_sent"
                 why = "a header could not be encoded" if isinstance(exc, UnicodeError) else str(exc).split(";")[0]
@@ -481,6 +498,13 @@ class Router:
                     raise ApiError(429, "rate_limited", f"provider {dest.name} is rate limiting", retry_after=seconds)
                 if upstream.status >= 500:
                     raise ApiError(502, "upstream_error", f"{cand.backend} answered {upstream.status}")
+                if upstream.status >= 400:  # in the envelope, with the decision id and the upstream's message
+                    try:
+                        payload = await upstream.read()
+                    except UpstreamError:
+                        payload = b""
+                    raise ApiError(*validate.upstream_refusal(upstream.status, payload, cand.backend,
+                                                              upstream.header("Retry-After")))
                 ctype = upstream.header("Content-Type", "application/json")
                 if body.stream and upstream.status == 200:
                     request.start_stream(200, [("Content-Type", ctype), ("Cache-Control", "no-cache"),
@@ -492,6 +516,7 @@ class Router:
                             if first:
                                 first = False
                                 self._first_token(send, obs, started, cand.backend, predicted)
+                                self.metrics.first_token(self.pool_label, cand.dest_name, cand.endpoint, obs.ttft_seconds)
                             await request.write(chunk)
                             tail = (tail + chunk)[-4096:]
                     except UpstreamError as exc:
@@ -538,6 +563,8 @@ class Router:
                 self.limiter.release(cand.ledger_key)
             if outcome != "not_sent":  # nothing reached the upstream: nothing to observe
                 obs.outcome = outcome  # type: ignore[assignment]
+                self.metrics.sent(self.pool_label, cand.backend, cand.dest_name, cand.endpoint, cand.is_local,
+                                  outcome, obs.prompt_tokens, obs.completion_tokens)
                 # encoded and published after the response is on its way
                 asyncio.get_running_loop().call_soon(self._publish_observation, obs)
 
@@ -581,32 +608,30 @@ class Router:
         if request.body_too_large:
             return _explain_error(413, f"body over {self.settings.max_body_bytes} bytes")
         try:
-            raw = msgspec.json.decode(request.body)
-        except msgspec.DecodeError as exc:
-            return _explain_error(400, f"not JSON: {exc}")
-        if not isinstance(raw, dict):
-            return _explain_error(400, "expected a JSON object")
+            explained = validate.explain_input(request.body)
+        except BadRequest as exc:
+            return _explain_error(400, str(exc))
         snap = self.keeper.snapshot
         if snap is None:
             return _explain_error(503, "no configuration yet")
-        inner = raw.get("body", raw)
-        chat = "messages" in inner
         try:
-            body = parse(msgspec.json.encode({k: v for k, v in inner.items()
-                                              if k not in ("tenant", "tags", "headers")}), chat=chat)
+            body = parse(msgspec.json.encode(explained.body), chat=explained.chat)
         except BadRequest as exc:
             return _explain_error(400, str(exc))
-        headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
-        req = self._engine_request(headers, body, str(raw.get("tenant") or "anonymous"))
-        tags = raw.get("tags")
-        if tags is not None:
-            req = msgspec.structs.replace(req, tags=frozenset(map(str, tags)))
-        d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=random.Random(0))
-        return Response(200, encode_trace(build_trace(d, decision_id="explain")))
+        req = self._engine_request(explained.headers, body, explained.tenant)
+        # without caller tags, the classifiers run as on the request path (lazily, on their path)
+        tags = (RequestTags.supplied(self.classification, req, body, explained.tags)
+                if explained.tags is not None else self.classification.start(req, body, "explain"))
+        explain_rng = random.Random(0)
+        d = await tags.decide(snap, set(), lambda r, sn, av: decide(sn, r, ledger=self.ledger, prefix=self.prefix,
+                                                                     rng=explain_rng),
+                              ledger=self.ledger, prefix=self.prefix, rng=explain_rng)
+        return Response(200, encode_trace(build_trace(d, decision_id="explain", classifiers=tags.traces)))
 
 
 def _explain_error(status: int, message: str) -> Response:
-    return Response(status, msgspec.json.encode({"error": message}))
+    """The error envelope, as on the data port."""
+    return server_error(status, {413: "payload_too_large", 503: "no_capacity"}.get(status, "bad_request"), message)
 
 
 #: what _send returns when nothing reached the upstream (the caller tries the next candidate)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -103,8 +102,7 @@ class KubeSecrets:
         from kinference_common.kube.informer import Informer
 
         self.auth = auth
-        # the client logs whole response bodies (Secrets' data) at debug level: never
-        logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
+        # (kube.config.api_client keeps the client's body logging off: Secrets' data)
         self.informer = Informer(rc, kinds.SECRET, namespaces=namespaces, on_change=self._changed,
                                  transform=slim_secret)
         self.tenants = 0

@@ -5,6 +5,7 @@ configuration is a :class:`KubeConfigError` naming what is wrong."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -50,6 +51,9 @@ async def api_client(kubeconfig: str | os.PathLike[str] | None, user_agent: str)
     """An ``ApiClient`` (close it with ``await api.close()``) whose requests
     carry ``user_agent`` (the fake API server's request log keys on it)."""
     conf = await load_configuration(kubeconfig)
+    # The client logs whole response bodies at debug level: Secrets' data
+    # among them. Whatever a service's log level, never let those through.
+    logging.getLogger("kubernetes_asyncio.client.rest").setLevel(logging.INFO)
     api = client.ApiClient(conf)
     api.user_agent = user_agent
     return api
