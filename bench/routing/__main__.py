@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=3, help="also run chat and shared_prefix with this many "
                     "router replicas (traffic spread round robin over them); 1 to skip")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--quick", action="store_true", help="chat and shared_prefix at loads 0.4, 0.8, 1.0 only")
+    ap.add_argument("--quick", action="store_true", help="chat and shared_prefix at loads 0.4, 0.8, 1.0 only "
+                    "(no plots)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--no-before", action="store_true", help="skip the engine-before-the-fixes rows")
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         args.workloads = [w for w in args.workloads if w in ("chat", "shared_prefix")]
         args.loads = [0.4, 0.8, 1.0]
         args.scrape_intervals = [0.1]
+        args.no_plots = True  # the committed plots are the full sweep's
     todo = cases(args)
     started = time.perf_counter()
     print(f"bench-routing: {len(todo)} runs on {args.jobs} processes (seed {args.seed})", flush=True)
