@@ -9,7 +9,8 @@ The loop (per namespace in scope, or once for all namespaces):
 3. a watch the server ends (its timeout) is resumed from the last version;
    410 Gone (the version was compacted) relists at once;
 4. any other failure (API errors, 503, connection refused, a watch cut
-   mid-stream) waits a jittered exponential backoff, then relists;
+   mid-stream, and any unforeseen exception, a handler's included) waits a
+   jittered exponential backoff, then relists: the loop never dies;
 5. a kind the server does not serve (404 on the list: its CRD is not
    installed, e.g. the Gateway API's) counts as empty and synced, and is
    looked for again every ``missing_recheck`` seconds.
@@ -148,6 +149,13 @@ class Informer:
                 delay = backoff.next()
                 log.warning("API unreachable, will relist", kind=str(self.kind), namespace=scope or "*",
                             error=str(exc) or type(exc).__name__, retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
+            except Exception as exc:  # anything else (the client's bare "Malformed JSON response",
+                # a handler's bug): a dead task would leave the cache stale for good; relist instead
+                self.errors += 1
+                delay = backoff.next()
+                log.warning("informer failed, will relist", kind=str(self.kind), namespace=scope or "*",
+                            error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
 
     def _mark_empty(self, scope: str | None) -> None:
