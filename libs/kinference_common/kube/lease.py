@@ -10,7 +10,7 @@ cannot both win (the loser gets 409).
 
 :attr:`LeaderElector.is_leader` is False from the moment a renewal fails,
 and also once ``renew_deadline`` has passed since the last successful
-renewal (a renewal that hangs), so a leader that cannot prove it still holds
+renewal was sent (a renewal that hangs, or answers late), so a leader that cannot prove it still holds
 the Lease stops writing before anyone else may start. ``on_started`` /
 ``on_stopped`` are called on every change of leadership. On a clean stop the
 Lease is released (``holderIdentity`` cleared), so a standby takes over at
@@ -102,6 +102,10 @@ class LeaderElector:
 
     async def _run(self) -> None:
         while not self._stopping:
+            # The server stamps renewTime while the request is in flight, and a
+            # standby counts the lease duration from when it sees that stamp: the
+            # renew deadline counts from when the attempt began, not from its answer.
+            attempt_started = time.monotonic()
             try:
                 ok = await asyncio.wait_for(self._try_acquire_or_renew(), timeout=self.renew_deadline)
             except asyncio.CancelledError:
@@ -113,7 +117,7 @@ class LeaderElector:
             if self._stopping:
                 return
             if ok:
-                self._renewed_at = time.monotonic()
+                self._renewed_at = attempt_started
                 self._set_leading(True)
             else:
                 self._set_leading(False)
