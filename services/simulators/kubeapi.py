@@ -29,8 +29,12 @@ on, exactly:
 
 What it does not do: defaulting, schema validation or pruning (objects are
 stored as sent, so a manifest's unknown fields reach the controllers, as they
-do from files), authentication and authorization (every request is allowed,
-and recorded), admission, finalizers, garbage collection, server-side apply.
+do from files), authentication (a bearer token only names the user in the
+request log), admission, finalizers, garbage collection, server-side apply.
+Authorization is off (every request is allowed, and recorded) except for the
+users given rules in :attr:`FakeKubeAPI.roles` (``--role USER=SERVICE`` as a
+process): a request their rules do not cover is answered 403 Forbidden, as
+RBAC would.
 
 Test hooks (methods of :class:`FakeKubeAPI`): :meth:`~FakeKubeAPI.drop_watches`,
 :meth:`~FakeKubeAPI.compact` (the next watch from an older version gets 410),
@@ -48,7 +52,11 @@ As a process::
 
 writes a kubeconfig pointing at it (``kubectl --kubeconfig /tmp/kubeconfig
 get infpol -A``) and serves until SIGTERM. ``--token NAME=TOKEN`` adds a
-user whose bearer token identifies it in the request log.
+user whose bearer token identifies it in the request log; ``--role
+NAME=SERVICE`` restricts that user to the service's declared RBAC rules
+(``kinference_common.kube.rbac.SERVICE_RULES``), so a service started with
+a kubeconfig for that token (``--kubeconfig-out`` writes one per token, as
+``FILE.NAME``) runs with exactly the permissions its Role grants.
 """
 
 from __future__ import annotations
@@ -429,6 +437,9 @@ class FakeKubeAPI:
         self.bookmark_interval = bookmark_interval
         #: bearer token -> user name (the identity in :attr:`requests`)
         self.tokens: dict[str, str] = dict(tokens or {})
+        #: user -> RBAC rules (objects with ``allows(verb, group, resource)``); users
+        #: not listed may do anything
+        self.roles: dict[str, list[Any]] = {}
         self.requests: list[RequestRecord] = []
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -801,8 +812,14 @@ class FakeKubeAPI:
                 "PATCH": "patch", "DELETE": "delete"}.get(request.method)
         if verb is None:
             raise ApiError(405, "MethodNotAllowed", f"{request.method} is not allowed")
-        self.requests.append(RequestRecord(self._who(request), verb, group,
-                                           f"{plural}/{sub}" if sub else plural, namespace))
+        who = self._who(request)
+        resource = f"{plural}/{sub}" if sub else plural
+        self.requests.append(RequestRecord(who, verb, group, resource, namespace))
+        if who in self.roles and not any(r.allows(verb, group, resource) for r in self.roles[who]):
+            where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+            raise ApiError(403, "Forbidden", f'{plural}{"." + group if group else ""} is forbidden: User "{who}" '
+                           f'cannot {verb} resource "{resource}" in API group "{group}" {where}',
+                           {"kind": plural, "group": group})
         ns = namespace or ""
         store_t = self.rtype(*t.view_of) if t.view_of else t
         if verb == "watch":
@@ -1013,6 +1030,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kubeconfig-out", type=Path, metavar="FILE", help="write a kubeconfig pointing here")
     p.add_argument("--token", action="append", default=[], metavar="USER=TOKEN",
                    help="a bearer token and the user it identifies in the request log")
+    p.add_argument("--role", action="append", default=[], metavar="USER=SERVICE",
+                   help="allow USER only what SERVICE's declared RBAC rules allow (policy-compiler, "
+                        "telemetry-collector, router); others get 403 Forbidden")
     p.add_argument("--apply", action="append", default=[], metavar="FILE|DIR",
                    help="create these manifests at start (YAML, multi-document)")
     args = p.parse_args(argv)
@@ -1022,9 +1042,18 @@ def main(argv: list[str] | None = None) -> int:
         if not token:
             p.error(f"--token {t!r}: expected USER=TOKEN")
         tokens[token] = user
+    from kinference_common.kube.rbac import SERVICE_RULES
+
+    roles = {}
+    for r in args.role:
+        user, _, service = r.partition("=")
+        if service not in SERVICE_RULES:
+            p.error(f"--role {r!r}: expected USER=SERVICE, SERVICE one of {', '.join(sorted(SERVICE_RULES))}")
+        roles[user] = SERVICE_RULES[service]
 
     async def run() -> None:
         api = FakeKubeAPI(args.crds, tokens=tokens)
+        api.roles.update(roles)
         await api.start(args.host, args.port)
         for path in args.apply:
             for f in sorted(Path(path).glob("*.y*ml")) if Path(path).is_dir() else [Path(path)]:
@@ -1036,6 +1065,8 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"kubeapi: {f}: skipped {doc.get('kind')}: {exc}", file=sys.stderr)
         if args.kubeconfig_out:
             api.write_kubeconfig(args.kubeconfig_out)
+            for token, user in sorted(tokens.items()):
+                api.write_kubeconfig(f"{args.kubeconfig_out}.{user}", user=user, token=token)
         print(f"kubeapi: serving on {api.url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

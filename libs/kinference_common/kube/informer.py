@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -141,8 +142,14 @@ class Informer:
                     continue
                 self.errors += 1
                 delay = backoff.next()
-                log.warning("API error, will relist", kind=str(self.kind), namespace=scope or "*",
-                            status=exc.status, reason=exc.reason, retry_in=round(delay, 2))
+                if exc.status in (401, 403):
+                    # RBAC (or the token): say so, with the server's words naming verb and resource
+                    log.warning("forbidden: the service account lacks RBAC permission; will retry",
+                                kind=str(self.kind), namespace=scope or "*", status=exc.status,
+                                message=api_message(exc), retry_in=round(delay, 2))
+                else:
+                    log.warning("API error, will relist", kind=str(self.kind), namespace=scope or "*",
+                                status=exc.status, reason=exc.reason, retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
                 self.errors += 1
@@ -210,6 +217,16 @@ class Informer:
         if loop.time() - started < self.watch_timeout * 0.9:
             raise ConnectionResetError("the watch ended before its timeout")
         return rv
+
+
+def api_message(exc: ApiException) -> str:
+    """The ``message`` of the API server's Status answer, else the HTTP reason."""
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    msg = body.get("message") if isinstance(body, dict) else None
+    return str(msg or exc.reason or exc.status)[:500]
 
 
 def _versions(cache: dict[Key, Obj]) -> dict[Key, Any]:
