@@ -70,3 +70,32 @@ async def test_renew_deadline_counts_from_when_the_renewal_was_sent():
         assert el.is_leader
     finally:
         await el.stop(release=False)
+
+
+async def test_a_candidate_that_cannot_read_the_lease_says_why(kube_api, tmp_path):
+    """RBAC without the leases rule (or a Lease namespace that does not exist)
+    left a replica standing by forever without a word."""
+    import structlog
+
+    from kinference_common.kube.client import ResourceClient
+    from kinference_common.kube.config import api_client
+
+    kube_api.roles["no-leases"] = []
+    kc = kube_api.write_kubeconfig(tmp_path / "kc", user="no-leases", token="t-no-leases")
+    api = await api_client(kc, "kinference-policy-compiler")
+    el = LeaderElector(ResourceClient(api), "kinference-system", "l", "me", lease_duration=3.0,
+                       renew_deadline=2.0, retry_period=0.05)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            el.start()
+            while not [e for e in logs if e["event"].startswith("cannot acquire")]:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)  # several more failed attempts
+        said = [e for e in logs if e["event"].startswith("cannot acquire")]
+        assert len(said) == 1  # once, not once per attempt
+        assert said[0]["lease"] == "kinference-system/l"
+        assert said[0]["error"].startswith("403 Forbidden") and 'resource "leases"' in said[0]["error"]
+        assert not el.is_leader
+    finally:
+        await el.stop()
+        await api.close()

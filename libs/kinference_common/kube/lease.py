@@ -34,6 +34,14 @@ from kinference_common.kube.kinds import LEASE
 log = structlog.get_logger("kube.lease")
 
 
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        from kinference_common.kube.informer import api_message
+
+        return f"{exc.status} {exc.reason}: {api_message(exc)}"
+    return str(exc) or type(exc).__name__
+
+
 def _micro() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -65,6 +73,8 @@ class LeaderElector:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.transitions_seen = 0
+        self._last_error = ""
+        self._last_error_at = 0.0
 
     @property
     def is_leader(self) -> bool:
@@ -92,6 +102,16 @@ class LeaderElector:
                     await self.rc.replace(LEASE, self.namespace, self.name, lease)
                     log.info("released lease", lease=f"{self.namespace}/{self.name}", identity=self.identity)
 
+    def _standby_error(self, exc: BaseException) -> None:
+        """A candidate that cannot read or take the Lease (403: no RBAC rule for
+        leases; 404: its namespace does not exist) would otherwise stand by
+        forever without a word: say why, when it changes and once a minute."""
+        what, now = _describe(exc), time.monotonic()
+        if what != self._last_error or now - self._last_error_at >= 60.0:
+            self._last_error, self._last_error_at = what, now
+            log.warning("cannot acquire the lease; standing by", lease=f"{self.namespace}/{self.name}",
+                        identity=self.identity, error=what)
+
     def _set_leading(self, leading: bool) -> None:
         if leading == self._leading:
             return
@@ -112,7 +132,9 @@ class LeaderElector:
                 raise
             except Exception as exc:  # the API server is away: we cannot prove we hold it
                 if self._leading:
-                    log.warning("lease renewal failed", error=str(exc) or type(exc).__name__)
+                    log.warning("lease renewal failed", error=_describe(exc))
+                else:
+                    self._standby_error(exc)
                 ok = False
             if self._stopping:
                 return
