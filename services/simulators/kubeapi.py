@@ -27,9 +27,12 @@ on, exactly:
   also served as core ``v1`` Events (``involvedObject``, ``count``...), so
   ``kubectl describe`` lists them.
 
-What it does not do: defaulting, schema validation or pruning (objects are
-stored as sent, so a manifest's unknown fields reach the controllers, as they
-do from files), authentication (a bearer token only names the user in the
+Defaulting: the CRDs' ``default:`` values are filled in on create and
+update, as the real server does (so ``kubectl get infpol`` shows
+``UNMATCHED ServeLocal`` for a policy that does not say). What it does not
+do: schema validation or pruning (objects are stored as sent otherwise, so
+a manifest's unknown fields reach the controllers, as they do from files),
+authentication (a bearer token only names the user in the
 request log), admission, finalizers, garbage collection, server-side apply.
 Authorization is off (every request is allowed, and recorded) except for the
 users given rules in :attr:`FakeKubeAPI.roles` (``--role USER=SERVICE`` as a
@@ -102,6 +105,8 @@ class ResourceType:
     columns: tuple[dict[str, Any], ...] = ()
     #: the storage another type shares (core v1 Events read events.k8s.io's)
     view_of: tuple[str, str] | None = None
+    #: the CRD version's openAPIV3Schema: its ``default:`` values are applied
+    schema: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def api_version(self) -> str:
@@ -167,6 +172,7 @@ def load_crds(paths: Iterable[str | Path]) -> list[ResourceType]:
                     categories=tuple(names.get("categories", [])),
                     status_subresource="status" in (v.get("subresources") or {}),
                     columns=tuple(v.get("additionalPrinterColumns", [])),
+                    schema=(v.get("schema") or {}).get("openAPIV3Schema"),
                 ))
     return out
 
@@ -294,6 +300,44 @@ def human_age(ts: str | None, now: float | None = None) -> str:
 
 
 # ------------------------------------------------------------------- patches
+
+
+def apply_defaults(schema: dict[str, Any] | None, value: Any) -> Any:
+    """``value`` with the schema's ``default:`` values filled in where a
+    property is absent, in objects and in list items, as the API server does
+    for a structural schema (in place; returns ``value``)."""
+    if not isinstance(schema, dict):
+        return value
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if not isinstance(sub, dict):
+                continue
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                apply_defaults(sub, value[name])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for name in list(value):
+                if name not in (schema.get("properties") or {}):
+                    apply_defaults(extra, value[name])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            apply_defaults(schema["items"], item)
+    return value
+
+
+def _default_spec(t: ResourceType, obj: Obj) -> None:
+    """The schema's defaults in everything but ``metadata`` (``spec`` and
+    ``status`` alike, as the API server does)."""
+    props = (t.schema or {}).get("properties") or {}
+    for name, sub in props.items():
+        if name in ("metadata", "apiVersion", "kind") or not isinstance(sub, dict):
+            continue
+        if name not in obj and "default" in sub:
+            obj[name] = copy.deepcopy(sub["default"])
+        if name in obj:
+            apply_defaults(sub, obj[name])
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -616,6 +660,7 @@ class FakeKubeAPI:
                            if t.group else f'{t.plural} "{meta["name"]}" already exists',
                            {"name": meta["name"], "group": t.group, "kind": t.plural})
         obj["apiVersion"], obj["kind"] = t.api_version, t.kind
+        _default_spec(t, obj)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = _now()
         meta["generation"] = 1
@@ -669,6 +714,7 @@ class FakeKubeAPI:
                 new["status"] = copy.deepcopy(cur["status"])
             else:
                 new.pop("status", None)
+        _default_spec(t, new)
         if new == cur or (_strip_rv(new) == _strip_rv(cur)):
             return copy.deepcopy(cur)  # a no-op write does not bump the version
         if _spec_part(new) != _spec_part(cur):
