@@ -88,7 +88,9 @@ async def test_a_candidate_that_cannot_read_the_lease_says_why(kube_api, tmp_pat
     try:
         with structlog.testing.capture_logs() as logs:
             el.start()
+            end = asyncio.get_running_loop().time() + 5
             while not [e for e in logs if e["event"].startswith("cannot acquire")]:
+                assert asyncio.get_running_loop().time() < end, f"no word on why it stands by: {logs}"
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.3)  # several more failed attempts
         said = [e for e in logs if e["event"].startswith("cannot acquire")]
