@@ -27,6 +27,10 @@ on, exactly:
   also served as core ``v1`` Events (``involvedObject``, ``count``...), so
   ``kubectl describe`` lists them.
 
+CustomResourceDefinitions: given as files (``--crds``) or created through
+the API (``kubectl apply -f deploy/k8s/crds``), their kinds are served from
+then on; deleting one stops serving its kinds.
+
 Defaulting: the CRDs' ``default:`` values are filled in on create and
 update, as the real server does (so ``kubectl get infpol`` shows
 ``UNMATCHED ServeLocal`` for a policy that does not say). What it does not
@@ -131,6 +135,8 @@ BUILTIN_TYPES: list[ResourceType] = [
         {"name": "IP", "type": "string", "jsonPath": ".status.podIP"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})),
     _builtin("", "v1", "secrets", "Secret"),
+    _builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
+             namespaced=False, short_names=("crd", "crds"), status_subresource=True),
     _builtin("", "v1", "configmaps", "ConfigMap", short_names=("cm",)),
     _builtin("", "v1", "events", "Event", short_names=("ev",), view_of=("events.k8s.io", "events")),
     _builtin("events.k8s.io", "v1", "events", "Event", short_names=("ev",)),
@@ -157,24 +163,25 @@ def load_crds(paths: Iterable[str | Path]) -> list[ResourceType]:
         files.extend(sorted(p.glob("*.y*ml")) if p.is_dir() else [p])
     for f in files:
         for doc in yaml.safe_load_all(f.read_text(encoding="utf-8")):
-            if not isinstance(doc, dict) or doc.get("kind") != "CustomResourceDefinition":
-                continue
-            spec = doc["spec"]
-            names = spec["names"]
-            for v in spec.get("versions", []):
-                if not v.get("served", True):
-                    continue
-                out.append(ResourceType(
-                    group=spec["group"], version=v["name"], plural=names["plural"], kind=names["kind"],
-                    namespaced=spec.get("scope", "Namespaced") == "Namespaced",
-                    singular=names.get("singular", names["kind"].lower()),
-                    short_names=tuple(names.get("shortNames", [])),
-                    categories=tuple(names.get("categories", [])),
-                    status_subresource="status" in (v.get("subresources") or {}),
-                    columns=tuple(v.get("additionalPrinterColumns", [])),
-                    schema=(v.get("schema") or {}).get("openAPIV3Schema"),
-                ))
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                out.extend(crd_types(doc))
     return out
+
+
+def crd_types(doc: Obj) -> list[ResourceType]:
+    """The ResourceTypes one CustomResourceDefinition serves (a version each)."""
+    spec = doc["spec"]
+    names = spec["names"]
+    return [ResourceType(
+        group=spec["group"], version=v["name"], plural=names["plural"], kind=names["kind"],
+        namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+        singular=names.get("singular", names["kind"].lower()),
+        short_names=tuple(names.get("shortNames", [])),
+        categories=tuple(names.get("categories", [])),
+        status_subresource="status" in (v.get("subresources") or {}),
+        columns=tuple(v.get("additionalPrinterColumns", [])),
+        schema=(v.get("schema") or {}).get("openAPIV3Schema"),
+    ) for v in spec.get("versions", []) if v.get("served", True)]
 
 
 # ------------------------------------------------------------------ selectors
@@ -628,6 +635,8 @@ class FakeKubeAPI:
         return str(self._rv)
 
     def _emit(self, t: ResourceType, etype: str, obj: Obj) -> None:
+        if t.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+            self._crd_changed(etype, obj)
         snap = copy.deepcopy(obj)
         self._history.append((self._rv, t.key, etype, snap))
         ns = obj["metadata"].get("namespace", "")
@@ -639,6 +648,19 @@ class FakeKubeAPI:
             view = self._view(w.rtype, snap)
             if w.labels(labels) and w.fields(view):
                 w.queue.put_nowait({"type": etype, "object": view})
+
+    def _crd_changed(self, etype: str, crd: Obj) -> None:
+        """A CustomResourceDefinition created, changed or deleted through the API
+        (``kubectl apply -f deploy/k8s/crds``): serve its kinds from now on, or
+        stop serving them (their objects are kept, unlike a real server's)."""
+        try:
+            spec = crd["spec"]
+            group, plural = spec["group"], spec["names"]["plural"]
+            new = [] if etype == "DELETED" else crd_types(crd)
+        except (KeyError, TypeError):
+            return  # not a usable definition: serves nothing
+        self.types = [t for t in self.types if not (t.group == group and t.plural == plural)] + new
+        self._by_key = {(t.group, t.version, t.plural): t for t in self.types}
 
     def _create(self, t: ResourceType, ns: str, body: Obj, keep_status: bool = False) -> Obj:
         obj = copy.deepcopy(body)
