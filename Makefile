@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router bench-kube bench-kube-dataplane load-router eval-classifier lint clean
+        bench-classifier bench-router bench-kube bench-kube-dataplane load-router eval-classifier lint docs compose clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -30,6 +30,13 @@ nats-server:
 		(apt-get install -y -qq nats-server >/dev/null 2>&1 || \
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq nats-server >/dev/null)) || \
 		echo "apt could not install nats-server; using .venv/bin/nats-server"; \
+	fi
+	@# promtool (Debian's prometheus package) checks deploy/observability's rules in the suite
+	@if ! command -v promtool >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing promtool (apt: prometheus)"; \
+		(apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)) || \
+		echo "apt could not install prometheus (promtool); tests/deploy/test_observability.py will fail"; \
 	fi
 	@# the TLS test of the router's upstream client makes a certificate with openssl
 	@if ! command -v openssl >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -69,8 +76,15 @@ load-router: install  ## 500 concurrent streams for a minute through the router 
 eval-classifier: install  ## regenerate docs/classifier-eval.md
 	$(BIN)/python -m bench.eval_classifier
 
+docs: install  ## build the documentation site into site/ (strict: a broken link or missing page fails)
+	$(BIN)/python tools/docgen.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+compose:  ## the stack as containers (podman-compose or docker compose), ports following KINFERENCE_PORT_OFFSET
+	docker/compose.sh up --build
+
 lint: install  ## lint the example manifests with kinfctl
 	$(BIN)/kinfctl lint deploy/examples
 
 clean:  ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build site *.egg-info

@@ -1,21 +1,44 @@
 """What of an OpenAI-style body a classifier reads.
 
 :func:`texts_from_body` turns a chat or legacy-completions body into the
-``texts``/``roles``/``unreadable`` of a :class:`ClassifyRequest`:
+``texts``/``roles``/``unreadable`` of a :class:`ClassifyRequest`. The rule:
+every string a provider would receive is read, so that what leaves the
+cluster is exactly what was classified (the router's
+``provider_request`` forwards nothing else). In order:
 
 - chat ``messages`` of every role: string ``content``, the ``text`` of each
   text part of multi-part content (``text``/``input_text``/``output_text``,
-  and ``refusal``), the ``arguments`` of tool and function calls (model
-  output the client sends back, which often carries what a tool returned) and
-  a message's ``name``;
+  and ``refusal``), a message's ``name``, the ``arguments`` of tool and
+  function calls (model output the client sends back, which often carries
+  what a tool returned), then every other string of the message (tool call
+  names and ids, ``refusal``, ``tool_call_id``, fields of any other name);
 - legacy ``prompt`` (a string or a list of strings) and ``suffix``;
-- parts that are not text (``image_url``, ``input_audio``, ``file``) and
-  token-id prompts (lists of integers) are counted in ``unreadable``: a
-  classifier cannot say they are clean, so one that finds nothing answers
-  its "unknown" tag.
+- every other field of the body, walked to its leaves: tool and function
+  definitions (names, descriptions, parameter schemas), ``tool_choice``,
+  ``response_format`` schemas, ``stop``, ``prediction``, ``logit_bias``,
+  fields this module does not know. A walk reads string values, object
+  keys outside the OpenAI API's own vocabulary (:data:`KNOWN_KEYS`: a
+  schema's property names are read, ``type`` or ``description`` are not)
+  and numbers of 7 digits or more (a card or phone number sent as a JSON
+  number). Tool and function definitions and ``response_format`` are read
+  with the role ``developer``, the rest with no role.
 
-Anything else in the body (model, sampling parameters, tool schemas) is the
-caller's configuration, not content, and is not read.
+Not read:
+
+- ``model`` (the router replaces it with the destination's own name);
+- :data:`PRIVATE_FIELDS` (``user``, ``metadata``, ``safety_identifier``,
+  ``prompt_cache_key``): the router never forwards them to a provider, so
+  an email address in ``user`` does not keep a clean prompt in the cluster;
+- the numbers and booleans of :data:`SETTINGS` (``temperature``,
+  ``max_tokens``, ``seed``, ...; a string there is read);
+- parts that are not text (``image_url``, ``input_audio``, ``file``) and
+  token-id prompts (lists of integers): they are counted in ``unreadable``
+  instead. A classifier cannot say they are clean, so one that finds
+  nothing answers its "unknown" tag.
+
+The walks are iterative: a body nested deeper than Python's recursion limit
+is read like any other (the router refuses bodies nested deeper than 64
+levels before this runs).
 """
 
 from __future__ import annotations
@@ -24,6 +47,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+
+#: top-level fields never forwarded to a provider (and so not read)
+PRIVATE_FIELDS = frozenset({"user", "metadata", "safety_identifier", "prompt_cache_key"})
+
+#: top-level sampling and framing settings: their numbers and booleans are
+#: not content (a string in one of them is read)
+SETTINGS = frozenset({
+    "stream", "temperature", "top_p", "n", "max_tokens", "max_completion_tokens", "seed",
+    "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "parallel_tool_calls", "store",
+    "echo", "best_of", "top_k", "min_p", "repetition_penalty", "length_penalty", "min_tokens", "ignore_eos",
+})
+
+#: object keys of the OpenAI API (and JSON Schema) itself: a walk does not read them as text
+KNOWN_KEYS = frozenset({
+    "type", "function", "name", "description", "parameters", "arguments", "id", "strict", "properties",
+    "required", "items", "enum", "const", "additionalProperties", "json_schema", "schema", "title", "default",
+    "anyOf", "oneOf", "allOf", "not", "$ref", "$defs", "definitions", "format", "pattern", "minimum",
+    "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems",
+    "uniqueItems", "nullable", "examples", "include_usage", "tool_call_id", "refusal", "audio", "content",
+    "role", "text", "image_url", "url", "detail", "input_audio", "data", "file", "file_id", "filename",
+    "file_data", "voice", "tool_calls", "function_call", "custom", "grammar", "syntax", "definition",
+})
+
+#: fields whose walk has the role ``developer`` (written by the application, like a system prompt)
+_DEVELOPER_FIELDS = frozenset({"tools", "functions", "response_format"})
+#: message roles of the OpenAI API (another role's name is read as text)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+#: the smallest number a walk reads (7 digits: a phone number's local part)
+_BIG_NUMBER = 1_000_000
 
 
 @dataclass(slots=True)
@@ -39,6 +91,27 @@ class Extracted:
                 self.roles.append(role)
         elif text is not None:
             self.unreadable += 1
+
+    def walk(self, value: Any, role: str) -> None:
+        """Read every string of ``value`` (and its unknown keys, its big numbers), in document order."""
+        stack = [value]
+        texts, roles = self.texts, self.roles
+        while stack:
+            v = stack.pop()
+            if type(v) is str:
+                if v:
+                    texts.append(v)
+                    roles.append(role)
+            elif isinstance(v, dict):
+                for k, x in reversed(list(v.items())):
+                    stack.append(x)
+                    if k not in KNOWN_KEYS:
+                        stack.append(str(k))
+            elif isinstance(v, list):
+                stack.extend(reversed(v))
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) >= _BIG_NUMBER:
+                texts.append(str(v))
+                roles.append(role)
 
 
 def _content(out: Extracted, content: Any, role: str) -> None:
@@ -57,10 +130,15 @@ def _content(out: Extracted, content: Any, role: str) -> None:
             kind = part.get("type")
             if kind in _TEXT_PART_TYPES or (kind is None and "text" in part):
                 out.add(part.get("text"), role)
+                field_name = "text"
             elif kind == "refusal":
                 out.add(part.get("refusal"), role)
+                field_name = "refusal"
             else:
                 out.unreadable += 1
+                continue
+            if len(part) > 2 or (kind is None and len(part) > 1):  # anything else the part carries
+                out.walk({k: v for k, v in part.items() if k != field_name and k != "type"}, role)
         else:
             out.unreadable += 1
 
@@ -81,6 +159,43 @@ def _prompt(out: Extracted, prompt: Any) -> None:
     out.unreadable += 1
 
 
+def _message(out: Extracted, msg: dict[str, Any]) -> None:
+    role = msg.get("role") if isinstance(msg.get("role"), str) else ""
+    if role not in ROLES:
+        out.add(role, "")
+    _content(out, msg.get("content"), role)
+    if isinstance(msg.get("name"), str):
+        out.add(msg["name"], role)
+    calls = msg.get("tool_calls")
+    rest_calls: list[Any] = []
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                out.add(fn.get("arguments"), role)
+                rest_calls.append({**call, "function": {k: v for k, v in fn.items() if k != "arguments"}})
+            else:
+                rest_calls.append(call)
+    fn = msg.get("function_call")
+    rest_fn: Any = fn
+    if isinstance(fn, dict):
+        out.add(fn.get("arguments"), role)
+        rest_fn = {k: v for k, v in fn.items() if k != "arguments"}
+    # everything else the message carries (a provider receives it too)
+    for key, value in msg.items():
+        if key == "content" or (key == "role" and isinstance(value, str)):
+            continue
+        if key == "name" and isinstance(value, str):
+            continue
+        if key == "tool_calls" and isinstance(calls, list):
+            value = rest_calls
+        elif key == "function_call":
+            value = rest_fn
+        if key not in KNOWN_KEYS:
+            out.add(str(key), role)
+        out.walk(value, role)
+
+
 def texts_from_body(body: dict[str, Any]) -> Extracted:
     """The texts of a chat or completions body, with their roles."""
     out = Extracted()
@@ -90,22 +205,28 @@ def texts_from_body(body: dict[str, Any]) -> Extracted:
             if not isinstance(msg, dict):
                 out.unreadable += 1
                 continue
-            role = msg.get("role") if isinstance(msg.get("role"), str) else ""
-            _content(out, msg.get("content"), role)
-            if isinstance(msg.get("name"), str):
-                out.add(msg["name"], role)
-            calls = msg.get("tool_calls")
-            if isinstance(calls, list):
-                for call in calls:
-                    fn = call.get("function") if isinstance(call, dict) else None
-                    if isinstance(fn, dict):
-                        out.add(fn.get("arguments"), role)
-            fn = msg.get("function_call")
-            if isinstance(fn, dict):
-                out.add(fn.get("arguments"), role)
+            _message(out, msg)
     elif messages is not None:
         out.unreadable += 1
     _prompt(out, body.get("prompt"))
     if isinstance(body.get("suffix"), str):
         out.add(body["suffix"], "")
+    for key, value in body.items():
+        if key in ("model", "messages", "prompt") or key in PRIVATE_FIELDS:
+            continue
+        if key == "suffix" and isinstance(value, str):
+            continue
+        if key in SETTINGS and (value is None or isinstance(value, (bool, int, float))):
+            continue
+        role = "developer" if key in _DEVELOPER_FIELDS else ""
+        if key not in KNOWN_KEYS and key not in KNOWN_FIELDS:
+            out.add(str(key), role)
+        out.walk(value, role)
     return out
+
+
+#: top-level fields of the OpenAI API whose names are not read as text
+KNOWN_FIELDS = frozenset({
+    "suffix", "tools", "functions", "tool_choice", "response_format", "stop", "prediction", "logit_bias",
+    "stream_options", "modalities", "reasoning_effort", "service_tier", "web_search_options", "verbosity",
+})

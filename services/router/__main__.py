@@ -13,7 +13,9 @@ from typing import Any
 import structlog
 
 from kinference_common import bus, logs
+from kinference_router import provider_request
 from kinference_router.app import Router, RouterSettings
+from kinference_router.http_server import HttpLimits
 from kinference_router.pools import MultiPoolRouter
 from kinference_router.tenants import Authenticator, TenantsFileError
 from kinference_router.upstream import SecretFiles
@@ -48,14 +50,74 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "x-kinference-tenant; apiKey: Bearer keys (default with --source kubernetes)")
     p.add_argument("--tenants-file", type=Path, help="apiKey mode: YAML {tenants: [{name, apiKeys: [...]}]}")
     p.add_argument("--secrets-dir", type=Path,
-                   help="provider API keys as files <dir>/<secret>/<key> (a Secret volume's layout)")
+                   help="provider API keys as files: <dir>/<namespace>/<secret>/<key> (the provider's "
+                        "namespace, its spec.auth.secretRef name and key; the file holds the key alone), "
+                        "else <dir>/<secret>/<key> (one Secret volume mounted at <dir>/<secret>). "
+                        "Files are re-read when they change")
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     p.add_argument("--connect-timeout", type=float, default=2.0, help="seconds (providers may set their own)")
     p.add_argument("--first-byte-timeout", type=float, default=120.0, help="seconds (providers may set their own)")
     p.add_argument("--stale-after", type=float, default=5.0, help="telemetry older than this is stale, seconds")
+    p.add_argument("--provider-header", action="append", default=[], metavar="NAME",
+                   help="a client header a provider may receive (repeatable; none by default; cookies, "
+                        "credentials, X-Forwarded-*, X-User-* are refused)")
+    d = HttpLimits()
+    p.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help=f"open client connections per port; one more gets 503 (default {d.max_connections})")
+    p.add_argument("--header-timeout", type=float, default=d.header_timeout,
+                   help=f"seconds for a request's line and headers to arrive, else 408 (default {d.header_timeout:g})")
+    p.add_argument("--body-timeout", type=float, default=d.body_timeout,
+                   help=f"seconds for a request's body to arrive after its headers, else 408 "
+                        f"(default {d.body_timeout:g})")
+    p.add_argument("--max-pending-body-bytes", type=int, default=d.max_pending_body_bytes,
+                   help="bytes of unfinished request bodies held across connections; past it 503 "
+                        f"(default {d.max_pending_body_bytes})")
+    p.add_argument("--max-headers", type=int, default=d.max_headers,
+                   help=f"header lines per request, else 431 (default {d.max_headers})")
+    p.add_argument("--max-header-bytes", type=int, default=d.max_head_bytes,
+                   help=f"bytes of a request's line and headers, else 431 (default {d.max_head_bytes})")
+    p.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout,
+                   help=f"seconds an idle client connection stays open (default {d.keepalive_timeout:g})")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
     logs.add_arguments(p)
     return p.parse_args(argv)
+
+
+def limits(args: argparse.Namespace) -> tuple[frozenset[str], HttpLimits]:
+    """The provider header allowlist and the HTTP limits of the command line;
+    ValueError naming the flag that is wrong."""
+    try:
+        provider_headers = provider_request.check_allowlist(args.provider_header)
+        http = HttpLimits(max_connections=args.max_connections, header_timeout=args.header_timeout,
+                          body_timeout=args.body_timeout, max_pending_body_bytes=args.max_pending_body_bytes,
+                          max_headers=args.max_headers, max_head_bytes=args.max_header_bytes,
+                          keepalive_timeout=args.keepalive_timeout)
+    except ValueError as exc:
+        msg = str(exc)
+        name = msg.split(" ", 1)[0]
+        if name in vars(HttpLimits):  # a limit: name its flag
+            msg = "--" + {"max_head_bytes": "max_header_bytes"}.get(name, name).replace("_", "-") + msg[len(name):]
+        raise ValueError(msg) from None
+    return provider_headers, http
+
+
+def raise_fd_limit(want: int) -> None:
+    """Raise the soft limit on open files towards ``want`` (client connections
+    on both ports, as many upstream connections, NATS and files), within the
+    hard limit; say so when it stays lower, since accept() would then fail
+    before --max-connections is reached."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            if new < want:
+                print(f"kinference-router: open-file limit {new} is below the {want} that --max-connections "
+                      "needs; lower it or raise the hard limit", file=sys.stderr)
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 def tune_gc() -> None:
@@ -76,6 +138,11 @@ async def run(args: argparse.Namespace) -> int:
     namespace, _, pool = pool_arg.partition("/")
     if pool_arg and (not namespace or not pool):
         print("kinference-router: --pool must be NAMESPACE/NAME", file=sys.stderr)
+        return 1
+    try:
+        limits(args)
+    except ValueError as exc:
+        print(f"kinference-router: {exc}", file=sys.stderr)
         return 1
     mode = args.auth or ("apiKey" if kube else "none")
     secrets: Any = SecretFiles(args.secrets_dir)
@@ -123,9 +190,12 @@ async def kube_secrets_source(args: argparse.Namespace, auth: Authenticator | No
 
 
 async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authenticator, secrets: Any) -> int:
+    provider_headers, http = limits(args)  # checked by run()
+    raise_fd_limit(2 * http.max_connections + 1024)
     settings = RouterSettings(namespace=namespace, pool=pool, max_body_bytes=args.max_body_bytes,
                               connect_timeout=args.connect_timeout, first_byte_timeout=args.first_byte_timeout,
-                              stale_after=args.stale_after)
+                              stale_after=args.stale_after, provider_headers=provider_headers,
+                              http=http)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -9,8 +9,10 @@ One request, in order (ARCHITECTURE.md, "The hot path"):
 3. ask the classifiers the applicable rules need, in parallel, each with its
    deadline (no answer = its failure tag);
 4. decide on the snapshot (the pure engine call);
-5. proxy to the pick, streaming as chunks arrive; a connection failure before
-   any byte was sent tries the next best candidate (bounded);
+5. proxy to the pick, streaming as chunks arrive; a request provably not
+   received (connect failed, or the connection closed before it was fully
+   written) tries the next best candidate (bounded, retry.py); one that may
+   have been received is never sent again (502);
 6. publish the decision event and the observation without waiting.
 """
 
@@ -39,15 +41,17 @@ from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
+from kinference_router import models_api, provider_request, retry, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 from kinference_router.metrics import RouterMetrics
-from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
+from kinference_router.http_server import HttpLimits, HttpServer, Request as HttpRequest, Response
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter, SecretError, SecretFiles, UpstreamHealth
-from kinference_router.upstream_http import ConnectFailed, UpstreamClient, UpstreamError, UpstreamTimeout
+from kinference_router.upstream_http import (ConnectFailed, SentNotAnswered, UpstreamClient, UpstreamError,
+                                             UpstreamTimeout)
 
 log = structlog.get_logger("router")
 
@@ -74,6 +78,10 @@ class RouterSettings:
     first_byte_timeout: float = 120.0
     #: the collector's freshness bound: older telemetry is stale
     stale_after: float = 5.0
+    #: client headers (lower-cased) a provider may receive (provider_request.check_allowlist)
+    provider_headers: frozenset[str] = frozenset()
+    #: what clients may make the HTTP servers hold (deadlines, connections, memory)
+    http: HttpLimits = field(default_factory=HttpLimits)
 
 
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
@@ -129,7 +137,8 @@ def new_decision_id() -> str:
 
 def error_response(err: ApiError, decision_id: str) -> Response:
     """OpenAI's error envelope (INTERFACES.md), with the decision id."""
-    body = {"error": {"message": err.message, "type": _ERROR_TYPES.get(err.status, "server_error"),
+    kind = _ERROR_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "server_error")
+    body = {"error": {"message": err.message, "type": kind,
                       "code": err.code, "decision_id": decision_id}}
     headers = [("x-kinference-decision-id", decision_id)]
     if err.retry_after is not None:
@@ -203,6 +212,7 @@ class Router:
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
             "/v1/models": {"GET": self.models},
+            "/v1/models/*": {"GET": self.model},
         })
 
     def admin_server(self) -> HttpServer:
@@ -212,7 +222,10 @@ class Router:
     def _server(self, routes: dict[str, Any]) -> HttpServer:
         common = {"/healthz": {"GET": self.healthz}, "/readyz": {"GET": self.readyz},
                   "/metrics": {"GET": self.metrics_page}}
-        return HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes, on_error=server_error)
+        server = HttpServer({**routes, **common}, max_body_bytes=self.settings.max_body_bytes,
+                            limits=self.settings.http, on_error=server_error)
+        self.metrics.watch_http("admin" if "/debug/explain" in routes else "data", server)
+        return server
 
     async def healthz(self, _: HttpRequest) -> Response:
         return Response(200, b"ok\n", content_type="text/plain; charset=utf-8")
@@ -227,13 +240,15 @@ class Router:
 
     async def models(self, _: HttpRequest) -> Response:
         snap = self.keeper.snapshot
-        data = []
-        if snap is not None:
-            for m in snap.pool.models:
-                data.append({"id": m.name, "object": "model", "owned_by": "kinference",
-                             "aliases": m.aliases, "served_by": m.served_by,
-                             **({"max_model_len": m.context_window["max"]} if m.context_window else {})})
-        return Response(200, msgspec.json.encode({"object": "list", "data": data}))
+        return Response(200, msgspec.json.encode(models_api.model_list(snap.pool.models if snap else [])))
+
+    async def model(self, request: HttpRequest) -> Response:
+        snap = self.keeper.snapshot
+        found = models_api.find(snap.pool.models if snap else [], request.path)
+        if found is None:
+            return error_response(ApiError(404, "model_not_found", "no destination of the pool serves "
+                                           f"{request.path[len(models_api.PREFIX):]!r}"), new_decision_id())
+        return Response(200, msgspec.json.encode(models_api.model_object(found)))
 
     async def chat(self, request: HttpRequest) -> Response | None:
         return await self._handle(request, chat=True)
@@ -247,7 +262,9 @@ class Router:
         if request.body_too_large:
             raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes")
         try:
-            return parse(request.body, chat=chat)
+            parsed = parse(request.body, chat=chat)
+            validate.check_body(parsed)
+            return parsed
         except BadRequest as exc:
             raise ApiError(400, "bad_request", str(exc)) from None
 
@@ -276,6 +293,7 @@ class Router:
         traces = []
         for name, reply, seconds in results:
             tags.update(reply.tags)
+            self.metrics.tags(name, reply.tags)
             self.metrics.classifier.labels(name, reply.outcome).observe(seconds)
             traces.append(ClassifierTrace(name=name, ms=round(seconds * 1e3, 3), outcome=reply.outcome))
         return frozenset(tags), traces
@@ -300,6 +318,9 @@ class Router:
         except ApiError as err:  # counted once, here
             self.metrics.child(self.metrics.requests, self.pool_label, err.rule, err.code, "").inc()
             return error_response(err, decision_id)
+        except (asyncio.CancelledError, ConnectionResetError):  # the client went away before its answer ended
+            self.metrics.child(self.metrics.requests, self.pool_label, "", "abandoned", "").inc()
+            raise
         finally:
             structlog.contextvars.reset_contextvars(**bound)
 
@@ -382,18 +403,24 @@ class Router:
                     err.rule = d.rule or ""
                     raise
                 snap = d.snapshot  # the state it was decided on
+            d = validate.interpret(d)  # every candidate's context window too small: a 400
             # built and published in a later turn of the event loop: while the
             # upstream works on the request, not before it is sent
             asyncio.get_running_loop().call_soon(self._publish_decision, d, decision_id, traces)
             rule = d.rule or ""
             if not d.routed:
                 code = d.code or "policy_rejected"
-                status = {"model_not_found": 404, "no_capacity": 503}.get(code, 403)
+                status = {"model_not_found": 404, "no_capacity": 503, "context_length_exceeded": 400}.get(code, 403)
                 raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None,
                                rule=rule)
             cand = d.candidate
             tried.add(cand.ledger_key)
-            result = await self._send(request, chat, body, req, d, snap, decision_id)
+            try:
+                result = await self._send(request, chat, body, req, d, snap, decision_id)
+            except ApiError as err:
+                if err.decision is not None:
+                    self._publish_decision(err.decision, decision_id, traces)
+                raise
             if result is not _NOT_SENT:
                 return result  # type: ignore[return-value]
         raise ApiError(502, "upstream_error", "every candidate tried refused the connection")
@@ -416,6 +443,8 @@ class Router:
         else:
             provider = dest.provider
             assert provider is not None
+            headers = provider_request.headers(request.headers, stream=body.stream, request_id=decision_id,
+                                               allow=self.settings.provider_headers)
             if not self.limiter.acquire(cand.ledger_key, provider):
                 raise ApiError(429, "rate_limited", f"provider {dest.name} is at its configured limit",
                                retry_after=1)
@@ -430,7 +459,7 @@ class Router:
             url = provider.url.rstrip("/") + path
             connect_timeout = provider.connect_timeout_seconds or connect_timeout
             first_byte = provider.first_token_timeout_seconds or first_byte
-        data = body.encode(cand.served_name)
+        data = body.encode(cand.served_name) if cand.is_local else provider_request.body(body.raw, cand.served_name)
         route_headers = [("x-kinference-decision-id", decision_id), ("x-kinference-rule", d.rule or "unmatched"),
                          ("x-kinference-backend", cand.backend)]
         # PredictedTTFT of the pick without calibration, before this send joins the
@@ -466,7 +495,10 @@ class Router:
                 obs.timeout_seconds = first_byte
                 raise ApiError(504, "upstream_timeout", f"{cand.backend} did not answer in time") from None
             except UpstreamError as exc:
-                raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
+                err = ApiError(502, "upstream_error", f"{cand.backend}: {exc}")
+                if isinstance(exc, SentNotAnswered):  # never re-sent: the event says why (retry.py)
+                    err.decision = retry.not_resent(d, cand.backend)
+                raise err from None
             except ValueError as exc:  # a bad provider URL or header; never echo header values
                 outcome = "not_sent"
                 why = "a header could not be encoded" if isinstance(exc, UnicodeError) else str(exc).split(";")[0]
@@ -481,6 +513,13 @@ class Router:
                     raise ApiError(429, "rate_limited", f"provider {dest.name} is rate limiting", retry_after=seconds)
                 if upstream.status >= 500:
                     raise ApiError(502, "upstream_error", f"{cand.backend} answered {upstream.status}")
+                if upstream.status >= 400:  # in the envelope, with the decision id and the upstream's message
+                    try:
+                        payload = await upstream.read()
+                    except UpstreamError:
+                        payload = b""
+                    raise ApiError(*validate.upstream_refusal(upstream.status, payload, cand.backend,
+                                                              upstream.header("Retry-After")))
                 ctype = upstream.header("Content-Type", "application/json")
                 if body.stream and upstream.status == 200:
                     request.start_stream(200, [("Content-Type", ctype), ("Cache-Control", "no-cache"),
@@ -492,6 +531,7 @@ class Router:
                             if first:
                                 first = False
                                 self._first_token(send, obs, started, cand.backend, predicted)
+                                self.metrics.first_token(self.pool_label, cand.dest_name, cand.endpoint, obs.ttft_seconds)
                             await request.write(chunk)
                             tail = (tail + chunk)[-4096:]
                     except UpstreamError as exc:
@@ -538,6 +578,8 @@ class Router:
                 self.limiter.release(cand.ledger_key)
             if outcome != "not_sent":  # nothing reached the upstream: nothing to observe
                 obs.outcome = outcome  # type: ignore[assignment]
+                self.metrics.sent(self.pool_label, cand.backend, cand.dest_name, cand.endpoint, cand.is_local,
+                                  outcome, obs.prompt_tokens, obs.completion_tokens)
                 # encoded and published after the response is on its way
                 asyncio.get_running_loop().call_soon(self._publish_observation, obs)
 
@@ -581,32 +623,26 @@ class Router:
         if request.body_too_large:
             return _explain_error(413, f"body over {self.settings.max_body_bytes} bytes")
         try:
-            raw = msgspec.json.decode(request.body)
-        except msgspec.DecodeError as exc:
-            return _explain_error(400, f"not JSON: {exc}")
-        if not isinstance(raw, dict):
-            return _explain_error(400, "expected a JSON object")
+            explained = validate.explain_input(request.body)
+        except BadRequest as exc:
+            return _explain_error(400, str(exc))
         snap = self.keeper.snapshot
         if snap is None:
             return _explain_error(503, "no configuration yet")
-        inner = raw.get("body", raw)
-        chat = "messages" in inner
         try:
-            body = parse(msgspec.json.encode({k: v for k, v in inner.items()
-                                              if k not in ("tenant", "tags", "headers")}), chat=chat)
+            body = parse(msgspec.json.encode(explained.body), chat=explained.chat)
         except BadRequest as exc:
             return _explain_error(400, str(exc))
-        headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
-        req = self._engine_request(headers, body, str(raw.get("tenant") or "anonymous"))
-        tags = raw.get("tags")
-        if tags is not None:
-            req = msgspec.structs.replace(req, tags=frozenset(map(str, tags)))
+        req = self._engine_request(explained.headers, body, explained.tenant)
+        if explained.tags is not None:
+            req = msgspec.structs.replace(req, tags=explained.tags)
         d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=random.Random(0))
         return Response(200, encode_trace(build_trace(d, decision_id="explain")))
 
 
 def _explain_error(status: int, message: str) -> Response:
-    return Response(status, msgspec.json.encode({"error": message}))
+    """The error envelope, as on the data port."""
+    return server_error(status, {413: "payload_too_large", 503: "no_capacity"}.get(status, "bad_request"), message)
 
 
 #: what _send returns when nothing reached the upstream (the caller tries the next candidate)

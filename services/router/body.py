@@ -12,7 +12,11 @@ from typing import Any
 
 import msgspec
 
-from kinference_common.prompt_texts import texts_from_body
+from kinference_common.prompt_texts import ROLES, SETTINGS, texts_from_body
+
+#: the deepest nesting of arrays and objects a body may have (a tool's JSON
+#: schema nests a few levels; a thousand is an attack on the parser)
+MAX_DEPTH = 64
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -60,11 +64,29 @@ class ParsedBody:
         return _encoder.encode(self.raw)
 
 
+def decode(data: bytes) -> Any:
+    """JSON text decoded; BadRequest when it is not JSON or nests more than
+    :data:`MAX_DEPTH` levels."""
+    try:
+        raw = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from None
+    except RecursionError:  # msgspec gives up near Python's recursion limit
+        raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep") from None
+    # more brackets than the limit is the only way to nest deeper than it
+    if (data.count(b"[") + data.count(b"{") > MAX_DEPTH and isinstance(raw, (dict, list))
+            and _too_deep(raw)):
+        raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep")
+    return raw
+
+
 def parse(data: bytes, *, chat: bool) -> ParsedBody:
     try:
         raw = _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise BadRequest(f"body is not JSON: {exc}") from None
+    except RecursionError:  # msgspec gives up near Python's recursion limit
+        raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep") from None
     if not isinstance(raw, dict):
         raise BadRequest("body must be a JSON object")
     if "model" not in raw:
@@ -79,22 +101,50 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
         raise BadRequest("`messages` must be a non-empty list")
     if not chat and fields.prompt is None:
         raise BadRequest("body lacks `prompt`")
-    return ParsedBody(raw, fields, _texts(raw, fields))
+    texts = _simple_texts(raw, fields)
+    if texts is None:  # not the common shape (which nests 3 levels): the depth is checked, then the general walk
+        if _too_deep(raw):
+            raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep")
+        texts = texts_from_body(raw).texts
+    return ParsedBody(raw, fields, texts)
 
 
-def _texts(raw: dict[str, Any], fields: _Fields) -> list[str]:
-    """``texts_from_body(raw).texts``, without its general walk for the
-    common chat body: every message is exactly ``{role, content}`` with a
-    string ``content``, and there is no ``prompt`` or ``suffix``. Anything
-    else (multi-part content, names, tool calls) takes the general walk."""
+def _simple_texts(raw: dict[str, Any], fields: _Fields) -> list[str] | None:
+    """``texts_from_body(raw).texts`` for the common chat body, without its
+    general walk; None for any other body. Common: every message is exactly
+    ``{role, content}`` with a standard role and a string ``content``, and
+    every other field is ``model`` or a number, boolean or null of
+    :data:`~kinference_common.prompt_texts.SETTINGS` (not multi-part content,
+    names, tool calls, tools, ``stop``...)."""
     messages = fields.messages
-    if messages is None or fields.prompt is not None or "suffix" in raw:
-        return texts_from_body(raw).texts
+    if messages is None:
+        return None
+    for key, value in raw.items():
+        if key not in _SIMPLE_FIELDS or (type(value) not in _SCALARS and key in SETTINGS):
+            return None
     texts: list[str] = []
     for msg in messages:
         content = msg.get("content")
-        if len(msg) != 2 or "role" not in msg or type(content) is not str:
-            return texts_from_body(raw).texts
+        if len(msg) != 2 or msg.get("role") not in ROLES or type(content) is not str:
+            return None
         if content:
             texts.append(content)
     return texts
+
+
+_SIMPLE_FIELDS = SETTINGS | {"model", "messages"}
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether arrays and objects nest more than :data:`MAX_DEPTH` levels (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = v.values() if isinstance(v, dict) else v
+        for child in children:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return False

@@ -18,15 +18,28 @@ What it does:
   order, one at a time (reading pauses when several are queued), and what
   one of them needs (closing after it, a ``100 Continue``, the 400 for bytes
   that follow it and are not HTTP) waits for its turn.
-- The request line and headers are limited to ``max_head_bytes`` (64 KiB):
-  over it, 431 and the connection closes. Trailers of a chunked body are
-  dropped, never taken for headers.
+- Limits (:class:`HttpLimits`, each a router flag; docs/hardening.md): the
+  request line and headers together to ``max_head_bytes`` (64 KiB) and to
+  ``max_headers`` header lines (100): over either, 431 and the connection
+  closes. Trailers of a chunked body are dropped, never taken for headers.
+  A request's line and headers must arrive within ``header_timeout``
+  seconds of its first byte, and its body within ``body_timeout`` of its
+  headers: late, 408 and the connection closes (a new connection that
+  sends nothing at all is closed after ``header_timeout``, silently).
+  Bodies not yet handed to a handler (being received, or parsed and queued
+  behind a pipelined request) hold at most ``max_pending_body_bytes``
+  across all connections: the body that would pass it is refused with 503
+  and its connection closes. At most ``max_connections`` connections are
+  open: one more is answered 503 and closed at once. Each refusal is
+  counted in :attr:`HttpServer.rejected` by reason.
 - Request bodies by ``Content-Length`` or chunked. Over ``max_body_bytes``
   the handler is called at once with ``body_too_large`` set (it answers 413
   in its own error format) and the connection closes after the answer,
   without reading the rest of the body. ``Expect: 100-continue`` is answered
   ``100 Continue`` only for a body within the limit.
-- Routes are exact paths with their methods; ``HEAD`` is served by the
+- Routes are exact paths with their methods, or prefixes written
+  ``/prefix/*`` (any longer path under it; the handler reads ``path``);
+  ``HEAD`` is served by the
   ``GET`` handler without the body. An unknown path is 404, a known path
   with another method 405 (with ``Allow``), a request that is not HTTP 400,
   and the connection closes after a 400.
@@ -42,7 +55,7 @@ What it does:
   message: it could quote the request); mid-stream the connection is cut.
 - Connections idle for ``keepalive_timeout`` seconds (between requests, or
   stuck part-way through a request that stopped arriving) are closed by a
-  sweep once a second.
+  sweep once a second (more often when a deadline is under 4 s).
 - :meth:`HttpServer.close` stops accepting, closes idle connections, lets
   requests under way finish and their answers be written for up to ``grace``
   seconds, then cancels the handlers left, waits for them to unwind, and
@@ -59,6 +72,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from dataclasses import dataclass, replace
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
@@ -71,6 +85,38 @@ log = structlog.get_logger("router.http")
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 #: pipelined requests parsed ahead of the one being answered before reading pauses
 _MAX_PIPELINE = 8
+#: seconds a connection closing after an error answer keeps reading (and dropping) what the client sends
+_LINGER = 1.0
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one client may make the server hold (the router's flags of the same names)."""
+
+    #: open connections; one more is answered 503 and closed
+    max_connections: int = 4096
+    #: seconds from a request's first byte to the end of its headers (408)
+    header_timeout: float = 10.0
+    #: seconds from a request's headers to the end of its body (408)
+    body_timeout: float = 30.0
+    #: bytes of request bodies not yet handed to a handler, across connections (503)
+    max_pending_body_bytes: int = 64 * 1024 * 1024
+    #: header lines of one request (431)
+    max_headers: int = 100
+    #: bytes of the request line and headers together (431)
+    max_head_bytes: int = 64 * 1024
+    #: seconds a connection may stay idle between requests
+    keepalive_timeout: float = 75.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "header_timeout", "body_timeout", "max_pending_body_bytes", "max_headers",
+                     "max_head_bytes", "keepalive_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)}")
+
+
+#: the reasons counted in HttpServer.rejected
+REJECT_REASONS = ("connection_limit", "header_timeout", "body_timeout", "body_memory", "header_limit")
 
 
 class Response:
@@ -103,7 +149,7 @@ class Request:
     """One request, its body already read."""
 
     __slots__ = ("method", "path", "query", "version", "headers", "raw_headers", "body", "body_too_large",
-                 "keep_alive", "_conn", "_state", "_chunked", "_head_only")
+                 "keep_alive", "_conn", "_state", "_chunked", "_head_only", "_held")
 
     def __init__(self, conn: _Connection, method: str, path: str, query: str, version: str,
                  raw_headers: list[tuple[str, str]], keep_alive: bool) -> None:
@@ -125,6 +171,8 @@ class Request:
         self._state = _NEW
         self._chunked = True
         self._head_only = method == "HEAD"
+        #: body bytes counted in the server's pending total until a handler takes it
+        self._held = 0
 
     # ----------------------------------------------------------- streaming
 
@@ -183,7 +231,12 @@ class Request:
 
 
 class _HeadTooLarge(Exception):
-    """The request line and headers are over the limit (raised inside the parser)."""
+    """The request line and headers are over a limit (raised inside the parser)."""
+
+
+#: what a connection is receiving: nothing expected (between requests, or a
+#: request refused), a request's line and headers, or its body
+_IDLE, _HEAD, _BODY = 0, 1, 2
 
 
 class _Connection(asyncio.Protocol):
@@ -223,16 +276,41 @@ class _Connection(asyncio.Protocol):
         self._dispatched = False
         #: an Upgrade request whose body the parser skipped: (request, bytes still to read)
         self._upgrade: tuple[Request, int] | None = None
+        self._header_count = 0
+        #: why the head was refused (431), set inside the parser
+        self._head_error = ""
+        #: what is being received, since when (the deadlines), and whether any byte of it came
+        self.phase = _HEAD
+        self.phase_since = self.loop.time()
+        self.begun = False
+        #: body bytes of the request being parsed counted in the server's pending total
+        self._held = 0
+        #: refused at connect (over max_connections): nothing is read
+        self._refused = False
+        #: an error answer was written: what arrives is read and dropped (_linger)
+        self._discard = False
 
     # ---------------------------------------------------------- transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.server.connections.add(self)
+        server = self.server
+        if len(server.connections) >= server.limits.max_connections:
+            self._refused = True
+            server.rejected["connection_limit"] += 1
+            resp = server.on_error(503, "overloaded", f"the server has {server.limits.max_connections} connections "
+                                   "open, its limit; try again")
+            resp.headers.append(("Retry-After", "1"))
+            self._write(resp, False, False)
+            self._linger()
+            return
+        server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         self.server.connections.discard(self)
+        self._release(self._held + sum(r._held for r in self.pipeline))
+        self._held = 0
         self.pipeline.clear()
         if self.task is not None:
             self.task.cancel()
@@ -264,8 +342,10 @@ class _Connection(asyncio.Protocol):
         await asyncio.shield(self._drain_waiter)
 
     def data_received(self, data: bytes) -> None:
+        if self._discard:
+            return
         self.last_activity = self.loop.time()
-        if self._error is not None:
+        if self._error is not None or self._refused:
             return  # the connection closes once the answers before the error are written
         if self._upgrade is not None:
             self._upgrade_body(data)
@@ -275,18 +355,20 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade as exc:
             self._upgrade_requested(data[exc.args[0]:] if exc.args else b"")
         except httptools.HttpParserError:
-            if self._head_bytes > self.server.max_head_bytes:
-                self._fail(431, "request_header_fields_too_large",
-                           f"request line and headers over {self.server.max_head_bytes} bytes")
+            if self._head_error:
+                self.server.rejected["header_limit"] += 1
+                self._fail(431, "request_header_fields_too_large", self._head_error)
             else:
                 self._fail(400, "bad_request", "the request is not valid HTTP/1.1")
 
     # ----------------------------------------------------- parser callbacks
 
     def on_message_begin(self) -> None:
+        self.phase, self.phase_since, self.begun = _HEAD, self.loop.time(), True
         self._url = b""
         self._headers = []
         self._head_bytes = 0
+        self._header_count = 0
         self._body = []
         self._size = 0
         self._req = None
@@ -301,14 +383,20 @@ class _Connection(asyncio.Protocol):
         if self._req is not None:
             return  # a chunked body's trailer: not a header of the request
         self._count_head(len(name) + len(value))
+        self._header_count += 1
+        if self._header_count > self.server.limits.max_headers:
+            self._head_error = f"more than {self.server.limits.max_headers} header lines"
+            raise _HeadTooLarge
         self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def _count_head(self, n: int) -> None:
         self._head_bytes += n
         if self._head_bytes > self.server.max_head_bytes:
+            self._head_error = f"request line and headers over {self.server.max_head_bytes} bytes"
             raise _HeadTooLarge  # the parser stops; data_received answers 431
 
     def on_headers_complete(self) -> None:
+        self.phase, self.phase_since = _BODY, self.loop.time()
         p = self.parser
         path, _, query = self._url.decode("utf-8", "surrogateescape").partition("?")
         req = self._req = Request(self, p.get_method().decode("ascii", "replace"), path, query,
@@ -323,7 +411,7 @@ class _Connection(asyncio.Protocol):
                 self._send_continue()
 
     def on_body(self, body: bytes) -> None:
-        if self._dispatched:
+        if self._dispatched or self._error is not None:
             return
         self._size += len(body)
         if self._size > self.server.max_body_bytes:
@@ -331,18 +419,31 @@ class _Connection(asyncio.Protocol):
             self._body = []
             self._refuse_body(self._req)
             return
+        server = self.server
+        if server.pending_body_bytes + len(body) > server.limits.max_pending_body_bytes:
+            server.rejected["body_memory"] += 1
+            self._fail(503, "overloaded", "the server holds its limit of unfinished request bodies; try again")
+            return
+        server.pending_body_bytes += len(body)
+        self._held += len(body)
         self._body.append(body)
 
     def on_message_complete(self) -> None:
         req = self._req
         self._continue = False
-        if req is None or self._dispatched:
+        if req is None or self._dispatched or self._error is not None:
             return
         if self.parser.should_upgrade():
             return  # the parser skipped its body: data_received reads it (_upgrade_requested)
+        self.phase, self.begun = _IDLE, False
         req.body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
+        req._held, self._held = self._held, 0
         self._dispatch(req)
+
+    def _release(self, n: int) -> None:
+        if n:
+            self.server.pending_body_bytes -= n
 
     # ------------------------------------------------------------ requests
 
@@ -351,6 +452,9 @@ class _Connection(asyncio.Protocol):
         connection closes after its answer and reads nothing more."""
         req.body_too_large = True
         req.keep_alive = False
+        self.phase = _IDLE
+        self._release(self._held)
+        self._held = 0
         self._dispatched = True
         self._continue = False
         self._pause_reading()
@@ -380,6 +484,7 @@ class _Connection(asyncio.Protocol):
             missing -= min(missing, len(data))
         self._upgrade = (req, missing)
         if missing == 0 and not self._dispatched:
+            self.phase = _IDLE
             self._dispatched = True
             req.body = b"".join(self._body)
             self._body = []
@@ -400,6 +505,9 @@ class _Connection(asyncio.Protocol):
                 self._idle()
                 return
             req = self.pipeline.popleft()
+            if req._held:  # the handler has the body now
+                self._release(req._held)
+                req._held = 0
             if self._reading_paused and len(self.pipeline) < _MAX_PIPELINE // 2 and req.keep_alive \
                     and self._upgrade is None and self._error is None:
                 self._resume_reading()
@@ -417,20 +525,37 @@ class _Connection(asyncio.Protocol):
         if self._error is not None:
             resp = self.server.on_error(*self._error)
             self._write(resp, False, False)
-            self.transport.close()
+            self._linger()
         elif self.server.closing:
             self.transport.close()
         elif self._continue:
             self._send_continue()
 
+    def _linger(self) -> None:
+        """Close after an error answer without losing it: a client still
+        sending (a slow body, a request after a refusal) would otherwise get
+        a reset that can destroy the answer before it is read. Our side is
+        shut (the client reads the answer, then end-of-file); what the client
+        still sends is read and dropped for up to :data:`_LINGER` seconds."""
+        transport = self.transport
+        assert transport is not None
+        self._discard = True
+        self._resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+            self.loop.call_later(_LINGER, transport.abort)
+        else:  # pragma: no cover - TCP can always half-close
+            transport.close()
+
     def _send_continue(self) -> None:
         self._continue = False
+        self.phase_since = self.loop.time()  # the body deadline counts from the go-ahead
         if self.transport is not None:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _route(self, req: Request) -> Handler | None:
         """The handler for ``req``; None once the server answered it itself (404, 405)."""
-        methods = self.server.routes.get(req.path)
+        methods = self.server.routes.get(req.path) or self.server.prefix_route(req.path)
         if methods is not None:
             handler = methods.get(req.method) or (methods.get("GET") if req.method == "HEAD" else None)
             if handler is not None:
@@ -508,6 +633,10 @@ class _Connection(asyncio.Protocol):
         before them are answered, then close."""
         self._error = (status, code, message)
         self._continue = False
+        self.phase = _IDLE
+        self._body = []
+        self._release(self._held)
+        self._held = 0
         self._pause_reading()
         if self.task is None:
             self._advance()
@@ -548,13 +677,25 @@ class HttpServer:
     """Serves ``routes`` (path -> method -> handler) on one listening socket."""
 
     def __init__(self, routes: Mapping[str, Mapping[str, Handler]], *, max_body_bytes: int = 4 * 1024 * 1024,
-                 max_head_bytes: int = 64 * 1024, keepalive_timeout: float = 75.0,
-                 on_error: ErrorResponder = plain_error) -> None:
+                 max_head_bytes: int | None = None, keepalive_timeout: float | None = None,
+                 limits: HttpLimits | None = None, on_error: ErrorResponder = plain_error) -> None:
+        limits = limits or HttpLimits()
+        if max_head_bytes is not None:
+            limits = replace(limits, max_head_bytes=max_head_bytes)
+        if keepalive_timeout is not None:
+            limits = replace(limits, keepalive_timeout=keepalive_timeout)
+        self.limits = limits
         self.routes = {path: dict(methods) for path, methods in routes.items()}
         self.max_body_bytes = max_body_bytes
         #: the request line and headers together; over it, 431 and the connection closes
-        self.max_head_bytes = max_head_bytes
-        self.keepalive_timeout = keepalive_timeout
+        self.max_head_bytes = limits.max_head_bytes
+        self.keepalive_timeout = limits.keepalive_timeout
+        #: refusals by reason (REJECT_REASONS), for the metrics
+        self.rejected = dict.fromkeys(REJECT_REASONS, 0)
+        #: bytes of request bodies not yet handed to a handler, across connections
+        self.pending_body_bytes = 0
+        #: how often the sweep runs: a second, or a quarter of the shortest deadline
+        self._sweep_every = max(0.01, min(1.0, limits.header_timeout / 4, limits.body_timeout / 4))
         self.on_error = on_error
         self.connections: set[_Connection] = set()
         self.closing = False
@@ -566,6 +707,15 @@ class HttpServer:
         self._date = ""
         self._port = 0
 
+    def prefix_route(self, path: str) -> dict[str, Handler] | None:
+        """The methods of the ``/prefix/*`` route ``path`` is under, if any
+        (looked up only when no exact route matched; routes may be added after
+        construction)."""
+        for route, methods in self.routes.items():
+            if route.endswith("/*") and path.startswith(route[:-1]) and len(path) > len(route) - 1:
+                return methods
+        return None
+
     @property
     def port(self) -> int:
         """The port listened on (useful after ``start(port=0)``)."""
@@ -576,7 +726,7 @@ class HttpServer:
         self._server = await self.loop.create_server(lambda: _Connection(self), host, port, reuse_address=True,
                                                      backlog=1024)
         self._port = int(self._server.sockets[0].getsockname()[1])
-        self._sweeper = self.loop.call_later(1.0, self._sweep)
+        self._sweeper = self.loop.call_later(self._sweep_every, self._sweep)
 
     def date_header(self) -> str:
         now = int(time.time())
@@ -586,13 +736,31 @@ class HttpServer:
         return self._date
 
     def _sweep(self) -> None:
-        """Close connections idle (or stalled mid-request) for ``keepalive_timeout``."""
-        cutoff = self.loop.time() - self.keepalive_timeout
+        """Close connections idle (or stalled mid-request) for
+        ``keepalive_timeout``; answer 408 to requests past their header or
+        body deadline."""
+        now = self.loop.time()
+        cutoff = now - self.keepalive_timeout
+        limits = self.limits
         for conn in list(self.connections):
-            if conn.task is None and not conn.pipeline and conn.last_activity < cutoff \
-                    and conn.transport is not None:
+            if conn.transport is None:
+                continue
+            if conn.task is None and not conn.pipeline and conn.last_activity < cutoff:
                 conn.transport.close()
-        self._sweeper = self.loop.call_later(1.0, self._sweep)
+                continue
+            if conn._error is not None or conn._reading_paused or conn.phase == _IDLE or conn._continue:
+                continue  # answered already, not reading by its own choice, or owing a 100 Continue
+            if conn.phase == _HEAD and now - conn.phase_since > limits.header_timeout:
+                self.rejected["header_timeout"] += 1
+                if not conn.begun and conn.task is None and not conn.pipeline:
+                    conn.transport.close()  # a connection that never sent a byte: nobody to tell
+                else:
+                    conn._fail(408, "request_timeout",
+                               f"the request line and headers did not arrive within {limits.header_timeout:g} s")
+            elif conn.phase == _BODY and now - conn.phase_since > limits.body_timeout:
+                self.rejected["body_timeout"] += 1
+                conn._fail(408, "request_timeout", f"the request body did not arrive within {limits.body_timeout:g} s")
+        self._sweeper = self.loop.call_later(self._sweep_every, self._sweep)
 
     async def close(self, grace: float = 5.0) -> None:
         """Stop accepting; requests under way get ``grace`` seconds to be

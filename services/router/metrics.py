@@ -3,11 +3,20 @@ counts something takes a :class:`RouterMetrics` and uses :meth:`RouterMetrics.ch
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+
+#: per-pod series kept by one router (a pod past this evicts the least recently used)
+MAX_PODS = 512
+#: TTFT buckets, seconds: from a warm prefix-cache hit to a long queue
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+#: the router's observation outcomes, as metric label values
+OUTCOMES = {"cancelled": "abandoned"}
 
 
 class RouterMetrics:
@@ -41,7 +50,88 @@ class RouterMetrics:
         self.unknown_objectives = Counter("kinference_unknown_objectives_total",
                                           "Requests naming an InferenceObjective the pool does not have",
                                           registry=r)
+        # --- what an operator asks of the data plane (docs/reference/metrics.md)
+        self.backend_requests = Counter(
+            "kinference_backend_requests_total",
+            "Requests sent to a backend, by how they ended: ok, error, timeout, rate_limited, "
+            "abandoned (the client went away first)",
+            ["pool", "backend", "outcome"], registry=r)
+        self.endpoint_requests = Counter(
+            "kinference_endpoint_requests_total",
+            f"Requests sent to one vLLM pod, by outcome (at most {MAX_PODS} pods per router, least recently used evicted)",
+            ["pool", "worker_set", "pod", "outcome"], registry=r)
+        self.endpoint_ttft = Histogram(
+            "kinference_endpoint_ttft_seconds",
+            f"Time to first token of streamed requests, per vLLM pod (at most {MAX_PODS} pods per router)",
+            ["pool", "worker_set", "pod"], buckets=TTFT_BUCKETS, registry=r)
+        self.provider_tokens = Counter(
+            "kinference_provider_tokens_total",
+            "Tokens a provider billed, from its answers' usage: kind=prompt|completion",
+            ["pool", "provider", "kind"], registry=r)
+        self.classifier_tags = Counter(
+            "kinference_classifier_tags_total",
+            "Tags the classifiers gave requests (a failed or late classifier counts as its failure tag)",
+            ["classifier", "tag"], registry=r)
+        #: (pool, worker_set, pod) -> None, in least-recently-used order
+        self._pods: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._children: dict[tuple[Any, ...], Any] = {}
+        #: the HTTP servers whose limits are exported, by name (data, admin)
+        self._http: dict[str, Any] = {}
+        r.register(_HttpCollector(self._http))
+
+    def watch_http(self, name: str, server: Any) -> None:
+        """Export ``server``'s connections, pending body bytes and refusals
+        (an :class:`~kinference_router.http_server.HttpServer`) as ``server=name``."""
+        self._http[name] = server
+
+    def sent(self, pool: str, backend: str, dest_name: str, pod: str | None, is_local: bool, outcome: str,
+             prompt_tokens: int | None, completion_tokens: int | None) -> None:
+        """One request sent to a backend has ended (``outcome`` as the router's
+        observation has it; ``cancelled`` is counted as ``abandoned``).
+        ``dest_name`` is the worker set of a local pick, the provider's name otherwise."""
+        outcome = OUTCOMES.get(outcome, outcome)
+        self.child(self.backend_requests, pool, backend, outcome).inc()
+        if is_local and pod:
+            self._pod_seen(pool, dest_name, pod)
+            self.child(self.endpoint_requests, pool, dest_name, pod, outcome).inc()
+        elif not is_local:
+            if prompt_tokens:
+                self.child(self.provider_tokens, pool, dest_name, "prompt").inc(prompt_tokens)
+            if completion_tokens:
+                self.child(self.provider_tokens, pool, dest_name, "completion").inc(completion_tokens)
+
+    def first_token(self, pool: str, worker_set: str, pod: str | None, seconds: float) -> None:
+        """A streamed local request's first token arrived after ``seconds``."""
+        if pod:
+            self._pod_seen(pool, worker_set, pod)
+            self.child(self.endpoint_ttft, pool, worker_set, pod).observe(seconds)
+
+    def tags(self, classifier: str, tags: Any) -> None:
+        for tag in tags:
+            self.child(self.classifier_tags, classifier, tag).inc()
+
+    def _pod_seen(self, pool: str, worker_set: str, pod: str) -> None:
+        """Bound the per-pod series: pods come and go with rollouts, so past
+        ``MAX_PODS`` the least recently used pod's series are removed."""
+        key = (pool, worker_set, pod)
+        if key in self._pods:
+            self._pods.move_to_end(key)
+            return
+        self._pods[key] = None
+        while len(self._pods) > MAX_PODS:
+            old, _ = self._pods.popitem(last=False)
+            self.forget_pod(*old)
+
+    def forget_pod(self, pool: str, worker_set: str, pod: str) -> None:
+        """Remove every series of one pod."""
+        self._pods.pop((pool, worker_set, pod), None)
+        for key in [k for k in self._children if k[0] in (self.endpoint_requests, self.endpoint_ttft)
+                    and k[1:4] == (pool, worker_set, pod)]:
+            del self._children[key]
+            try:
+                key[0].remove(*key[1:])
+            except KeyError:
+                pass
 
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, kept after the first use."""
@@ -63,3 +153,30 @@ class _InflightCollector(Collector):
         for backend, n in list(self._counts.items()):
             g.add_metric([backend], n)
         yield g
+
+
+class _HttpCollector(Collector):
+    """What clients make the HTTP servers hold, read at scrape time:
+    ``kinference_http_connections{server}``,
+    ``kinference_http_pending_body_bytes{server}`` and
+    ``kinference_http_rejected_total{server, reason}`` (connection_limit,
+    header_timeout, body_timeout, body_memory, header_limit)."""
+
+    def __init__(self, servers: dict[str, Any]) -> None:
+        self._servers = servers
+
+    def collect(self) -> Any:
+        conns = GaugeMetricFamily("kinference_http_connections", "Open client connections", labels=["server"])
+        pending = GaugeMetricFamily("kinference_http_pending_body_bytes",
+                                    "Bytes of request bodies received but not yet handed to a handler",
+                                    labels=["server"])
+        rejected = CounterMetricFamily("kinference_http_rejected",
+                                       "Connections and requests refused by an HTTP limit", labels=["server", "reason"])
+        for name, server in list(self._servers.items()):
+            conns.add_metric([name], len(server.connections))
+            pending.add_metric([name], server.pending_body_bytes)
+            for reason, n in server.rejected.items():
+                rejected.add_metric([name, reason], n)
+        yield conns
+        yield pending
+        yield rejected

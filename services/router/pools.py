@@ -35,13 +35,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qs
 
-import msgspec
 import nats
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kinference_common.compiled import CompiledPool, CompiledRoute, RoutePath
 from kinference_common.engine import Calibration, InFlightLedger, PrefixIndex
-from kinference_router.app import ApiError, Router, RouterSettings, error_response, new_decision_id
+from kinference_router.app import ApiError, Router, RouterSettings, error_response, new_decision_id, server_error
 from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
 from kinference_router.metrics import RouterMetrics
 from kinference_router.state import FedKeeper, PoolKey, PoolsFollower
@@ -239,6 +238,7 @@ class MultiPoolRouter:
             "/v1/chat/completions": {"POST": self._dispatch("chat")},
             "/v1/completions": {"POST": self._dispatch("completions")},
             "/v1/models": {"GET": self._dispatch("models", authenticate=False)},  # as a single pool's
+            "/v1/models/*": {"GET": self._dispatch("model", authenticate=False)},
         })
 
     def admin_server(self) -> HttpServer:
@@ -276,8 +276,8 @@ class MultiPoolRouter:
             key = pools[0]
         else:
             names = ", ".join(f"{k[0]}/{k[1]}" for k in pools) or "none yet"
-            return Response(400, msgspec.json.encode({"error": f"name the pool: ?pool=NS/NAME (pools: {names})"}))
+            return server_error(400, "bad_request", f"name the pool: ?pool=NS/NAME (pools: {names})")
         r = self.routers.get(key)
         if key not in self.keeper.pools or r is None:
-            return Response(404, msgspec.json.encode({"error": f"no pool {key[0]}/{key[1]} in the configuration"}))
+            return server_error(404, "pool_not_found", f"no pool {key[0]}/{key[1]} in the configuration")
         return await r.explain(request)

@@ -27,10 +27,16 @@ What it does:
   when it has been idle for ``idle_timeout`` (4 s by default, below the 5 s
   after which uvicorn, vLLM's server, closes idle connections, so that a
   request is not written onto a connection the server is closing).
-- Errors say what happened: :class:`ConnectFailed` (nothing was sent, so the
-  caller may try another upstream), :class:`UpstreamTimeout`, and
-  :class:`UpstreamBroken` (the connection dropped or the response was not
-  HTTP). Header values with line breaks are refused before anything is
+- Errors say what happened: :class:`ConnectFailed` (nothing was received,
+  so the caller may try another upstream), :class:`UpstreamTimeout`,
+  :class:`SentNotAnswered` (the request was written whole, then the
+  connection closed before any byte of the answer: it may have been
+  received, so it is never sent again) and :class:`UpstreamBroken` (the
+  connection dropped mid-answer, or the answer was not HTTP). The only
+  request sent twice is one provably not received (:mod:`.retry`): a
+  pooled connection found closed before anything was written on it is
+  dropped for another, and one lost while part of the request was still
+  unwritten is tried once more on a new connection. Header values with line breaks are refused before anything is
   written (no request smuggling through a forwarded header or a key file).
 """
 
@@ -43,6 +49,8 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import httptools
+
+from kinference_router import retry
 
 
 class UpstreamError(Exception):
@@ -60,6 +68,16 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamBroken(UpstreamError):
     """The connection dropped, or what came back was not an HTTP response."""
+
+
+class SentNotAnswered(UpstreamBroken):
+    """The request was written whole, then the connection closed before any
+    byte of the answer: the upstream may have received it (never re-sent)."""
+
+
+class NotFullyWritten(ConnectFailed):
+    """The connection closed before the request was fully written: it was
+    not received, so the caller may try another upstream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +147,16 @@ class _Connection(asyncio.Protocol):
         self._last_data = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._read_timeout = 0.0
+        #: every byte of the request is with the kernel (not in our write buffer)
+        self.fully_written = False
 
     # ---------------------------------------------------- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # pause_writing() while any byte of a request is unwritten, resume_writing()
+        # once all of it is with the kernel: how fully_written is known
+        self.transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self.loop.time()
@@ -166,11 +189,11 @@ class _Connection(asyncio.Protocol):
         what = "before the response" if not self._headers_done else "in the middle of the response"
         self._fail(UpstreamBroken(f"the upstream closed the connection {what}"))
 
-    def pause_writing(self) -> None:  # pragma: no cover - requests are small
+    def pause_writing(self) -> None:
         pass
 
-    def resume_writing(self) -> None:  # pragma: no cover
-        pass
+    def resume_writing(self) -> None:
+        self.fully_written = True
 
     # ------------------------------------------------- httptools callbacks
 
@@ -265,6 +288,8 @@ class _Connection(asyncio.Protocol):
         self._last_data = self.loop.time()
         self._timer = self.loop.call_at(self._last_data + read_timeout, self._check_timeout)
         self.transport.write(data)
+        if self.transport.get_write_buffer_size() == 0:
+            self.fully_written = True
 
     def take_body(self) -> bytes:
         data = b"".join(self.body) if len(self.body) != 1 else self.body[0]
@@ -402,16 +427,19 @@ class UpstreamClient:
                 conn.send(data, read_timeout)
                 while not conn._headers_done:
                     await conn.wait()
-            except UpstreamBroken:
+            except UpstreamBroken as exc:
                 conn.abort()
-                if reused and not conn.got_bytes:
-                    # the upstream closed this idle connection as we reused it
-                    # (its FIN crossed our request): it never read the
-                    # request, so send it once more on a new connection
-                    reused = False
-                    conn = await self._connect(t, connect_timeout)
-                    continue
-                raise
+                if conn.got_bytes:
+                    raise
+                if not conn.fully_written:
+                    # lost before the whole request left: provably not received
+                    if reused:
+                        reused = False
+                        conn = await self._connect(t, connect_timeout)
+                        continue
+                    raise NotFullyWritten(f"{t.authority} closed the connection before the request was fully "
+                                          "written") from None
+                raise SentNotAnswered(f"{exc}; {retry.MAY_HAVE_BEEN_RECEIVED}") from None
             except BaseException:
                 conn.abort()
                 raise
@@ -425,6 +453,9 @@ class UpstreamClient:
         while idle:
             conn = idle.pop()
             if conn.closed or conn.transport is None or conn.transport.is_closing():
+                continue
+            if retry.peer_closed(conn.transport):  # its close is on the way: never write on it
+                conn.abort()
                 continue
             if now - conn.idle_since > self.idle_timeout:
                 conn.abort()

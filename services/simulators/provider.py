@@ -71,6 +71,8 @@ class Record(msgspec.Struct):
     time: float
     #: the whole request body as received (a prompt may hide in any field)
     body: str
+    #: the request's headers as received (the API key's value is masked)
+    headers: dict[str, str] = {}
 
 
 @dataclass
@@ -180,6 +182,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
                 status=status,
                 time=time.time(),
                 body=body_text,
+                headers={k: ("<masked>" if k.lower() == "authorization" else v)
+                         for k, v in request.headers.items()},
             )
         )
 

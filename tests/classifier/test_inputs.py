@@ -27,8 +27,9 @@ def test_chat_messages_all_roles_and_text_parts() -> None:
         ],
     }
     out = texts_from_body(body)
-    assert out.texts == ["be nice", "look at this", "and this", '{"q": "x"}', "result", "f"]
-    assert out.roles == ["system", "user", "user", "assistant", "tool", "tool"]
+    # the tool call's function name is read too: a provider receives it
+    assert out.texts == ["be nice", "look at this", "and this", '{"q": "x"}', "f", "result", "f"]
+    assert out.roles == ["system", "user", "user", "assistant", "assistant", "tool", "tool"]
     assert out.unreadable == 1
 
 
@@ -46,6 +47,22 @@ def test_token_id_prompts_are_unreadable() -> None:
     assert out.unreadable == 2
 
 
-def test_configuration_is_not_content() -> None:
-    out = texts_from_body({"model": "secret-model", "temperature": 0, "tools": [{"x": "y"}]})
+def test_settings_and_model_are_not_content() -> None:
+    out = texts_from_body({"model": "secret-model", "temperature": 0, "seed": 4111111111111111, "stream": True})
     assert out.texts == [] and out.unreadable == 0
+
+
+def test_every_string_a_provider_receives_is_read() -> None:
+    out = texts_from_body({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {
+            "name": "pay", "description": "card 4111 1111 1111 1111",
+            "parameters": {"type": "object", "properties": {"jane@example.com": {"type": "string"}}}}}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"title": "T"}}},
+        "stop": ["END"], "x_custom": {"phone": 4155550100},
+        "user": "jane@example.com", "metadata": {"card": "4111111111111111"},
+    })
+    assert out.texts == ["hi", "function", "pay", "card 4111 1111 1111 1111", "object", "jane@example.com",
+                         "string", "json_schema", "s", "T", "END", "x_custom", "phone", "4155550100"]
+    assert out.roles[1:10] == ["developer"] * 9
+    assert "4111111111111111" not in out.texts  # metadata and user are never sent to a provider

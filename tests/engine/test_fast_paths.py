@@ -108,7 +108,7 @@ _CONTENT = st.one_of(st.text(max_size=8), st.none(), st.integers(0, 3),
                      st.lists(st.text(max_size=5) | _PART, max_size=3))
 _ARGUMENTS = st.fixed_dictionaries({"arguments": st.text(max_size=5)})
 _MESSAGE = st.one_of(
-    st.fixed_dictionaries({"role": st.sampled_from(["system", "user"]), "content": _CONTENT}),
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "x"]), "content": _CONTENT}),
     st.fixed_dictionaries(
         {"role": st.sampled_from(["user", "assistant"]), "content": _CONTENT},
         optional={"name": st.text(max_size=5) | st.integers(),
@@ -120,7 +120,8 @@ _MESSAGE = st.one_of(
 )
 _BODY = st.fixed_dictionaries(
     {"model": st.just("m"), "messages": st.lists(_MESSAGE, min_size=1, max_size=4)},
-    optional={"prompt": st.text(max_size=5) | st.none(), "suffix": st.text(max_size=5) | st.integers()},
+    optional={"prompt": st.text(max_size=5) | st.none(), "suffix": st.text(max_size=5) | st.integers(),
+              "temperature": _JSON, "stream": _JSON, "tools": _JSON, "user": _JSON, "x": _JSON},
 )
 
 

@@ -274,13 +274,15 @@ async def test_explain_names_the_pool_and_pools_come_and_go(multi: dict[str, Any
     pools = await publish_fleet(multi)
     body = {"model": "model-b", "messages": [{"role": "user", "content": "hi"}]}
     async with s.post(f"{admin}/debug/explain", json=body) as r:
-        assert r.status == 400 and "team-a/team-a-pool" in (await r.json())["error"]
+        err = (await r.json())["error"]
+        assert r.status == 400 and err["code"] == "bad_request" and "team-a/team-a-pool" in err["message"]
+        assert err["decision_id"]
     async with s.post(f"{admin}/debug/explain?pool=team-b/team-b-pool", json=body) as r:
         assert r.status == 200
         trace = await r.json()
         assert json.dumps(trace).count("team-b") > 0
     async with s.post(f"{admin}/debug/explain?pool=team-c/nope", json=body) as r:
-        assert r.status == 404
+        assert r.status == 404 and (await r.json())["error"]["code"] == "pool_not_found"
 
     # team-b's pool is deleted: its hosts no longer route; team-a's still do
     publisher = ConfigPublisher(multi["nc"])

@@ -194,25 +194,25 @@ async def test_a_reset_close_delimited_body_is_not_complete(client: UpstreamClie
             await r.read()
 
 
-async def test_request_on_a_pooled_connection_the_server_closed_is_retried_or_distinguishable(
+async def test_a_request_the_server_read_on_a_pooled_connection_is_never_sent_again(
     client: UpstreamClient,
 ) -> None:
-    """A pooled connection the server closes just as it is reused (its FIN
-    crosses the request): the request fails as UpstreamBroken("closed the
-    connection before the response") and the router answers 502 without
-    trying again. Clients such as Go's net/http and urllib3 retry once on a
-    fresh connection when a *reused* connection yields no response byte, or
-    at least report it distinctly so the caller can."""
-    # the first request on a connection is answered with keep-alive; a second
-    # request on that same connection gets the connection closed (what the
-    # client sees when the server's idle close crosses its request)
+    """A pooled connection the server closes after it read the request (what
+    a pod killed mid-generation looks like): the client once re-sent the
+    request on a fresh connection whenever a *reused* connection yielded no
+    response byte, which ran the generation twice. Now the request, written
+    whole, fails as SentNotAnswered and is not sent again (retry.py); the
+    server saw it exactly once."""
+    heads = []
+
     async def close_on_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
         await reader.readexactly(2)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         await writer.drain()
         try:
-            await reader.readuntil(b"\r\n\r\n")
+            heads.append(await reader.readuntil(b"\r\n\r\n"))
+            await reader.readexactly(2)
         except (asyncio.IncompleteReadError, ConnectionError):
             return
         writer.transport.abort()
@@ -223,5 +223,53 @@ async def test_request_on_a_pooled_connection_the_server_closed_is_retried_or_di
         url = f"http://127.0.0.1:{port}/"
         assert await (await client.post(url, b"{}", [], connect_timeout=2, read_timeout=2)).read() == b"ok"
         assert client.idle_connections() == 1
+        with pytest.raises(upstream_http.SentNotAnswered, match="not sent again"):
+            await client.post(url, b"{}", [], connect_timeout=2, read_timeout=2)
+        await asyncio.sleep(0.1)
+    assert len(heads) == 2  # the first request and the second, once
+
+
+async def test_a_pooled_connection_the_server_already_closed_is_not_written_on(client: UpstreamClient) -> None:
+    """The idle-close race: the server closed a pooled connection (its FIN is
+    in the router's kernel, the event loop has not seen it yet). The client
+    peeks before writing, drops that connection and sends on a new one:
+    nothing was written on the closed one, so this is not a retry."""
+    conns = []
+
+    async def answer_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # an idle close, no Connection: close header
+
+    srv = await asyncio.start_server(answer_once, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    async with srv:
+        url = f"http://127.0.0.1:{port}/"
+        assert await (await client.post(url, b"{}", [], connect_timeout=2, read_timeout=2)).read() == b"ok"
+        assert client.idle_connections() == 1
+        time.sleep(0.1)  # the FIN arrives; the loop does not run, so the client was not told
         r = await client.post(url, b"{}", [], connect_timeout=2, read_timeout=2)
         assert await r.read() == b"ok"
+    assert len(conns) == 2
+
+
+async def test_a_connection_lost_before_the_request_was_written_is_not_received(client: UpstreamClient) -> None:
+    """A server that reads nothing and resets the connection while most of a
+    large request is still in the router's write buffer: provably not
+    received, so the caller may try elsewhere (NotFullyWritten, a
+    ConnectFailed)."""
+    async def reset_unread(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.2)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    srv = await asyncio.start_server(reset_unread, "127.0.0.1", 0, limit=1024)
+    port = srv.sockets[0].getsockname()[1]
+    async with srv:
+        with pytest.raises(upstream_http.NotFullyWritten):
+            await client.post(f"http://127.0.0.1:{port}/", b"x" * (64 * 1024 * 1024), [], connect_timeout=2,
+                              read_timeout=5)

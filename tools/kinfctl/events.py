@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -28,7 +29,10 @@ def register(sub: Any) -> None:
     p = sub.add_parser("events", help="follow routing decisions as they happen (NATS)",
                        description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
     p.add_argument("--pool", metavar="NS/NAME", help="only this pool (default: every pool)")
-    p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
+    p.add_argument("--port-offset", type=int, default=None, metavar="N",
+                   help="the stack's port offset, as `make run --port-offset N` (default: $KINFERENCE_PORT_OFFSET, else 0)")
+    p.add_argument("--nats-url", default=None,
+                   help="NATS to follow (default: nats://127.0.0.1:4222 plus the port offset)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     p.add_argument("--count", type=int, default=0, metavar="N", help="exit after N events (default: follow)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for NATS to answer (default 5)")
@@ -95,7 +99,23 @@ async def _quiet(_: Exception) -> None:
     return None
 
 
+def default_nats_url(offset: int | None) -> str:
+    """NATS of a local stack: port 4222 moved by the port offset (``--port-offset``,
+    else ``$KINFERENCE_PORT_OFFSET``), as ``make run`` lays its ports out."""
+    if offset is None:
+        raw = os.environ.get("KINFERENCE_PORT_OFFSET", "0") or "0"
+        try:
+            offset = int(raw)
+        except ValueError:
+            raise CommandError(f"KINFERENCE_PORT_OFFSET must be a whole number, not {raw!r}") from None
+    if not 0 <= 4222 + offset < 65536:
+        raise CommandError(f"port offset {offset} puts NATS outside 1-65535")
+    return f"nats://127.0.0.1:{4222 + offset}"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.pool and "/" not in args.pool:
         raise CommandError("--pool must be NAMESPACE/NAME")
+    if args.nats_url is None:
+        args.nats_url = default_nats_url(args.port_offset)
     return asyncio.run(follow(args))

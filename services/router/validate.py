@@ -1,0 +1,152 @@
+"""What the router can tell is wrong with a request before (or instead of)
+an upstream telling it, and how an upstream's refusal reaches the client
+(docs/hardening.md, "Error codes").
+
+- :func:`check_body`: ``max_tokens`` and ``max_completion_tokens`` are
+  integers from 1 to :data:`MAX_TOKENS` (``BadRequest``: 400 ``bad_request``).
+- :func:`interpret`: a decision that found every candidate's context
+  window too small for the prompt plus ``max_tokens`` (the engine's
+  ``contextTooSmall`` drop) is 400 ``context_length_exceeded``, with the
+  window in the message, not a policy rejection. The engine stays as it
+  is: this reads the decision it recorded.
+- :func:`upstream_refusal`: an upstream's 4xx becomes the router's error
+  envelope (with the decision id), keeping the upstream's message.
+- :func:`explain_input`: the shape of a ``POST /debug/explain`` body.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from kinference_common.engine import Decision
+from kinference_common.engine.decide import RuleStep
+from kinference_router.body import BadRequest, ParsedBody, decode
+from kinference_router.upstream import parse_retry_after
+
+#: the largest ``max_tokens`` taken (engines count tokens in 32-bit integers)
+MAX_TOKENS = 2**31 - 1
+
+
+def check_body(body: ParsedBody) -> None:
+    """BadRequest naming the field when a token limit is not a positive integer in range."""
+    f = body.fields
+    for name, value in (("max_tokens", f.max_tokens), ("max_completion_tokens", f.max_completion_tokens)):
+        if value is not None and not 1 <= value <= MAX_TOKENS:
+            raise BadRequest(f"`{name}` must be an integer from 1 to {MAX_TOKENS}, not {value}")
+
+
+def interpret(d: Decision) -> Decision:
+    """``d``, or when it rejected the request because every candidate it
+    considered has a context window smaller than the prompt estimate plus
+    ``max_tokens``, a copy with code ``context_length_exceeded`` and a reason
+    naming the window (a 400, not a policy rejection). Not when something
+    fit, or a candidate was dropped for another reason with a window that
+    would fit or is unknown (not ready, ejected: capacity, not size)."""
+    if d.routed or not d.steps:
+        return d
+    steps = [s for s in d.steps if isinstance(s, RuleStep) and s.matched]
+    if not steps or not any(s.too_small for s in steps) or any(s.candidates for s in steps):
+        return d
+    req = d.request
+    prompt, max_tokens = req.prompt_tokens or 0, req.max_tokens or 0
+    need = prompt + max_tokens
+    windows = [c.context_window for s in steps for c in (*s.too_small, *s.builtin, *s.avoided)]
+    if any(w is None or w >= need for w in windows):
+        return d
+    out = copy.copy(d)
+    out.code = "context_length_exceeded"
+    out.reason = (f"This model's maximum context length is {max(windows)} tokens. However, you requested about "
+                  f"{need} tokens (about {prompt} in the messages, {max_tokens} in the completion). Please reduce "
+                  f"the length of the messages or completion.")
+    return out
+
+
+class _UpstreamError(msgspec.Struct):
+    message: Any = None
+    code: Any = None
+
+
+class _UpstreamEnvelope(msgspec.Struct):
+    """OpenAI's ``{"error": {...}}``, vLLM's ``{"message", "code"}`` or FastAPI's ``{"detail"}``."""
+
+    error: Any = None
+    message: Any = None
+    code: Any = None
+    detail: Any = None
+
+
+_envelope = msgspec.json.Decoder(_UpstreamEnvelope)
+_CODES = {400: "bad_request", 404: "not_found", 409: "conflict", 413: "payload_too_large", 422: "bad_request"}
+
+
+def upstream_refusal(status: int, payload: bytes, backend: str, retry_after: str | None = None,
+                     ) -> tuple[int, str, str, float | None]:
+    """``(status, code, message, retry_after)`` of the router's answer to an
+    upstream's 4xx: the upstream's message kept, its string ``code`` kept
+    (``context_length_exceeded`` recognised in vLLM's wording). A 401, 403 or
+    404 is the router's configuration (a wrong key, a wrong served name),
+    not the client's fault: 502 ``upstream_error`` naming the backend. A
+    429 keeps its ``Retry-After``."""
+    message, code = _upstream_message(payload)
+    if status in (401, 403, 404):
+        what = f"answered {status}" + (f": {message}" if message else "")
+        return 502, "upstream_error", f"{backend} {what}", None
+    if status == 429:
+        return 429, "rate_limited", message or f"{backend} is rate limiting", parse_retry_after(retry_after, 1.0)
+    if code is None and message and "maximum context length" in message:
+        code = "context_length_exceeded"
+    return status, code or _CODES.get(status, "bad_request"), message or f"{backend} answered {status}", None
+
+
+def _upstream_message(payload: bytes) -> tuple[str | None, str | None]:
+    try:
+        env = _envelope.decode(payload)
+    except (msgspec.DecodeError, RecursionError):
+        text = payload.decode("utf-8", "replace").strip()
+        return (text[:500] or None), None
+    inner = env.error if isinstance(env.error, dict) else {}
+    message = inner.get("message", env.message if env.message is not None else env.detail)
+    if message is None and isinstance(env.error, str):
+        message = env.error
+    code = inner.get("code", env.code)
+    return (message if isinstance(message, str) else (None if message is None else str(message)),
+            code if isinstance(code, str) and code else None)
+
+
+@dataclass
+class ExplainInput:
+    """A ``POST /debug/explain`` body: the request body to explain and the
+    ``tenant``, ``tags`` and ``headers`` to explain it with."""
+
+    body: dict[str, Any]
+    chat: bool
+    tenant: str
+    headers: dict[str, str]
+    tags: frozenset[str] | None
+
+
+def explain_input(data: bytes) -> ExplainInput:
+    """BadRequest naming the field that does not have its shape."""
+    raw = decode(data)
+    if not isinstance(raw, dict):
+        raise BadRequest("expected a JSON object")
+    inner = raw.get("body", raw)
+    if not isinstance(inner, dict):
+        raise BadRequest("`body` must be a JSON object: the request body to explain")
+    inner = {k: v for k, v in inner.items() if k not in ("tenant", "tags", "headers")}
+    headers = raw.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(v, (str, int, float)) for v in headers.values()):
+        raise BadRequest("`headers` must be an object of header names to values")
+    tags = raw.get("tags")
+    if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
+        raise BadRequest("`tags` must be a list of strings")
+    tenant = raw.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        raise BadRequest("`tenant` must be a string")
+    return ExplainInput(body=inner, chat="messages" in inner, tenant=tenant or "anonymous",
+                        headers={str(k).lower(): str(v) for k, v in headers.items()},
+                        tags=frozenset(tags) if tags is not None else None)

@@ -1,0 +1,353 @@
+"""deploy/k8s: the kustomize base and the example overlay build offline, every
+document is valid for every Kubernetes version claimed (kubernetes-validate)
+or against our CRDs, and the output has the properties an operator relies
+on (replicas, leader election, probes on the health ports, limits, security
+contexts, PDBs, HPA, NATS on a volume with users and TLS, no admin port on a
+Service, network policies)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from .k8s import EXAMPLE, K8S, KUBE_VERSIONS, REPO, SERVICES, build, container, of_kind
+
+BUILT = {"base": K8S, "example": EXAMPLE}
+
+
+def crd_validators() -> dict[tuple[str, str], jsonschema.Draft7Validator]:
+    out = {}
+    for d in of_kind(build(K8S), "CustomResourceDefinition").values():
+        schema = d["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        out[(d["spec"]["group"], d["spec"]["names"]["kind"])] = jsonschema.Draft7Validator(schema)
+    return out
+
+
+def group_of(doc: dict[str, Any]) -> str:
+    api = doc["apiVersion"]
+    return api.split("/")[0] if "/" in api else ""
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize("which", sorted(BUILT))
+def test_every_document_is_valid_for_the_claimed_kubernetes_versions(which: str, version: str) -> None:
+    crds = crd_validators()
+    checked = 0
+    for doc in build(BUILT[which]):
+        key = (group_of(doc), doc["kind"])
+        where = f"{doc['kind']} {doc['metadata'].get('namespace', '')}/{doc['metadata']['name']}"
+        if key in crds:
+            errors = [e.message for e in crds[key].iter_errors(doc)]
+            assert errors == [], where
+        elif key == ("gateway.networking.k8s.io", "HTTPRoute"):
+            continue  # the Gateway API's own CRD: checked in test_example_httproute_targets_the_pool
+        else:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{where} is invalid for Kubernetes {version}: {exc.message} at {list(exc.path)}")
+        checked += 1
+    assert checked > 30
+
+
+def test_the_base_has_every_piece() -> None:
+    docs = build(K8S)
+    assert set(of_kind(docs, "CustomResourceDefinition")) == {
+        "inferencepolicies.kinference.buoyant.io", "inferencepools.kinference.buoyant.io",
+        "inferenceworkersets.kinference.buoyant.io", "inferenceproviders.kinference.buoyant.io"}
+    deployments = of_kind(docs, "Deployment")
+    assert set(deployments) == set(SERVICES)
+    assert deployments["router"]["spec"]["replicas"] == 2
+    assert deployments["policy-compiler"]["spec"]["replicas"] == 2
+    assert deployments["telemetry-collector"]["spec"]["replicas"] == 1
+    assert set(of_kind(docs, "ServiceAccount")) == set(SERVICES)
+    assert set(of_kind(docs, "Service")) >= {*SERVICES, "nats"}
+    namespaced = [d for d in docs if d["kind"] not in
+                  ("CustomResourceDefinition", "Namespace", "ClusterRole", "ClusterRoleBinding")]
+    assert {d["metadata"].get("namespace") for d in namespaced} == {"kinference-system"}
+
+
+def test_the_compiler_elects_a_leader_with_the_contract_flags() -> None:
+    args = container(of_kind(build(K8S), "Deployment")["policy-compiler"])["args"]
+    assert args[args.index("--source") + 1] == "kubernetes"
+    assert "--leader-elect" in args
+    assert args[args.index("--lease-name") + 1] == "kinference-policy-compiler"
+    env = {e["name"]: e for e in container(of_kind(build(K8S), "Deployment")["policy-compiler"])["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert "--source" in container(of_kind(build(K8S), "Deployment")["router"])["args"]
+    assert "--source" in container(of_kind(build(K8S), "Deployment")["telemetry-collector"])["args"]
+
+
+def test_the_classifier_scales_with_an_hpa() -> None:
+    (hpa,) = of_kind(build(K8S), "HorizontalPodAutoscaler").values()
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "classifier"}
+    assert 1 < hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    # CPU utilisation needs a CPU request to be measured against
+    assert container(of_kind(build(K8S), "Deployment")["classifier"])["resources"]["requests"]["cpu"]
+
+
+HEALTH_PORTS = {"router": 8081, "policy-compiler": 8090, "telemetry-collector": 9090, "classifier": 8083}
+
+
+def port_number(c: dict[str, Any], port: int | str) -> int:
+    if isinstance(port, int):
+        return port
+    return next(p["containerPort"] for p in c["ports"] if p["name"] == port)
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_probes_on_the_health_port_that_the_service_listens_on(service: str) -> None:
+    d = of_kind(build(K8S), "Deployment")[service]
+    c = container(d)
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = c[probe]["httpGet"]
+        assert port_number(c, get["port"]) == HEALTH_PORTS[service], probe
+        assert get["path"] in ("/healthz", "/readyz")
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # the port the probe hits is the one the process binds, on every address
+    listen = {"router": ("--admin-port", "--admin-host"), "classifier": ("--health-port", "--health-host")}.get(
+        service, ("--http-port", "--http-host"))
+    assert flag(c["args"], listen[0]) == str(HEALTH_PORTS[service])
+    assert flag(c["args"], listen[1]) == "0.0.0.0"
+
+
+def pod_specs(which: str) -> list[tuple[str, dict[str, Any]]]:
+    docs = build(BUILT[which])
+    out = []
+    for kind in ("Deployment", "StatefulSet"):
+        for name, d in of_kind(docs, kind).items():
+            out.append((name, d["spec"]["template"]["spec"]))
+    return out
+
+
+@pytest.mark.parametrize("which", sorted(BUILT))
+def test_every_pod_is_locked_down_and_sized(which: str) -> None:
+    for name, spec in pod_specs(which):
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] > 0, name
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], name
+            assert sc.get("privileged", False) is False, name
+            for k in ("requests", "limits"):
+                assert set(c["resources"][k]) == {"cpu", "memory"}, (name, k)
+            assert "readinessProbe" in c and "livenessProbe" in c, name
+
+
+def test_pod_disruption_budgets_cover_every_replicated_service() -> None:
+    docs = build(K8S)
+    pdbs = of_kind(docs, "PodDisruptionBudget")
+    for name, d in of_kind(docs, "Deployment").items():
+        if d["spec"]["replicas"] > 1:
+            pdb = pdbs[name]
+            assert pdb["spec"]["selector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
+            assert pdb["spec"]["minAvailable"] < d["spec"]["replicas"]  # a drain can still proceed
+
+
+def test_the_router_service_exposes_only_the_data_port() -> None:
+    svc = of_kind(build(K8S), "Service")["router"]
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(8080, "http")]
+    c = container(of_kind(build(K8S), "Deployment")["router"])
+    assert port_number(c, "http") == 8080 and flag(c["args"], "--port") == "8080"
+    for s in of_kind(build(K8S), "Service").values():
+        assert all(p["port"] != 8081 for p in s["spec"]["ports"])
+
+
+def nats_conf() -> str:
+    (cm,) = [d for n, d in of_kind(build(K8S), "ConfigMap").items() if n.startswith("nats-config")]
+    sts = of_kind(build(K8S), "StatefulSet")["nats"]
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == cm["metadata"]["name"]  # the hashed name, followed
+    return cm["data"]["nats.conf"]
+
+
+def test_nats_is_a_statefulset_with_jetstream_on_a_volume() -> None:
+    sts = of_kind(build(K8S), "StatefulSet")["nats"]
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    c = container(sts)
+    mount = next(m for m in c["volumeMounts"] if m["name"] == claim["metadata"]["name"])
+    store = re.search(r"store_dir:\s*(\S+)", nats_conf()).group(1)
+    assert store.startswith(mount["mountPath"] + "/")
+    assert claim["spec"]["resources"]["requests"]["storage"]
+
+
+def test_nats_requires_tls_and_a_user_per_service() -> None:
+    conf = nats_conf()
+    assert re.search(r"^tls \{", conf, re.M)
+    users = [u.strip('"') for u in re.findall(r"user:\s*(\S+)", conf)]
+    assert sorted(users) == sorted([*SERVICES, "observer"])
+    sts = of_kind(build(K8S), "StatefulSet")["nats"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container(sts)["env"] if "secretKeyRef" in
+           e.get("valueFrom", {})}
+    for user in [*SERVICES, "observer"]:
+        var = user.upper().replace("-", "_") + "_PASSWORD"
+        assert f"password: ${var}" in conf
+        assert env[var] == {"name": "kinference-nats-auth", "key": user}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_service_connects_as_its_own_user_over_tls(service: str) -> None:
+    d = of_kind(build(K8S), "Deployment")[service]
+    c = container(d)
+    args = c["args"]
+    assert flag(args, "--nats-url").startswith("tls://nats.kinference-system.svc:4222")
+    assert flag(args, "--nats-user") == service
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
+    pw = flag(args, "--nats-password-file")
+    secret = volumes[mounts[pw.rsplit("/", 1)[0]]]["secret"]
+    # only its own password is in its pod
+    assert secret == {"secretName": "kinference-nats-auth", "items": [{"key": service, "path": "password"}]}
+    ca = flag(args, "--nats-tls-ca")
+    assert volumes[mounts[ca.rsplit("/", 1)[0]]]["secret"]["secretName"] == "kinference-nats-tls"
+
+
+def selects(policy: dict[str, Any], labels: dict[str, str]) -> bool:
+    sel = policy["spec"]["podSelector"]
+    if any(labels.get(k) != v for k, v in sel.get("matchLabels", {}).items()):
+        return False
+    for e in sel.get("matchExpressions", []):
+        assert e["operator"] == "In"
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
+def pod_labels() -> dict[str, dict[str, str]]:
+    docs = build(K8S)
+    out = {}
+    for kind in ("Deployment", "StatefulSet"):
+        for name, d in of_kind(docs, kind).items():
+            out[name] = d["spec"]["template"]["metadata"]["labels"]
+    return out
+
+
+def test_network_policies_deny_by_default() -> None:
+    pols = of_kind(build(K8S), "NetworkPolicy")
+    deny = pols["default-deny"]["spec"]
+    assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
+    assert "ingress" not in deny and "egress" not in deny
+
+
+def test_only_the_router_reaches_outside_the_cluster() -> None:
+    pols = of_kind(build(K8S), "NetworkPolicy").values()
+    for name, labels in pod_labels().items():
+        for pol in pols:
+            if not selects(pol, labels):
+                continue
+            for rule in pol["spec"].get("egress", []):
+                if not any("ipBlock" in peer for peer in rule.get("to", [])) and rule.get("to"):
+                    continue
+                if name == "router":
+                    continue
+                # anything else reaches off-cluster addresses only on the API server's ports
+                ports = {p["port"] for p in rule.get("ports", [])}
+                assert ports and ports <= {443, 6443}, (name, pol["metadata"]["name"])
+    router_out = [peer for pol in pols if selects(pol, pod_labels()["router"])
+                  for rule in pol["spec"].get("egress", []) if not rule.get("ports")
+                  for peer in rule.get("to", [])]
+    assert {"ipBlock": {"cidr": "0.0.0.0/0"}} in router_out
+
+
+def test_only_the_services_reach_nats() -> None:
+    pols = of_kind(build(K8S), "NetworkPolicy").values()
+    nats = pod_labels()["nats"]
+    ingress = [rule for pol in pols if selects(pol, nats) for rule in pol["spec"].get("ingress", [])]
+    assert ingress, "a policy must admit the services"
+    for rule in ingress:
+        assert rule.get("from"), "an ingress rule without `from` admits everyone"
+        for peer in rule["from"]:
+            assert set(peer) == {"podSelector"}  # this namespace's pods only
+            (expr,) = peer["podSelector"]["matchExpressions"]
+            assert expr["key"] == "app.kubernetes.io/name" and sorted(expr["values"]) == sorted(SERVICES)
+
+
+def test_the_router_admin_port_takes_no_connections_from_the_network() -> None:
+    pols = of_kind(build(K8S), "NetworkPolicy").values()
+    router = pod_labels()["router"]
+    ports = [p["port"] for pol in pols if selects(pol, router)
+             for rule in pol["spec"].get("ingress", []) for p in rule.get("ports", [])]
+    assert ports == [8080]
+    for pol in pols:
+        if selects(pol, router):
+            assert all(rule.get("ports") for rule in pol["spec"].get("ingress", []))
+
+
+def test_example_overlay_is_the_repository_examples() -> None:
+    for src, copy in (("00-fleet.yaml", "fleet.yaml"), ("10-burst-policy.yaml", "policy.yaml"),
+                      ("20-pool.yaml", "pool.yaml")):
+        assert (EXAMPLE / copy).read_text() == (REPO / "deploy" / "examples" / src).read_text(), copy
+    docs = build(EXAMPLE)
+    provider = of_kind(docs, "InferenceProvider")["databricks"]
+    assert provider["spec"]["url"] == "http://provider-sim.default.svc:8300/v1"
+    secret = of_kind(docs, "Secret")[provider["spec"]["auth"]["secretRef"]["name"]]
+    assert provider["spec"]["auth"]["secretRef"]["key"] in secret["stringData"]
+    # each worker set selects simulated pods, which listen on its port
+    for ws in of_kind(docs, "InferenceWorkerSet").values():
+        sel = ws["spec"]["selector"]["matchLabels"]
+        pods = [d for d in of_kind(docs, "Deployment").values()
+                if all(d["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items())]
+        assert pods, ws["metadata"]["name"]
+        assert all(container(p)["ports"][0]["containerPort"] == ws["spec"]["port"] for p in pods)
+
+
+def test_example_httproute_targets_the_pool() -> None:
+    docs = build(EXAMPLE)
+    (route,) = of_kind(docs, "HTTPRoute").values()
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    pools = of_kind(docs, "InferencePool")
+    refs = [b for rule in route["spec"]["rules"] for b in rule["backendRefs"]]
+    assert refs == [{"group": "kinference.buoyant.io", "kind": "InferencePool", "name": "inference-all"}]
+    assert pools["inference-all"]["metadata"]["namespace"] == route["metadata"]["namespace"]
+    assert route["spec"]["parentRefs"] and route["spec"]["hostnames"]
+
+
+def test_the_example_compiles_without_errors(tmp_path) -> None:
+    """The example's Kinference objects, as the cluster would hold them, lint clean."""
+    from kinfctl.main import main
+
+    docs = [d for d in build(EXAMPLE) if group_of(d) == "kinference.buoyant.io" and d["kind"] != "CustomResourceDefinition"]
+    (tmp_path / "example.yaml").write_text(yaml.safe_dump_all(docs))
+    assert main(["lint", "--strict", str(tmp_path / "example.yaml")]) == 0
+
+
+def test_make_secrets_prints_valid_secrets_the_pods_use() -> None:
+    import subprocess
+
+    out = subprocess.run(["sh", str(K8S / "make-secrets.sh"), "--print"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    made = {d["metadata"]["name"]: d for d in yaml.safe_load_all(out) if d}
+    for doc in made.values():
+        kubernetes_validate.validate(doc, KUBE_VERSIONS[0], strict=True)
+        assert doc["metadata"]["namespace"] == "kinference-system"
+    assert made["kinference-nats-tls"]["type"] == "kubernetes.io/tls"
+    assert set(made["kinference-nats-tls"]["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    auth = made["kinference-nats-auth"]["stringData"]
+    # every key a pod reads is there, and the passwords differ
+    wanted = set()
+    for kind in ("Deployment", "StatefulSet"):
+        for d in of_kind(build(K8S), kind).values():
+            spec = d["spec"]["template"]["spec"]
+            for v in spec.get("volumes", []):
+                if v.get("secret", {}).get("secretName") == "kinference-nats-auth":
+                    wanted |= {i["key"] for i in v["secret"]["items"]}
+            for e in container(d).get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref and ref["name"] == "kinference-nats-auth":
+                    wanted.add(ref["key"])
+    assert wanted == set(auth)
+    assert len(set(auth.values())) == len(auth)
+    assert all(re.fullmatch(r"k[0-9a-f]{48}", pw) for pw in auth.values())

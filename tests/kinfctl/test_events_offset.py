@@ -1,0 +1,51 @@
+"""``kinfctl events`` finds a local stack's NATS by the port offset, like
+``make run --port-offset N`` lays it out (KINFERENCE_PORT_OFFSET or
+--port-offset), without --nats-url."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+from kinference_common import natsserver
+
+
+async def following_line(env: dict[str, str], *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kinfctl", "events", "--count", "1", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stderr is not None
+    try:
+        return (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+@pytest.mark.parametrize("via", ["env", "flag"])
+async def test_the_default_nats_address_follows_the_port_offset(via: str) -> None:
+    port = natsserver.free_port()
+    offset = port - 4222
+    env = {k: v for k, v in os.environ.items() if k != "KINFERENCE_PORT_OFFSET"}
+    args: tuple[str, ...] = ()
+    if via == "env":
+        env["KINFERENCE_PORT_OFFSET"] = str(offset)
+    else:
+        env["KINFERENCE_PORT_OFFSET"] = "7"  # the flag wins over the environment
+        args = ("--port-offset", str(offset))
+    with natsserver.start(port=port):
+        line = await following_line(env, *args)
+    assert f"on nats://127.0.0.1:{port}" in line, line
+
+
+async def test_a_bad_offset_is_a_clear_error() -> None:
+    env = {**os.environ, "KINFERENCE_PORT_OFFSET": "lots"}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kinfctl", "events", env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1
+    assert "KINFERENCE_PORT_OFFSET must be a whole number, not 'lots'" in err.decode()
+    assert "Traceback" not in err.decode()
