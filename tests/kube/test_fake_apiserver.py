@@ -107,7 +107,10 @@ async def test_watch_streams_changes_bookmarks_and_410(api_client, kube_api):
                     return
 
     task = asyncio.create_task(collect())
-    await asyncio.sleep(0.3)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5  # a bookmark every 0.2 s; a loaded machine may take longer than one interval
+    while ("BOOKMARK", "") not in events and loop.time() < end:
+        await asyncio.sleep(0.02)
     await co.patch_namespaced_custom_object(G, V, "default", "inferencepolicies", "a",
                                             {"spec": {"unmatched": "Reject"}},
                                             _content_type="application/merge-patch+json")
