@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router bench-kube bench-kube-dataplane load-router eval-classifier lint docs compose clean
+        bench-classifier bench-router bench-kube bench-kube-dataplane load-router load-burst eval-classifier lint docs compose clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -72,6 +72,9 @@ bench-kube-dataplane: install  ## pod change -> router / worker-set status laten
 
 load-router: install  ## 500 concurrent streams for a minute through the router -> bench/results/load_router.json
 	$(BIN)/python -m bench.load_router
+
+load-burst: install  ## 200 streams at once (180 clean, 20 PII) on the make-run stack -> bench/results/burst.json
+	$(BIN)/python -m bench.burst $(BURST_ARGS)
 
 eval-classifier: install  ## regenerate docs/classifier-eval.md
 	$(BIN)/python -m bench.eval_classifier

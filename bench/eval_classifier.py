@@ -39,12 +39,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from faker import Faker
-from kinference_classifier.core import Classifiers
+from kinference_common.detectors.core import Classifiers
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "classifier-eval.md"
 
 STRUCTURED = ("email", "card", "iban", "ssn", "phone", "ip", "national_id", "secret")
+#: real-world shapes reported missed by users, generated here (never copied from an
+#: external set): national phone formats without a country code, E.164 numbers
+#: grouped unusually, IPv6 written in its other forms, IBANs in lower case
+REAL_WORLD = ("phone_national_grouped", "phone_e164_grouped", "ipv6_forms", "iban_lowercase")
 NER = ("name", "street_address")
 
 #: the seeds whose errors were looked at while writing the rules, and the
@@ -62,7 +66,7 @@ CHANGES_AFTER_REPORT = (
 
 TARGET_RECALL = 0.98
 TARGET_PRECISION = 0.99
-TARGET_CLEAN = 0.90
+TARGET_CLEAN = 0.99
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +190,91 @@ class Generator:
                 "{a} reach us on {v}.",
             ),
         )
+
+    def _d(self, n: int) -> str:
+        return "".join(str(self.rng.randrange(10)) for _ in range(n))
+
+    def phone_national_grouped(self) -> str:
+        d = self._d
+        value = self.pick((
+            f"07{d(3)} {d(3)} {d(3)}",                      # GB mobile, 5-3-3
+            f"020 {d(4)} {d(4)}", f"0161 {d(3)} {d(4)}",     # GB landlines
+            f"06{d(2)} {d(2)} {d(2)} {d(2)}", f"07{d(2)} {d(2)} {d(2)} {d(2)}",  # FR 4-2-2-2
+            f"01.{d(2)}.{d(2)}.{d(2)}.{d(2)}",                # FR dotted pairs
+            f"030 {d(3)} {d(2)} {d(2)}", f"089 {d(3)} {d(4)}", f"0171 {d(3)} {d(4)}",  # DE
+            f"06-{d(4)} {d(4)}", f"020-{d(3)} {d(4)}",        # NL
+            f"({self.rng.randint(11, 99)}) {d(4)}-{d(4)}",    # BR landline
+            f"({self.rng.randint(11, 99)}) 9{d(4)}-{d(4)}",   # BR mobile
+            f"({self.rng.randint(11, 99)}) {d(3)}-{d(3)}",    # short, as often written
+        ))
+        return self.wrap(value, ("{a} Ring me on {v} tomorrow. {b}", "{a} {v} {b}", "{a} mobile: {v}",
+                                 "{a} my number is {v}. {b}"))
+
+    def phone_e164_grouped(self) -> str:
+        d = self._d
+        value = self.pick((
+            f"+447{d(3)} {d(3)} {d(3)}", f"+44 (0)7{d(3)} {d(6)}", f"+33 (0)6 {d(2)} {d(2)} {d(2)} {d(2)}",
+            f"+33 6{d(2)} {d(2)} {d(2)} {d(2)}", f"+49 (0)30 {d(3)} {d(2)} {d(2)}", f"+4930 {d(7)}",
+            f"+31 (0)6 {d(8)}", f"+39 3{d(2)} {d(3)} {d(4)}", f"+34 6{d(2)}-{d(2)}-{d(2)}-{d(2)}",
+            f"+1 ({self.rng.randint(201, 989)}) {self.rng.randint(200, 999)}-{d(4)}",
+            f"+55 ({self.rng.randint(11, 99)}) 9{d(4)}-{d(4)}",
+        ))
+        return self.wrap(value, ("{a} Call {v} please. {b}", "{a} {v} {b}", "{a} whatsapp {v}",
+                                 "{a} reach the office at {v}."))
+
+    def ipv6_forms(self) -> str:
+        import ipaddress
+
+        f = self.faker()
+        while True:
+            addr = ipaddress.ip_address(f.ipv6())
+            if addr in ipaddress.ip_network("2000::/3") and addr.is_global:
+                break
+        form = self.rng.randrange(5)
+        if form == 0:
+            value = addr.exploded
+        elif form == 1:
+            value = addr.compressed.upper()
+        elif form == 2:
+            value = f"[{addr.compressed}]:{self.rng.choice((443, 8080, 22))}"
+        elif form == 3:  # a /48 written with its trailing ::
+            value = ":".join(addr.exploded.split(":")[:3]) + "::"
+        else:
+            value = addr.exploded.upper()
+        return self.wrap(value, ("{a} connection from {v} refused. {b}", "{a} {v}", "{a} my IPv6 is {v}."))
+
+    def iban_lowercase(self) -> str:
+        f = self.faker(self.pick(("de_DE", "fr_FR", "en_GB", "es_ES", "it_IT", "nl_NL")))
+        value = f.iban().lower()
+        if self.rng.random() < 0.5:
+            value = " ".join(value[i : i + 4] for i in range(0, len(value), 4))
+        return self.wrap(value, ("{a} iban {v}. {b}", "{a} send it to {v} {b}", "{a} {v}"))
+
+    def clean_numbers_prose(self) -> str:
+        """Ordinary numbers in prose: prices, dates, times, versions, quantities."""
+        r = self.rng
+        f = self.faker()
+        d = self._d
+        parts = [
+            f"It costs €{r.randint(1, 9)} {d(3)},{d(2)} incl. VAT.",
+            f"Delivered on {r.randint(1, 28):02d}.{r.randint(1, 12):02d}.{r.randint(2015, 2030)}.",
+            f"Due {r.randint(2015, 2030)}-{r.randint(1, 12):02d}-{r.randint(1, 28):02d} at {r.randint(0, 23):02d}:"
+            f"{r.randint(0, 59):02d}.",
+            f"Open {r.randint(6, 10):02d}:{r.choice(('00', '30'))} to {r.randint(16, 22)}:00.",
+            f"Upgrade to version {r.randint(0, 20)}.{r.randint(0, 40)}.{r.randint(0, 300)}.",
+            f"Order {r.randint(2, 50)} x {r.randint(10, 900)} units.",
+            f"We sold {r.randint(1, 999)},{d(3)},{d(3)} copies between {r.randint(1990, 2010)} and "
+            f"{r.randint(2011, 2030)}.",
+            f"The box is {r.randint(10, 200)} x {r.randint(10, 200)} x {r.randint(10, 200)} cm.",
+            f"Final score {r.randint(0, 6)}-{r.randint(0, 6)}; room {r.randint(100, 1500)}.",
+            f"Invoice {r.randint(2015, 2030)}-{d(4)}, total {r.randint(1, 99)},{d(3)}.{d(2)} USD.",
+            f"Meet on {r.randint(1, 12)}/{r.randint(1, 28)}/{r.randint(2015, 2030)} at {r.randint(1, 12)}:"
+            f"{d(1)}{d(1)} pm.",
+            f"Build {r.randint(2015, 2030)}{r.randint(1, 12):02d}{r.randint(1, 28):02d}, batch "
+            f"{r.randint(10, 99)} {d(3)} {d(3)}.",
+        ]
+        r.shuffle(parts)
+        return f.sentence() + " " + " ".join(parts[: r.randint(2, 5)])
 
     def ip(self) -> str:
         import ipaddress
@@ -462,7 +551,7 @@ class Generator:
 
 
 ENTITY_GEN: dict[str, Callable[[Generator], str]] = {
-    e: getattr(Generator, e) for e in (*STRUCTURED, *NER)
+    e: getattr(Generator, e) for e in (*STRUCTURED, *REAL_WORLD, *NER)
 }
 CLEAN_GEN: dict[str, Callable[[Generator], str]] = {
     "prose": Generator.clean_prose,
@@ -470,6 +559,7 @@ CLEAN_GEN: dict[str, Callable[[Generator], str]] = {
     "logs": Generator.clean_log,
     "UUIDs, hashes, ISBNs": Generator.clean_ids,
     "amounts, dates, versions": Generator.clean_numbers,
+    "numbers in prose (prices, dates, times, versions, quantities)": Generator.clean_numbers_prose,
     "private/reserved IPs": Generator.clean_private_ip,
     "failing checksums": Generator.clean_bad_checksums,
 }
@@ -568,7 +658,7 @@ def render(samples: list[Sample], result: dict[str, object], args: argparse.Name
             else f"a different tag on {result['disagreements']} texts."
         ),
         "- How the data is made, and what counts as confirmed or unknown: the docstrings of "
-        "`bench/eval_classifier.py` and `services/classifier/pii.py`.",
+        "`bench/eval_classifier.py` and `libs/kinference_common/detectors/pii.py`.",
         "",
         "## Structured personal data and secrets",
         "",
@@ -606,6 +696,21 @@ def render(samples: list[Sample], result: dict[str, object], args: argparse.Name
     )
     lines += [
         "",
+        "### Real-world formats",
+        "",
+        "Shapes users reported missed (generated with random digits: no external set is used). "
+        "A text must be at least `pii-unknown`.",
+        "",
+        "| family | texts | confirmed | unknown | none | recall | target met |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | :---: |",
+    ]
+    for e in REAL_WORLD:
+        r = rows[e]
+        rec = (r.confirmed + r.unknown) / r.n if r.n else None
+        lines.append(f"| {e} | {r.n} | {r.confirmed} | {r.unknown} | {r.none} | "
+                     f"{_ratio(r.confirmed + r.unknown, r.n)} | {_mark(rec, TARGET_RECALL)} |")
+    lines += [
+        "",
         "Confirmed precision is over every text of the run: a false confirmation is a clean "
         "text tagged `pii-confirmed` (a true one may name another entity than the text's label, "
         "e.g. a phone number found inside an address).",
@@ -614,8 +719,8 @@ def render(samples: list[Sample], result: dict[str, object], args: argparse.Name
         "",
         f"Share tagged `pii-none` (target >= {TARGET_CLEAN} over all clean texts).",
         "",
-        "| kind | texts | none | unknown | confirmed | share none |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| kind | texts | none | unknown | confirmed | share none | false-positive rate |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     clean = Row()
     for kind in CLEAN_GEN:
@@ -625,13 +730,15 @@ def render(samples: list[Sample], result: dict[str, object], args: argparse.Name
         clean.unknown += r.unknown
         clean.confirmed += r.confirmed
         lines.append(
-            f"| {kind} | {r.n} | {r.none} | {r.unknown} | {r.confirmed} | {_ratio(r.none, r.n)} |"
+            f"| {kind} | {r.n} | {r.none} | {r.unknown} | {r.confirmed} | {_ratio(r.none, r.n)} | "
+            f"{_ratio(r.unknown + r.confirmed, r.n)} |"
         )
     share = clean.none / clean.n
     lines.append(
         f"| **all clean** | {clean.n} | {clean.none} | {clean.unknown} | {clean.confirmed} | "
         f"{_ratio(clean.none, clean.n)} "
-        f"({'target met' if share >= TARGET_CLEAN else 'below target'}) |"
+        f"({'target met' if share >= TARGET_CLEAN else 'below target'}) | "
+        f"{_ratio(clean.unknown + clean.confirmed, clean.n)} |"
     )
     lines += [
         "",

@@ -541,11 +541,17 @@ EXPLAIN_FIELDS = {
     "model.requested": "the body's `model`",
     "model.rewritten": "what an InferenceModelRewrite changed it to, or null",
     "model.canonical": "the canonical model name the policy matched on (aliases resolved)",
-    "tags": "the classifiers' tags the decision used",
-    "classifiers": "each classifier asked, in order",
+    "tags": "the classifiers' tags the decision used (a skipped classifier adds none)",
+    "classifiers": "each classifier the request required, in order: asked, or skipped because its answer "
+                   "could not change the decision",
     "classifiers[].name": "`pii` or `injection`",
-    "classifiers[].ms": "its round trip in milliseconds",
-    "classifiers[].outcome": "`ok`, or why its failure tag was used: `error`, `deadline`, `oversize`",
+    "classifiers[].ms": "its round trip in milliseconds (0 when skipped)",
+    "classifiers[].outcome": "`ok`; `skipped` (not asked); or why its failure tag was used: `error`, `deadline`, "
+                             "`oversize`, `shed` (not sent: its backlog was over the router's in-flight limit)",
+    "classifiers[].path": "where it ran: `Service` (the classifier service over NATS) or `InProcess` (in the "
+                          "router); null offline",
+    "classifiers[].tags": "the tag it gave this request (its failure tag unless `ok`; none when skipped)",
+    "classifiers[].why": "why it was skipped or shed",
     "rules": "every rule tried, in order, up to the one that decided",
     "rules[].name": "the rule's name (`unmatched` for the policy's `unmatched` behaviour)",
     "rules[].matched": "whether its `matches` held",

@@ -27,7 +27,10 @@ async def connect(
     on_disconnect: Callback | None = None,
     on_reconnect: Callback | None = None,
     quiet_seconds: float = 10.0,
+    **options: object,
 ) -> nats.NATS:
+    """``options``: more ``nats.connect`` arguments, e.g. credentials and TLS
+    from :func:`kinference_common.natsauth.connect_options`."""
     last_logged: dict[str, float] = {}
 
     async def error_cb(exc: Exception) -> None:
@@ -56,6 +59,7 @@ async def connect(
         error_cb=error_cb,
         disconnected_cb=disconnected_cb,
         reconnected_cb=reconnected_cb,
+        **options,  # type: ignore[arg-type]
     )
 
 

@@ -29,16 +29,34 @@ class ClassifierInfo(msgspec.Struct, frozen=True, kw_only=True):
     #: How long the router waits for an answer before using ``failure_tag``.
     deadline_seconds: float
     description: str
+    #: The deadline when the classifier runs in the router's own process
+    #: (:data:`IN_PROCESS`): no network, so a tighter bound on the work.
+    in_process_deadline_seconds: float = 0.005
 
-    def failure_mode(self) -> str:
-        """The effective behaviour on failure, as the policy status shows it."""
+    def deadline(self, path: str = "Service") -> float:
+        """The deadline that applies on ``path`` (:data:`SERVICE` or :data:`IN_PROCESS`)."""
+        return self.in_process_deadline_seconds if path == IN_PROCESS else self.deadline_seconds
+
+    def failure_mode(self, path: str = "Service") -> str:
+        """The effective behaviour on failure, as the policy status shows it,
+        with the path (service over NATS, or in the router's process) and its deadline."""
         from kinference_common.durations import format_duration
 
+        where = (
+            "in the router's process, no prompt on the bus" if path == IN_PROCESS
+            else f"classifier service over NATS, kinference.classify.{self.name}"
+        )
         return (
             f"FailClosed: emits {self.failure_tag} on error, oversize input, "
-            f"or no answer within {format_duration(self.deadline_seconds)}"
+            f"or no answer within {format_duration(self.deadline(path))} ({path}: {where})"
         )
 
+
+#: Where a classifier runs: the classifier service over NATS (the default), or
+#: inside the router's process (the policy-compiler's ``--in-process-classifier``).
+SERVICE: Final = "Service"
+IN_PROCESS: Final = "InProcess"
+PATHS: Final = (SERVICE, IN_PROCESS)
 
 PII: Final = ClassifierInfo(
     name="pii",

@@ -185,6 +185,9 @@ class CompiledPolicy(_C, kw_only=True):
     unmatched: Literal["ServeLocal", "Reject"] = "ServeLocal"
     rules: list[CompiledRule] = []
     generation: int | None = None
+    #: classifiers the router runs in its own process instead of asking the
+    #: classifier service over NATS (the compiler's ``--in-process-classifier``)
+    in_process_classifiers: list[str] = []
 
     @property
     def is_default(self) -> bool:

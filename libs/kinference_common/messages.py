@@ -139,14 +139,32 @@ class ClassifyReply(_Msg, kw_only=True):
     classifier: str
     #: exactly one tag of the classifier's (see kinference_common.classifiers)
     tags: list[str]
-    #: "ok" or why the failure tag was used: "oversize", "error", "deadline"
-    outcome: Literal["ok", "oversize", "error", "deadline"] = "ok"
+    #: "ok" or why the failure tag was used: "oversize", "error", "deadline";
+    #: "shed" only in the router (not sent: the classifier's backlog was over its limit)
+    outcome: Literal["ok", "oversize", "error", "deadline", "shed"] = "ok"
     micros: float = 0.0
     request_id: str = ""
     #: entity kinds behind the tag (e.g. ["email"]); never text of the prompt
     findings: list[str] = msgspec.field(default_factory=list)
     #: why a failure tag was used, for logs and traces (e.g. "no responders")
     detail: str = ""
+
+
+class ClassifyBatch(_Msg, kw_only=True):
+    """``kinference.classify.<classifier>.batch`` request: several requests in
+    one message (the router sends one per event-loop turn). The classifier
+    works through ``items`` in order within ``deadline_ms`` of reading the
+    batch; an item it has no time left for gets the failure tag."""
+
+    items: list[ClassifyRequest]
+    deadline_ms: float | None = None
+    sent_at: float | None = None
+
+
+class ClassifyBatchReply(_Msg, kw_only=True):
+    """One reply per item of a :class:`ClassifyBatch`, in the same order."""
+
+    replies: list[ClassifyReply]
 
 
 # ------------------------------------------------------------------- encoding

@@ -60,5 +60,10 @@ def classify_subject(classifier: str) -> str:
     return f"{CLASSIFY_PREFIX}.{classifier}"
 
 
+def classify_batch_subject(classifier: str) -> str:
+    """Batched classify requests (:class:`~kinference_common.messages.ClassifyBatch`)."""
+    return f"{CLASSIFY_PREFIX}.{classifier}.batch"
+
+
 def decisions_subject(namespace: str, pool: str) -> str:
     return f"{DECISIONS_PREFIX}.{token(namespace)}.{token(pool)}"

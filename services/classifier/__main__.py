@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import structlog
 from kinference_common.classifiers import DEFAULT_MAX_CHARS
-from kinference_common import logs
+from kinference_common import logs, natsauth
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 
 
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_CHARS,
         help="size cap in characters; larger requests get the failure tag (default %(default)s)",
     )
+    natsauth.add_arguments(p, default_user=natsauth.CLASSIFIER)
     logs.add_arguments(p)
     return p
 
@@ -67,6 +68,7 @@ async def serve(args: argparse.Namespace) -> int:
 
     service = ClassifierService(
         nats_url=args.nats_url,
+        nats_options=natsauth.connect_options(args),
         health_host=args.health_host,
         health_port=args.health_port,
         names=args.classifier,

@@ -35,12 +35,19 @@ from typing import Any
 import msgspec
 import structlog
 from aiohttp import web
-from kinference_classifier.core import Classifiers
+from kinference_common.detectors.core import Classifiers
 from kinference_common.classifiers import DEFAULT_MAX_CHARS
 from kinference_common import bus
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
-from kinference_common.messages import ClassifyReply, ClassifyRequest, decoder, encode
-from kinference_common.subjects import CLASSIFIER_QUEUE_GROUP, classify_subject
+from kinference_common.messages import (
+    ClassifyBatch,
+    ClassifyBatchReply,
+    ClassifyReply,
+    ClassifyRequest,
+    decoder,
+    encode,
+)
+from kinference_common.subjects import CLASSIFIER_QUEUE_GROUP, classify_batch_subject, classify_subject
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -109,8 +116,11 @@ class ClassifierService:
         max_chars: int = DEFAULT_MAX_CHARS,
         metrics: Metrics | None = None,
         logger: Any = None,
+        nats_options: dict[str, Any] | None = None,
     ) -> None:
         self.nats_url = nats_url
+        #: credentials and TLS (:func:`kinference_common.natsauth.connect_options`)
+        self.nats_options = nats_options or {}
         self.health_host = health_host
         self.health_port = health_port
         self._classifiers = classifiers
@@ -150,7 +160,7 @@ class ClassifierService:
         return None
 
     def ready(self) -> bool:
-        return self.nc is not None and self.nc.is_connected and len(self._subs) == len(self.names)
+        return self.nc is not None and self.nc.is_connected and len(self._subs) == 2 * len(self.names)
 
     async def start(self) -> None:
         if self._classifiers is None:
@@ -162,11 +172,16 @@ class ClassifierService:
             name="kinference-classifier",
             on_disconnect=self._on_disconnected,
             on_reconnect=self._on_reconnected,
+            **self.nats_options,
         )
         self.metrics.connected.set(1)
         for name in self.names:
             sub = await self.nc.subscribe(
                 classify_subject(name), queue=CLASSIFIER_QUEUE_GROUP, cb=self._handler(name)
+            )
+            self._subs.append(sub)
+            sub = await self.nc.subscribe(
+                classify_batch_subject(name), queue=CLASSIFIER_QUEUE_GROUP, cb=self._batch_handler(name)
             )
             self._subs.append(sub)
         # The server has our subscriptions once it answers: ready means reachable.
@@ -297,6 +312,61 @@ class ClassifierService:
                     await msg.respond(encode(reply))
                 except Exception as exc:
                     log.warning("reply failed", classifier=name, error=type(exc).__name__)
+
+        return handle
+
+    def _batch_handler(self, name: str) -> Any:
+        """``kinference.classify.<name>.batch``: the items in order, within the
+        batch's deadline from when it is read (an item left without time gets
+        the failure tag, outcome deadline); the whole batch is answered unread
+        when it waited longer than its deadline plus the clock allowance."""
+        info = BUILTIN_CLASSIFIERS[name]
+        metrics = self.metrics
+        batch_decoder = decoder(ClassifyBatch)
+
+        async def handle(msg: Msg) -> None:
+            t0 = time.perf_counter()
+            if len(msg.data) > self._max_bytes:
+                replies = None
+            else:
+                try:
+                    batch = batch_decoder.decode(msg.data)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    batch = None
+                replies = [] if batch is not None else None
+            if replies is None:
+                # cannot tell how many items: the caller fails them all closed
+                out = ClassifyBatchReply(replies=[])
+            else:
+                assert batch is not None
+                stale = (batch.sent_at is not None and batch.deadline_ms is not None
+                         and time.time() - batch.sent_at > batch.deadline_ms / 1000.0 + CLOCK_SKEW_ALLOWANCE)
+                until = None if batch.deadline_ms is None else t0 + batch.deadline_ms / 1000.0
+                for req in batch.items:
+                    started = time.perf_counter()
+                    left = None if until is None else (until - started) * 1000.0
+                    if stale:
+                        metrics.expired.labels(name).inc()
+                        reply = ClassifyReply(classifier=name, tags=[info.failure_tag], outcome="deadline",
+                                              request_id=req.request_id, detail="expired before it was read")
+                    else:
+                        reply = self.classifiers.classify(name, req.texts, roles=req.roles,
+                                                          unreadable=req.unreadable, deadline_ms=left,
+                                                          request_id=req.request_id)
+                    replies.append(reply)
+                    metrics.requests.labels(name, reply.tags[0] if reply.tags else "", reply.outcome).inc()
+                    metrics.seconds.labels(name, reply.outcome).observe(time.perf_counter() - started)
+                    metrics.input_chars.labels(name).observe(sum(len(t) for t in req.texts))
+                out = ClassifyBatchReply(replies=replies)
+                if any(r.outcome != "ok" for r in replies) and not stale:
+                    self.log.warning("classify batch failed closed in part", classifier=name,
+                                     items=len(replies), failed=sum(r.outcome != "ok" for r in replies),
+                                     micros=round((time.perf_counter() - t0) * 1e6, 1))
+            if msg.reply:
+                try:
+                    await msg.respond(encode(out))
+                except Exception as exc:
+                    self.log.warning("reply failed", classifier=name, error=type(exc).__name__)
 
         return handle
 

@@ -8,7 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from kinference_common import logs
+from kinference_common import logs, natsauth
+from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_policy_compiler.service import PolicyCompilerService, Settings
 
 
@@ -38,6 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=8090, help="/healthz, /readyz, /metrics (default 8090)")
     p.add_argument("--namespace", action="append", dest="namespaces", metavar="NS",
                    help="only these namespaces (repeat; default: all)")
+    p.add_argument("--in-process-classifier", action="append", dest="in_process", default=[], metavar="NAME",
+                   choices=sorted(BUILTIN_CLASSIFIERS),
+                   help="routers run this classifier in their own process instead of asking the classifier "
+                        "service over NATS (no prompt on the bus; repeat; default: none). The policies' status "
+                        "shows the path and deadline that apply")
+    natsauth.add_arguments(p, default_user=natsauth.COMPILER)
     k = p.add_argument_group("Kubernetes mode (--source kubernetes)")
     k.add_argument("--kubeconfig", metavar="FILE",
                    help="kubeconfig file (default: in-cluster service account, then ~/.kube/config)")
@@ -70,10 +77,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> int:
+    try:
+        nats_options = natsauth.connect_options(args)
+    except natsauth.CredentialsError as exc:
+        print(f"kinference-policy-compiler: {exc}", file=sys.stderr)
+        return 1
     settings = Settings(
         manifests=args.manifests or Path("."), nats_url=args.nats_url, status_dir=args.status_dir,
         interval=args.interval, resync=args.resync, http_host=args.http_host, http_port=args.http_port,
-        watched_namespaces=args.namespaces,
+        watched_namespaces=args.namespaces, in_process_classifiers=args.in_process, nats_options=nats_options,
     )
     if args.source == "kubernetes":
         return await run_kubernetes(args, settings)

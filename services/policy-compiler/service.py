@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import nats
 import structlog
@@ -46,6 +46,10 @@ class Settings:
     #: health and metrics; 0 = any free port, None = no HTTP server
     http_port: int | None = None
     watched_namespaces: Collection[str] | None = None
+    #: credentials and TLS (:func:`kinference_common.natsauth.connect_options`)
+    nats_options: dict[str, Any] = field(default_factory=dict)
+    #: classifiers routers run in their own process (``--in-process-classifier``)
+    in_process_classifiers: Collection[str] = ()
 
 
 class StatusSink(Protocol):
@@ -92,7 +96,7 @@ class PolicyCompilerService:
 
     async def start(self) -> None:
         self._nc = await bus.connect(self.settings.nats_url, name="kinference-policy-compiler",
-                                     on_reconnect=self._on_reconnect)
+                                     on_reconnect=self._on_reconnect, **self.settings.nats_options)
         self._publisher = ConfigPublisher(self._nc)
         await self._publisher.start()
         if self._runner is None:
@@ -169,7 +173,8 @@ class PolicyCompilerService:
     def reconcile(self) -> CompileResult:
         """Compile the documents in force and write statuses (no NATS)."""
         started = time.perf_counter()
-        res = compile_documents(self.source.documents(), watched_namespaces=self.settings.watched_namespaces)
+        res = compile_documents(self.source.documents(), watched_namespaces=self.settings.watched_namespaces,
+                               in_process_classifiers=self.settings.in_process_classifiers)
         errors = [*self.source.errors(), *res.errors]
         self.last_errors = errors
         self._sink_pending = self.status_sink is not None

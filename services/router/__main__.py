@@ -13,7 +13,10 @@ from typing import Any
 import structlog
 
 from kinference_common import bus, logs
+from kinference_common import natsauth
 from kinference_router import provider_request
+from kinference_router.classification import Classification
+from kinference_router.classification import configure as configure_classification
 from kinference_router.app import Router, RouterSettings
 from kinference_router.http_server import HttpLimits
 from kinference_router.pools import MultiPoolRouter
@@ -79,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout,
                    help=f"seconds an idle client connection stays open (default {d.keepalive_timeout:g})")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
+    natsauth.add_arguments(p, default_user=natsauth.ROUTER)
+    p.add_argument("--no-classify-batching", dest="classify_batching", action="store_false",
+                   help="send one classify request per request instead of one batch per event-loop turn")
+    p.add_argument("--classify-max-in-flight", type=int, default=256, metavar="N",
+                   help="classify requests in flight per classifier at most; the limit adapts down while "
+                        "answers miss their deadline (default %(default)s)")
     logs.add_arguments(p)
     return p.parse_args(argv)
 
@@ -207,7 +216,13 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
         if router is not None:
             await router.keeper.resync()
 
-    connecting = asyncio.create_task(bus.connect(args.nats_url, name="kinference-router", on_reconnect=reconnected))
+    try:
+        nats_options = natsauth.connect_options(args)
+    except natsauth.CredentialsError as exc:
+        print(f"kinference-router: {exc}", file=sys.stderr)
+        return 1
+    connecting = asyncio.create_task(bus.connect(args.nats_url, name="kinference-router", on_reconnect=reconnected,
+                                                 **nats_options))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not connecting.done():
@@ -216,6 +231,8 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
         return 0
     nc = connecting.result()
     router = Router(settings, auth, secrets, nc=nc) if pool else MultiPoolRouter(settings, auth, secrets, nc=nc)
+    configure_classification(Classification.shared(router.metrics, nc), batching=args.classify_batching,
+                             max_in_flight=args.classify_max_in_flight)
     await router.start()
     tune_gc()
     servers = []

@@ -33,8 +33,6 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kinference_common import subjects
-from kinference_common.classifiers import BUILTIN_CLASSIFIERS
-from kinference_common.classify_client import classify_body
 from kinference_common.compiled import CompiledFlowControl
 from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
 from kinference_common.engine.request import apply_rewrite
@@ -43,6 +41,7 @@ from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_
 from kinference_common.messages import Observation, encode
 from kinference_router import models_api, provider_request, retry, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
+from kinference_router.classification import Classification, RequestTags
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 from kinference_router.metrics import RouterMetrics
@@ -187,6 +186,9 @@ class Router:
         self.flow = FlowQueue(on_depth=self._queue_depth)
         self.keeper.on_rebuild = self.flow.capacity_changed
         self.keeper.calibration = self._calibration
+        # one per process (routers of several pools share metrics, hence this)
+        self.classification = Classification.shared(self.metrics, self.nc)
+        self.classification.watch(self.keeper)  # loads in-process classifiers when a policy asks for them
 
     # ------------------------------------------------------------ lifecycle
 
@@ -231,7 +233,8 @@ class Router:
         return Response(200, b"ok\n", content_type="text/plain; charset=utf-8")
 
     async def readyz(self, _: HttpRequest) -> Response:
-        ready = self.keeper.snapshot is not None
+        # and, when the policy runs a classifier in process, once it is loaded
+        ready = self.keeper.snapshot is not None and self.classification.ready(self.keeper.snapshot)
         return Response(200 if ready else 503, b"ready\n" if ready else b"no configuration yet\n",
                         content_type="text/plain; charset=utf-8")
 
@@ -276,28 +279,6 @@ class Router:
             self.metrics.unknown_objectives.inc()
         return req
 
-    async def _classify(self, names: list[str], body: ParsedBody,
-                        decision_id: str) -> tuple[frozenset[str], list[ClassifierTrace]]:
-        """Ask each classifier in parallel, each with its deadline; a classifier
-        that fails, is absent or is late answers its failure tag (the client
-        never fails open)."""
-
-        async def one(name: str) -> tuple[str, Any, float]:
-            started = time.perf_counter()
-            reply = await classify_body(self.nc, name, body.raw, BUILTIN_CLASSIFIERS[name].deadline_seconds,
-                                        request_id=decision_id)
-            return name, reply, time.perf_counter() - started
-
-        results = await asyncio.gather(*(one(n) for n in names))
-        tags: set[str] = set()
-        traces = []
-        for name, reply, seconds in results:
-            tags.update(reply.tags)
-            self.metrics.tags(name, reply.tags)
-            self.metrics.classifier.labels(name, reply.outcome).observe(seconds)
-            traces.append(ClassifierTrace(name=name, ms=round(seconds * 1e3, 3), outcome=reply.outcome))
-        return frozenset(tags), traces
-
     async def _handle(self, request: HttpRequest, chat: bool) -> Response | None:
         decision_id = new_decision_id()
         bound = structlog.contextvars.bind_contextvars(decision_id=decision_id)
@@ -309,12 +290,9 @@ class Router:
             if self.keeper.snapshot is None:
                 raise ApiError(503, "no_capacity", "the router has no configuration yet", retry_after=1)
             req = self._engine_request(request.headers, body, tenant)
-            needed = self.keeper.snapshot.classifiers_for(req)
-            traces: list[ClassifierTrace] = []
-            if needed:
-                tags, traces = await self._classify(needed, body, decision_id)
-                req = msgspec.structs.replace(req, tags=tags)
-            return await self._route(request, chat, body, req, decision_id, traces)
+            # classified lazily: only when a classifier's answer can change the decision
+            tags = self.classification.start(req, body, decision_id)
+            return await self._route(request, chat, body, tags, decision_id)
         except ApiError as err:  # counted once, here
             self.metrics.child(self.metrics.requests, self.pool_label, err.rule, err.code, "").inc()
             return error_response(err, decision_id)
@@ -377,8 +355,8 @@ class Router:
             return
         self.events.publish(self._decisions_subject, data)
 
-    async def _route(self, request: HttpRequest, chat: bool, body: ParsedBody, req: Request, decision_id: str,
-                     traces: list[ClassifierTrace]) -> Response | None:
+    async def _route(self, request: HttpRequest, chat: bool, body: ParsedBody, tags: RequestTags,
+                     decision_id: str) -> Response | None:
         tried: set[str] = set()
         #: when flow control gives up on this request (set when it first queues)
         queue_deadline: float | None = None
@@ -387,7 +365,9 @@ class Router:
             if snap is None:
                 break
             # after a refused connection, decide again without what failed
-            d = self._decide(req, snap, tried)
+            d = await tags.decide(snap, tried, self._decide, ledger=self.ledger, prefix=self.prefix, rng=self.rng,
+                                  observe=self.metrics.decision.observe, latest=lambda: self.keeper.snapshot)
+            req, traces, snap = tags.req, tags.traces, d.snapshot
             flow_control = snap.pool.flow_control
             if flow_control is not None and (
                     (not d.routed and d.code == "no_capacity")
@@ -395,6 +375,11 @@ class Router:
                     or (d.routed and not tried and self.flow.waiting_at_or_above(req.priority, d.canonical_model))):
                 if queue_deadline is None:
                     queue_deadline = asyncio.get_running_loop().time() + flow_control.max_queue_wait_seconds
+                # it is decided again while waiting, without awaiting: every tag first
+                req, traces = await tags.complete(snap), tags.traces
+                if d.request is not req:  # decided without some tags: again with them, for the event
+                    again = self._decide(req, snap, tried)
+                    d = again if (again.routed, again.code) == (d.routed, d.code) else d
                 try:
                     d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, d)
                 except ApiError as err:
@@ -634,10 +619,14 @@ class Router:
         except BadRequest as exc:
             return _explain_error(400, str(exc))
         req = self._engine_request(explained.headers, body, explained.tenant)
-        if explained.tags is not None:
-            req = msgspec.structs.replace(req, tags=explained.tags)
-        d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=random.Random(0))
-        return Response(200, encode_trace(build_trace(d, decision_id="explain")))
+        # without caller tags, the classifiers run as on the request path (lazily, on their path)
+        tags = (RequestTags.supplied(self.classification, req, body, explained.tags)
+                if explained.tags is not None else self.classification.start(req, body, "explain"))
+        explain_rng = random.Random(0)
+        d = await tags.decide(snap, set(), lambda r, sn, av: decide(sn, r, ledger=self.ledger, prefix=self.prefix,
+                                                                     rng=explain_rng),
+                              ledger=self.ledger, prefix=self.prefix, rng=explain_rng)
+        return Response(200, encode_trace(build_trace(d, decision_id="explain", classifiers=tags.traces)))
 
 
 def _explain_error(status: int, message: str) -> Response:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import yaml
 
+from kinference_common.natsauth import LocalAuth
 from kinference_common.natsserver import find_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,14 +88,17 @@ class Stack:
         nats_bin = find_binary()
         if nats_bin is None:
             raise StackError("make run: nats-server not found; run `make install` first")
+        # NATS with a user per service and subject permissions (natsauth.py): the
+        # classify subjects carry prompts, only routers and classifiers touch them
+        auth = LocalAuth(self.run_dir / "nats-auth")
+        conf = auth.server_config(f"127.0.0.1:{self.port(4222)}", str(self.run_dir / "nats"))
         procs = [
-            Proc("nats-server", [nats_bin, "-a", "127.0.0.1", "-p", str(self.port(4222)), "-js",
-                                 "-sd", str(self.run_dir / "nats")], ready_port=self.port(4222)),
+            Proc("nats-server", [nats_bin, "-c", str(conf)], ready_port=self.port(4222)),
             Proc("policy-compiler", [py, "-m", "kinference_policy_compiler", "--manifests", str(self.run_dir / "manifests"),
-                                     "--status-dir", str(status), "--nats-url", nats_url,
+                                     "--status-dir", str(status), "--nats-url", nats_url, *auth.flags("policy-compiler"),
                                      "--http-port", str(self.port(8090)), "--log-format", "json"],
                  ready_url=f"http://127.0.0.1:{self.port(8090)}/readyz"),
-            Proc("classifier", [py, "-m", "kinference_classifier", "--nats-url", nats_url, "--health-host", "127.0.0.1",
+            Proc("classifier", [py, "-m", "kinference_classifier", "--nats-url", nats_url, *auth.flags("classifier"), "--health-host", "127.0.0.1",
                                 "--health-port", str(self.port(8083)), "--log-format", "json"],
                  ready_url=f"http://127.0.0.1:{self.port(8083)}/readyz"),
         ]
@@ -116,13 +120,14 @@ class Stack:
                                        "--log-file", str(self.run_dir / "provider-requests.jsonl")],
                           ready_port=self.port(8300)))
         procs.append(Proc("telemetry-collector", [
-            py, "-m", "kinference_collector", "--nats-url", nats_url,
+            py, "-m", "kinference_collector", "--nats-url", nats_url, *auth.flags("telemetry-collector"),
             "--endpoints-file", str(self.run_dir / "endpoints.yaml"),
             "--dcgm", f"127.0.0.1:{self.port(9400)}", "--http-host", "127.0.0.1",
             "--http-port", str(self.port(9090)), "--log-format", "json",
         ], ready_url=f"http://127.0.0.1:{self.port(9090)}/healthz"))
         procs.append(Proc("router", [
             py, "-m", "kinference_router", "--pool", "default/inference-all", "--nats-url", nats_url,
+            *auth.flags("router"),
             "--port", str(self.port(8080)), "--admin-port", str(self.port(8081)), "--auth", "none",
             "--secrets-dir", str(secrets), "--log-format", "json",
         ], ready_url=f"http://127.0.0.1:{self.port(8080)}/readyz"))
@@ -255,8 +260,9 @@ Try:
        -d '{{"model": "qwen-2.5", "messages": [{{"role": "user", "content": "Hello!"}}]}}' -i
 
 Watch decisions:
-  .venv/bin/kinfctl events --nats-url nats://127.0.0.1:{nats_port}
-  nats sub 'kinference.>' --server nats://127.0.0.1:{nats_port}     (with the NATS CLI)
+  .venv/bin/kinfctl events --nats-url nats://127.0.0.1:{nats_port} \\
+       --nats-user observer --nats-password-file {stack.run_dir / 'nats-auth' / 'observer'}
+  (NATS requires a user per service; passwords in {stack.run_dir / 'nats-auth'}/)
 
 Press Ctrl-C to stop everything.
 """

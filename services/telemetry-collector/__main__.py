@@ -9,7 +9,7 @@ import sys
 
 import structlog
 
-from kinference_common import logs
+from kinference_common import logs, natsauth
 
 from .derive import DeriveConfig
 from .discovery import StaticDiscovery
@@ -62,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
                    help="decay time constant of providers' EstimatedTTFT, seconds (default 60)")
     p.add_argument("--http-host", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=9090, help="/metrics and /healthz; 0 = off (default 9090)")
+    natsauth.add_arguments(p, default_user=natsauth.COLLECTOR)
     logs.add_arguments(p)
     return p
 
@@ -93,8 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.source == "files" and not args.endpoints_file and not args.dcgm:
         structlog.get_logger("kinference.collector").warning("no_targets",
                                                              hint="pass --endpoints-file and/or --dcgm")
+    try:
+        nats_options = natsauth.connect_options(args)
+    except natsauth.CredentialsError as exc:
+        print(f"kinference-telemetry-collector: {exc}", file=sys.stderr)
+        return 1
     config = ServiceConfig(
         nats_url=args.nats_url,
+        nats_options=nats_options,
         http_host=args.http_host,
         http_port=args.http_port,
         collector=CollectorConfig(

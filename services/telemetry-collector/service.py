@@ -324,9 +324,11 @@ class ServiceConfig:
     #: 0 = no HTTP server
     http_port: int = 9090
     collector: CollectorConfig = field(default_factory=CollectorConfig)
+    #: credentials and TLS (:func:`kinference_common.natsauth.connect_options`)
+    nats_options: dict = field(default_factory=dict)
 
 
-async def connect_nats(url: str, stop: asyncio.Event) -> object | None:
+async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = None) -> object | None:
     """Connect (retrying until ``stop``); reconnects forever once connected."""
     import nats
 
@@ -345,7 +347,7 @@ async def connect_nats(url: str, stop: asyncio.Event) -> object | None:
             return await nats.connect(
                 url, name="kinference-telemetry-collector", max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5, connect_timeout=2, error_cb=on_error,
-                disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
+                disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, **(options or {}),
             )
         except Exception as exc:
             log.warning("nats_connect_failed", url=url, error=describe(exc), retry_in=delay)
@@ -375,7 +377,7 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
         await runner.setup()
         await web.TCPSite(runner, config.http_host, config.http_port).start()
         log.info("http_listening", host=config.http_host, port=config.http_port)
-    nc = await connect_nats(config.nats_url, stop)
+    nc = await connect_nats(config.nats_url, stop, config.nats_options)
     if nc is None:
         if runner is not None:
             await runner.cleanup()

@@ -315,9 +315,10 @@ async def test_models_readyz_and_decision_events(env: Env, classifier: Classifie
     assert event["outcome"]["type"] == "Routed"
     pii = event["classifiers"][0]
     assert pii["name"] == "pii"
-    # a clean prompt is pii-none; on a machine too busy for the 20 ms deadline
-    # the trace says so and the tag is the failure tag (never fail open)
-    assert ("pii-none" if pii["outcome"] == "ok" else "pii-unknown") in event["tags"], event
+    # with headroom the pick is local whatever pii says: it is not asked
+    # (lazy classification), and the trace says why
+    assert pii["outcome"] == "skipped" and "same outcome" in pii["why"], pii
+    assert event["tags"] == []
 
 
 async def test_client_disconnect_cancels_the_upstream_request(env: Env, classifier: ClassifierService) -> None:

@@ -5,7 +5,7 @@ OpenAI-style body (``{"id": ..., "messages": [...]}`` or ``"prompt"``) read
 exactly as the router would. One line is written per input line:
 ``{"id", "tags", "micros"}`` with ``-o json`` (plus ``outcome`` and
 ``findings``), or ``ID  TAG  MICROS`` as text. The classification is the
-service's own code (:class:`kinference_classifier.core.Classifiers`), run
+service's own code (:class:`kinference_common.detectors.core.Classifiers`), run
 in-process: no NATS, no cluster.
 
 A line that is not a JSON object is reported on stderr with its line number;
@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kinference_classifier.core import Classifiers
+    from kinference_common.detectors.core import Classifiers
     from kinference_common.prompt_texts import texts_from_body
 
     classifiers = Classifiers(engine=args.engine)

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from kinference_common import bus, subjects
+from kinference_common import bus, natsauth, subjects
 from kinference_common.engine.trace import DecisionTrace
 from kinfctl.main import EXIT_OK, CommandError
 
@@ -36,6 +36,7 @@ def register(sub: Any) -> None:
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
     p.add_argument("--count", type=int, default=0, metavar="N", help="exit after N events (default: follow)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for NATS to answer (default 5)")
+    natsauth.add_arguments(p, default_user=natsauth.OBSERVER)
     p.set_defaults(run=run)
 
 
@@ -62,7 +63,7 @@ async def follow(args: argparse.Namespace) -> int:
     try:
         # fail fast if NATS is not there at all ...
         nc = await nats.connect(args.nats_url, connect_timeout=args.timeout, max_reconnect_attempts=1,
-                                reconnect_time_wait=0.2, error_cb=_quiet)
+                                reconnect_time_wait=0.2, error_cb=_quiet, **natsauth.connect_options(args))
     except Exception as exc:
         raise CommandError(f"cannot reach NATS at {args.nats_url}: {exc or type(exc).__name__}") from None
     # ... but once following, ride out NATS restarts

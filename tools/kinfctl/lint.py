@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import msgspec
 
+from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_common.compiler import CompileResult, compile_documents
 from kinference_common.manifests import Loaded, load_paths, load_text
 from kinfctl.main import EXIT_INVALID, EXIT_OK, CommandError
@@ -37,6 +38,10 @@ def register(sub: Any) -> None:
     p.add_argument("paths", nargs="+", metavar="FILE|DIR", help="manifest files or directories; - for stdin")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format (default text)")
     p.add_argument("--strict", action="store_true", help="exit 2 when there are warnings")
+    p.add_argument("--in-process-classifier", action="append", dest="in_process", default=[], metavar="NAME",
+                   choices=sorted(BUILTIN_CLASSIFIERS),
+                   help="as the policy-compiler's flag: the status shows this classifier run in the router's "
+                        "process (repeatable)")
     p.set_defaults(run=run)
 
 
@@ -51,7 +56,7 @@ def read_inputs(paths: list[str]) -> list[Loaded]:
 
 
 def run(args: argparse.Namespace) -> int:
-    res = compile_documents(read_inputs(args.paths))
+    res = compile_documents(read_inputs(args.paths), in_process_classifiers=getattr(args, "in_process", ()))
     if not (res.objects or res.errors):
         raise CommandError("no Kinference manifests found in " + ", ".join(args.paths))
     if args.output == "json":

@@ -106,12 +106,15 @@ def compile_documents(
     *,
     now: str | None = None,
     watched_namespaces: Collection[str] | None = None,
+    in_process_classifiers: Collection[str] = (),
 ) -> CompileResult:
     """Compile everything in ``loaded``. Never raises on bad input.
 
     ``now`` stamps conditions' ``lastTransitionTime`` (default: the current
     time); ``watched_namespaces`` limits what pools may refer to across
-    namespaces (the router's scope; None = every namespace).
+    namespaces (the router's scope; None = every namespace);
+    ``in_process_classifiers``: classifiers routers run in their own process
+    (compiled into each policy; its status shows that path and deadline).
     """
     now = now or _now()
     res = CompileResult()
@@ -160,7 +163,7 @@ def compile_documents(
     # Each policy alone: its pool-independent warnings and rule statuses.
     alone: dict[Key, Any] = {}
     for key, lo in sorted(res.objects["InferencePolicy"].items()):
-        alone[key] = compile_policy(lo.obj, lo.raw)  # type: ignore[arg-type]
+        alone[key] = compile_policy(lo.obj, lo.raw, in_process=in_process_classifiers)  # type: ignore[arg-type]
     pool_warnings: dict[Key, list[PolicyWarning]] = defaultdict(list)
 
     for key, lo in sorted(res.objects["InferencePool"].items()):
@@ -198,7 +201,7 @@ def compile_documents(
                     m.name for d in resolved.destinations if d.type == "Provider" for m in d.models
                 ),
             )
-            comp = compile_policy(policy_obj, None, ctx)
+            comp = compile_policy(policy_obj, None, ctx, in_process=in_process_classifiers)
             compiled_policy: CompiledPolicy = comp.policy
             pkey = (policy_obj.metadata.namespace, policy_obj.metadata.name)
             pool_warnings[pkey].extend(w for w in comp.warnings if w.code in POOL_DEPENDENT)

@@ -39,6 +39,7 @@ the whole exclusion is dropped (it does nothing), and the warning says so.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,8 +112,11 @@ def default_policy(namespace: str) -> CompiledPolicy:
 
 
 def compile_policy(
-    policy: r.InferencePolicy, raw: dict[str, Any] | None = None, pool: PoolContext | None = None
+    policy: r.InferencePolicy, raw: dict[str, Any] | None = None, pool: PoolContext | None = None,
+    in_process: Collection[str] = (),
 ) -> PolicyCompilation:
+    """``in_process``: classifiers the router runs in its own process (the
+    status then shows that path and its deadline)."""
     ctx = _Ctx(pool)
     if raw is not None and pool is None:
         _unknown_fields(ctx, policy, raw)
@@ -143,7 +147,7 @@ def compile_policy(
         elif compiled.matches is None and compiled.on_empty == "Reject":
             blocking_catch_all = compiled
         rules.append(compiled)
-        statuses.append(_rule_status(compiled))
+        statuses.append(_rule_status(compiled, in_process))
 
     _check_uncovered_matches(ctx, rules)
     # Only a value other than the default: on a cluster the API server fills in the
@@ -163,6 +167,7 @@ def compile_policy(
         unmatched=policy.spec.unmatched,
         rules=rules,
         generation=policy.metadata.generation,
+        in_process_classifiers=sorted(set(in_process) & set(cl.BUILTIN_CLASSIFIERS)),
     )
     return PolicyCompilation(compiled_policy, statuses, ctx.warnings)
 
@@ -580,14 +585,15 @@ def _check_uncovered_matches(ctx: _Ctx, rules: list[CompiledRule]) -> None:
 # ----------------------------------------------------------------- status etc.
 
 
-def _rule_status(rule: CompiledRule) -> RuleStatus:
+def _rule_status(rule: CompiledRule, in_process: Collection[str] = ()) -> RuleStatus:
     infos = [cl.BUILTIN_CLASSIFIERS[n] for n in rule.requires_classifiers]
-    worst = max((i.deadline_seconds for i in infos), default=0.0)
+    path = {i.name: cl.IN_PROCESS if i.name in in_process else cl.SERVICE for i in infos}
+    worst = max((i.deadline(path[i.name]) for i in infos), default=0.0)
     return RuleStatus(
         name=rule.name,
         requires_classifiers=list(rule.requires_classifiers),
         worst_case_classifier_latency=format_duration(worst),
-        classifier_failure_mode={i.name: i.failure_mode() for i in infos},
+        classifier_failure_mode={i.name: i.failure_mode(path[i.name]) for i in infos},
         emittable_tags=sorted(t for i in infos for t in i.tags),
     )
 

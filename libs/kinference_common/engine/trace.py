@@ -47,8 +47,16 @@ class ModelTrace(_T, kw_only=True):
 class ClassifierTrace(_T, kw_only=True):
     name: str
     ms: float = 0.0
-    #: ok | oversize | error | deadline (the router); offline | absent (kinfctl explain)
+    #: ok | oversize | error | deadline | shed (the router; a failure tag was used
+    #: unless ok); skipped (not asked: its answer could not change the decision);
+    #: offline | absent (kinfctl explain)
     outcome: str = "ok"
+    #: where it ran: Service (over NATS) | InProcess (in the router); None offline
+    path: str | None = None
+    #: the tags it gave this request (its failure tag unless ``outcome`` is ok)
+    tags: list[str] = []
+    #: why it was skipped or shed
+    why: str = ""
 
 
 class ExclusionTrace(_T, kw_only=True):

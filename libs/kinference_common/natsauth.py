@@ -1,0 +1,306 @@
+"""NATS authentication and authorisation: one user per service, each allowed
+exactly the subjects its code uses; the shared command-line flags; the
+nats-server configuration generator.
+
+Why: the classify subjects carry prompts. Only routers may publish classify
+requests and only classifiers may subscribe to them; nobody else may read
+them (not with a wildcard, not through a JetStream stream, not through a
+reply inbox).
+
+Users (:data:`SERVICES`) and what each may do (:func:`permissions`):
+
+=====================  ==========================================  =========================================
+user                   publish                                     subscribe
+=====================  ==========================================  =========================================
+router                 classify requests (``kinference.classify.>``), ``_INBOX_router.>``, config and telemetry
+                       decisions, observations; read-only           subjects
+                       JetStream API on both KV buckets
+policy-compiler        ``kinference.config.>``, its KV bucket       ``_INBOX_policy-compiler.>``
+                       (create, put, read)
+telemetry-collector    ``kinference.telemetry.>``, its KV bucket    ``_INBOX_telemetry-collector.>``,
+                                                                    ``kinference.observations.>``
+classifier             nothing but replies to requests it got       ``kinference.classify.>`` (queue group)
+                       (``allow_responses``)
+observer (optional)    nothing                                      decisions and observations (``kinfctl events``)
+=====================  ==========================================  =========================================
+
+Each service connects with ``inbox_prefix=_INBOX_<user>`` so that its reply
+subjects are its own: a router cannot read another service's replies. The
+JetStream API is allowed per bucket (``$JS.API.*.*.KV_<bucket>`` and the
+like); readers cannot create or change a stream (which could otherwise be
+made to capture the classify subjects).
+
+CLI: every service takes :func:`add_arguments` (``--nats-user``,
+``--nats-password-file`` or env ``KINFERENCE_NATS_PASSWORD``,
+``--nats-tls-ca``, ``--nats-tls-cert``, ``--nats-tls-key``) and passes
+:func:`connect_options` to :func:`kinference_common.bus.connect`.
+
+``python -m kinference_common.natsauth --help`` writes a nats-server
+configuration for given (or generated) passwords, with an optional ``tls``
+block; ``make run`` and the Kubernetes manifests use its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import ssl
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kinference_common import subjects
+
+ROUTER = "router"
+COMPILER = "policy-compiler"
+COLLECTOR = "telemetry-collector"
+CLASSIFIER = "classifier"
+OBSERVER = "observer"
+#: the four services; :data:`OBSERVER` is an optional read-only user for people
+SERVICES = (ROUTER, COMPILER, COLLECTOR, CLASSIFIER)
+USERS = (*SERVICES, OBSERVER)
+
+PASSWORD_ENV = "KINFERENCE_NATS_PASSWORD"
+
+
+def inbox_prefix(user: str) -> str:
+    """The reply-subject prefix of ``user`` (nats-py ``inbox_prefix``)."""
+    return f"_INBOX_{user}"
+
+
+def _kv_read(bucket: str) -> list[str]:
+    """The JetStream API subjects a KV reader uses (get, keys, watch) on one bucket."""
+    stream = f"KV_{bucket}"
+    return [
+        "$JS.API.INFO",
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+        "$JS.FC.>",
+        "$JS.ACK.>",
+    ]
+
+
+def _kv_write(bucket: str) -> list[str]:
+    """A KV owner: reads, creates/updates its stream, puts and deletes keys."""
+    stream = f"KV_{bucket}"
+    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}",
+            f"$KV.{bucket}.>"]
+
+
+def permissions(user: str) -> dict[str, Any]:
+    """nats-server ``permissions`` for ``user``: allow lists only (anything
+    not listed is denied)."""
+    inbox = f"{inbox_prefix(user)}.>"
+    classify = f"{subjects.CLASSIFY_PREFIX}.>"
+    if user == ROUTER:
+        return {
+            "publish": {"allow": [classify, f"{subjects.DECISIONS_PREFIX}.>", f"{subjects.OBSERVATIONS_PREFIX}.>",
+                                  *_kv_read(subjects.CONFIG_BUCKET),
+                                  *[s for s in _kv_read(subjects.TELEMETRY_BUCKET) if s not in
+                                    _kv_read(subjects.CONFIG_BUCKET)]]},
+            "subscribe": {"allow": [inbox, f"{subjects.CONFIG_PREFIX}.>", "kinference.telemetry.>"]},
+        }
+    if user == COMPILER:
+        return {"publish": {"allow": [f"{subjects.CONFIG_PREFIX}.>", *_kv_write(subjects.CONFIG_BUCKET)]},
+                "subscribe": {"allow": [inbox]}}
+    if user == COLLECTOR:
+        return {"publish": {"allow": ["kinference.telemetry.>", *_kv_write(subjects.TELEMETRY_BUCKET)]},
+                "subscribe": {"allow": [inbox, f"{subjects.OBSERVATIONS_PREFIX}.>"]}}
+    if user == CLASSIFIER:
+        # replies only to the requests it received (allow_responses), nothing else
+        return {"publish": {"deny": [">"]}, "subscribe": {"allow": [classify, inbox]},
+                "allow_responses": {"max": 1}}
+    if user == OBSERVER:
+        return {"publish": {"deny": [">"]},
+                "subscribe": {"allow": [f"{subjects.DECISIONS_PREFIX}.>", f"{subjects.OBSERVATIONS_PREFIX}.>",
+                                        f"{inbox_prefix(OBSERVER)}.>"]}}
+    raise ValueError(f"unknown NATS user {user!r}; one of {', '.join(USERS)}")
+
+
+@dataclass
+class Tls:
+    """Server side of TLS: certificate and key; ``ca`` verifies clients
+    (mutual TLS) when ``verify`` is set."""
+
+    cert: str
+    key: str
+    ca: str | None = None
+    verify: bool = False
+
+
+def server_config(passwords: Mapping[str, str], *, listen: str = "0.0.0.0:4222", store_dir: str | None = None,
+                  tls: Tls | None = None, http_port: int | None = None) -> str:
+    """A nats-server configuration: JetStream (when ``store_dir``), one user
+    per entry of ``passwords`` with :func:`permissions`, and a ``tls`` block.
+    Written as JSON, which nats-server's configuration format accepts."""
+    users = []
+    for user, password in passwords.items():
+        if not password:
+            raise ValueError(f"user {user!r}: empty password")
+        users.append({"user": user, "password": password, "permissions": permissions(user)})
+    conf: dict[str, Any] = {"listen": listen, "authorization": {"users": users}}
+    if store_dir is not None:
+        conf["jetstream"] = {"store_dir": store_dir}
+    if http_port is not None:
+        conf["http_port"] = http_port
+    if tls is not None:
+        block: dict[str, Any] = {"cert_file": tls.cert, "key_file": tls.key}
+        if tls.ca:
+            block["ca_file"] = tls.ca
+        if tls.verify:
+            block["verify"] = True
+        conf["tls"] = block
+    return "# generated by python -m kinference_common.natsauth; contains passwords\n" + json.dumps(conf, indent=2) + "\n"
+
+
+def generate_passwords(users: Sequence[str] = USERS) -> dict[str, str]:
+    return {u: secrets.token_urlsafe(24) for u in users}
+
+
+def write_password_files(directory: Path, passwords: Mapping[str, str]) -> None:
+    """``<directory>/<user>``, mode 0600: what ``--nats-password-file`` reads."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for user, password in passwords.items():
+        path = directory / user
+        path.write_text(password + "\n")
+        path.chmod(0o600)
+
+
+class LocalAuth:
+    """``make run``'s NATS authentication: passwords generated into
+    ``directory`` (one file per user, 0600) and a nats-server configuration
+    next to them; :meth:`flags` are a service's command-line flags."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def server_config(self, listen: str, store_dir: str) -> Path:
+        """Write (passwords kept if present) and return the configuration file."""
+        passwords = {}
+        for user in USERS:
+            path = self.directory / user
+            passwords[user] = path.read_text().strip() if path.exists() else secrets.token_urlsafe(24)
+        write_password_files(self.directory, passwords)
+        conf = self.directory / "nats-server.conf"
+        conf.write_text(server_config(passwords, listen=listen, store_dir=store_dir))
+        conf.chmod(0o600)
+        return conf
+
+    def flags(self, user: str) -> list[str]:
+        return ["--nats-user", user, "--nats-password-file", str(self.directory / user)]
+
+
+# ------------------------------------------------------------------ clients
+
+
+def add_arguments(parser: argparse.ArgumentParser, default_user: str | None = None) -> None:
+    """The NATS credential flags every service takes."""
+    g = parser.add_argument_group("NATS authentication")
+    g.add_argument("--nats-user", default=os.environ.get("KINFERENCE_NATS_USER", default_user), metavar="USER",
+                   help="NATS user (env KINFERENCE_NATS_USER); without a password no credentials are sent")
+    g.add_argument("--nats-password-file", type=Path, metavar="FILE",
+                   help=f"file holding the user's password (or env {PASSWORD_ENV})")
+    g.add_argument("--nats-tls-ca", type=Path, metavar="FILE", help="CA bundle to verify the NATS server (TLS on)")
+    g.add_argument("--nats-tls-cert", type=Path, metavar="FILE", help="client certificate (mutual TLS)")
+    g.add_argument("--nats-tls-key", type=Path, metavar="FILE", help="client key (mutual TLS)")
+
+
+class CredentialsError(ValueError):
+    """A credential flag is unusable; the message says which and why."""
+
+
+def connect_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``nats.connect`` keyword arguments from :func:`add_arguments`' flags.
+    Raises :class:`CredentialsError` naming the flag or file at fault."""
+    opts: dict[str, Any] = {}
+    password = None
+    pw_file = getattr(args, "nats_password_file", None)
+    if pw_file is not None:
+        try:
+            password = Path(pw_file).read_text().strip()
+        except OSError as exc:
+            raise CredentialsError(f"--nats-password-file {pw_file}: {exc.strerror or exc}") from None
+        if not password:
+            raise CredentialsError(f"--nats-password-file {pw_file}: the file is empty")
+    elif os.environ.get(PASSWORD_ENV):
+        password = os.environ[PASSWORD_ENV].strip()
+    user = getattr(args, "nats_user", None)
+    if password is not None:
+        if not user:
+            raise CredentialsError("a NATS password was given but no --nats-user")
+        opts["user"], opts["password"] = user, password
+        opts["inbox_prefix"] = inbox_prefix(user)
+    ca, cert, key = (getattr(args, f"nats_tls_{n}", None) for n in ("ca", "cert", "key"))
+    if (cert is None) != (key is None):
+        raise CredentialsError("--nats-tls-cert and --nats-tls-key go together")
+    if ca is not None or cert is not None:
+        try:
+            ctx = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+            if cert is not None:
+                ctx.load_cert_chain(str(cert), str(key))
+        except (OSError, ssl.SSLError) as exc:
+            raise CredentialsError(f"NATS TLS files: {exc}") from None
+        opts["tls"] = ctx
+    return opts
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m kinference_common.natsauth",
+        description="Write a nats-server configuration with one user per Kinference service "
+                    f"({', '.join(USERS)}), each allowed only the subjects it uses.",
+    )
+    p.add_argument("--out", type=Path, required=True, help="the nats-server configuration file to write")
+    p.add_argument("--password-dir", type=Path, required=True,
+                   help="<dir>/<user> password files: read when present, else generated and written (0600)")
+    p.add_argument("--listen", default="0.0.0.0:4222", help="host:port (default %(default)s)")
+    p.add_argument("--store-dir", help="JetStream storage directory (JetStream on)")
+    p.add_argument("--tls-cert", help="server certificate (TLS on)")
+    p.add_argument("--tls-key", help="server key")
+    p.add_argument("--tls-ca", help="CA that signs client certificates")
+    p.add_argument("--tls-verify", action="store_true", help="require client certificates (mutual TLS)")
+    p.add_argument("--no-observer", action="store_true", help="no read-only observer user")
+    a = p.parse_args(argv)
+    if (a.tls_cert is None) != (a.tls_key is None):
+        print("natsauth: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 1
+    users = SERVICES if a.no_observer else USERS
+    passwords: dict[str, str] = {}
+    fresh: dict[str, str] = {}
+    for user in users:
+        path = a.password_dir / user
+        if path.exists():
+            passwords[user] = path.read_text().strip()
+        else:
+            passwords[user] = fresh[user] = secrets.token_urlsafe(24)
+    if fresh:
+        write_password_files(a.password_dir, fresh)
+    tls = Tls(a.tls_cert, a.tls_key, a.tls_ca, a.tls_verify) if a.tls_cert else None
+    try:
+        text = server_config(passwords, listen=a.listen, store_dir=a.store_dir, tls=tls)
+    except ValueError as exc:
+        print(f"natsauth: {exc}", file=sys.stderr)
+        return 1
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(text)
+    a.out.chmod(0o600)
+    print(f"wrote {a.out} ({len(users)} users; passwords in {a.password_dir})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
