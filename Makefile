@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router bench-kube bench-kube-dataplane load-router load-burst chaos eval-classifier lint docs compose clean
+        bench-classifier bench-router bench-routing bench-kube bench-kube-dataplane load-router load-burst \
+        chaos eval-classifier lint docs compose clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -66,6 +67,11 @@ bench-classifier: install  ## classifier latency table -> bench/results/classifi
 
 bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> bench/results/router.json
 	$(BIN)/python -m bench.router
+
+bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results/routing.json, docs/img/routing-*.png
+	nice -n 15 $(BIN)/python -m bench.routing $(BENCH_ROUTING_ARGS)
+	nice -n 15 $(BIN)/python -m bench.routing.burst
+	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
 
 bench-kube-dataplane: install  ## pod change -> router / worker-set status latency, Kubernetes mode -> bench/results/kube_dataplane.json
 	$(BIN)/python -m bench.kube_dataplane

@@ -17,6 +17,13 @@ tenants, tags and prompt sizes. With 20 rules, 19 rules whose ``matches``
 do not hold (tenants, headers, objectives) come first.
 
 Targets (issue 3): p99 < 100 us at 100 endpoints, < 1 ms at 1,000.
+
+The same run also times LiteLLM's Router picking a deployment
+(``simple-shuffle`` and ``latency-based-routing``, 100 and 1,000
+deployments; :mod:`bench.litellm_pick`, run in ``bench/.venv-competitors``
+so LiteLLM never becomes a product dependency; ``--no-litellm`` skips it)
+and prints Kinference's p99 against a tenth of latency-based routing's at
+each size (issue 11's target). Rows ``{case, endpoints, p50_us, p99_us}``.
 """
 
 from __future__ import annotations
@@ -205,6 +212,26 @@ def baseline(n: int, warmup: int) -> dict:
             "mean_us": round(statistics.fmean(lat), 3), "max_us": round(lat[-1], 2), "decisions": n}
 
 
+def litellm_rows() -> list[dict]:
+    """LiteLLM's pick latency, timed in the competitors' virtualenv; [] with a note when unavailable."""
+    import subprocess
+
+    from bench.router import COMPETITORS, ensure_competitors
+
+    why = ensure_competitors()
+    if why is not None:
+        print(f"LiteLLM not timed: {why}", file=sys.stderr)
+        return []
+    script = Path(__file__).resolve().parent / "litellm_pick.py"
+    try:
+        out = subprocess.run([str(COMPETITORS / "bin" / "python"), str(script), "--endpoints", "100", "1000"],
+                             check=True, capture_output=True, text=True, timeout=900).stdout
+        return json.loads(out.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError) as exc:
+        print(f"LiteLLM not timed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return []
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.decision", description=__doc__.split("\n\n")[0])
     ap.add_argument("--decisions", type=int, default=20_000, help="timed decisions per case (default 20000)")
@@ -212,12 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--endpoints", type=int, nargs="*", default=[16, 100, 1000])
     ap.add_argument("--rules", type=int, nargs="*", default=[1, 20])
     ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--no-litellm", action="store_true", help="skip timing LiteLLM's Router")
     args = ap.parse_args(argv)
 
     rows = [baseline(args.decisions, args.warmup)]
     for e in args.endpoints:
         for r in args.rules:
             rows.append(run_case(e, r, args.decisions, args.warmup))
+    if not args.no_litellm:
+        rows.extend(litellm_rows())
     base = rows[0]["p50_us"] or 1e-3
     print(f"{'endpoints':>9} {'rules':>5} {'p50 us':>9} {'p99 us':>9} {'p50/base':>9} {'routed':>7} "
           f"{'build ms':>9}  case")
@@ -227,11 +257,22 @@ def main(argv: list[str] | None = None) -> int:
               f"{row.get('snapshot_build_ms', ''):>9}  {row['case']}")
     targets = {100: 100.0, 1000: 1000.0}
     for row in rows[1:]:
+        if row["case"] != "decide":
+            continue
         limit = targets.get(row["endpoints"])
         if limit is not None:
             verdict = "meets" if row["p99_us"] < limit else "MISSES"
             print(f"  {row['endpoints']} endpoints, {row['rules']} rules: p99 {row['p99_us']:.1f} us "
                   f"{verdict} the {limit:.0f} us target")
+    for n in (100, 1000):
+        lite = next((r for r in rows if r["case"] == "litellm latency-based-routing" and r["endpoints"] == n), None)
+        ours = [r for r in rows if r["case"] == "decide" and r["endpoints"] == n]
+        if lite and ours:
+            worst = max(r["p99_us"] for r in ours)
+            verdict = "meets" if worst < lite["p99_us"] / 10 else "MISSES"
+            print(f"  {n} endpoints: Kinference p99 {worst:.1f} us (worst over rule counts) vs LiteLLM "
+                  f"latency-based p99 {lite['p99_us']:.1f} us: x{lite['p99_us'] / worst:.0f}; {verdict} "
+                  f"the < 1/10 target")
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(rows, indent=2) + "\n")

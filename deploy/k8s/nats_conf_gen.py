@@ -6,9 +6,7 @@ cluster (kustomize turns it into the ConfigMap `nats-config`):
 
 The users and their permissions are those of
 ``kinference_common.natsauth.permissions`` (the generator every service and
-``make run`` share). Until that module is on this branch, FALLBACK below holds
-the same table, written from the cross-service contract; once it is, the
-module is used and FALLBACK can go. The passwords are never in this file:
+``make run`` share), so the cluster and the local stack cannot drift. The passwords are never in this file:
 nats-server reads ``$ROUTER_PASSWORD`` and the others from its environment,
 which the StatefulSet fills from the Secret ``kinference-nats-auth``
 (deploy/k8s/make-secrets.sh). TLS is required (``kinference-nats-tls``).
@@ -23,60 +21,10 @@ from typing import Any
 
 OUT = Path(__file__).resolve().parent / "base" / "nats.conf"
 
-CONFIG_BUCKET, TELEMETRY_BUCKET = "kinference-config", "kinference-telemetry"
-
-
-def _kv_read(bucket: str) -> list[str]:
-    s = f"KV_{bucket}"
-    return ["$JS.API.INFO", f"$JS.API.STREAM.INFO.{s}", f"$JS.API.STREAM.MSG.GET.{s}", f"$JS.API.DIRECT.GET.{s}",
-            f"$JS.API.DIRECT.GET.{s}.>", f"$JS.API.CONSUMER.CREATE.{s}", f"$JS.API.CONSUMER.CREATE.{s}.>",
-            f"$JS.API.CONSUMER.DELETE.{s}.>", f"$JS.API.CONSUMER.INFO.{s}.>", f"$JS.API.CONSUMER.MSG.NEXT.{s}.>",
-            "$JS.FC.>", "$JS.ACK.>"]
-
-
-def _kv_write(bucket: str) -> list[str]:
-    s = f"KV_{bucket}"
-    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{s}", f"$JS.API.STREAM.UPDATE.{s}", f"$KV.{bucket}.>"]
-
-
-def _inbox(user: str) -> str:
-    return f"_INBOX_{user}.>"
-
-
-#: user -> permissions, the contract's table (used until kinference_common.natsauth exists)
-FALLBACK: dict[str, dict[str, Any]] = {
-    "router": {
-        "publish": {"allow": ["kinference.classify.>", "kinference.decisions.>", "kinference.observations.>",
-                              *_kv_read(CONFIG_BUCKET),
-                              *[s for s in _kv_read(TELEMETRY_BUCKET) if s not in _kv_read(CONFIG_BUCKET)]]},
-        "subscribe": {"allow": [_inbox("router"), "kinference.config.>", "kinference.telemetry.>"]},
-    },
-    "policy-compiler": {
-        "publish": {"allow": ["kinference.config.>", *_kv_write(CONFIG_BUCKET)]},
-        "subscribe": {"allow": [_inbox("policy-compiler")]},
-    },
-    "telemetry-collector": {
-        "publish": {"allow": ["kinference.telemetry.>", *_kv_write(TELEMETRY_BUCKET)]},
-        "subscribe": {"allow": [_inbox("telemetry-collector"), "kinference.observations.>"]},
-    },
-    "classifier": {
-        "publish": {"deny": [">"]},
-        "subscribe": {"allow": ["kinference.classify.>", _inbox("classifier")]},
-        "allow_responses": {"max": 1},
-    },
-    "observer": {
-        "publish": {"deny": [">"]},
-        "subscribe": {"allow": ["kinference.decisions.>", "kinference.observations.>", _inbox("observer")]},
-    },
-}
-
-
 def users_and_permissions() -> tuple[tuple[str, ...], Any]:
-    """(users, permissions(user)) from natsauth when it is there, else FALLBACK."""
-    try:
-        from kinference_common import natsauth
-    except ImportError:
-        return tuple(FALLBACK), FALLBACK.__getitem__
+    """(users, permissions(user)), from the generator every service shares."""
+    from kinference_common import natsauth
+
     return tuple(natsauth.USERS), natsauth.permissions
 
 

@@ -87,7 +87,7 @@ class KubernetesStatusSink:
                  *, event_interval: float = 60.0, backoff_cap: float = 10.0,
                  is_leader: Callable[[], bool] = lambda: True) -> None:
         self.source = source
-        #: checked before every write: a replica that lost the Lease stops mid-pass
+        #: checked before every write and every Event: a replica that lost the Lease stops mid-pass
         self.is_leader = is_leader
         self.writer = StatusWriter(rc)
         self.recorder = EventRecorder(rc, CONTROLLER, identity, min_interval=event_interval)
@@ -135,6 +135,8 @@ class KubernetesStatusSink:
     async def _emit(self, kind: Kind | list[Kind], ns: str | None, name: str | None, type_: str, reason: str,
                     note: str) -> None:
         if not ns or not name:
+            return
+        if not self.is_leader():  # the Lease was lost during this pass: a standby records nothing
             return
         obj, found = None, None
         for k in kind if isinstance(kind, list) else [kind]:

@@ -461,7 +461,7 @@ class Router:
         # the prefill work this adds: the prompt minus what the endpoint likely has cached
         send = self.ledger.sent(cand.ledger_key, d.prefill_tokens, time.time())
         if req.block_hashes and cand.is_local:
-            self.prefix.record(cand.ledger_key, req.block_hashes)
+            self.prefix.record(cand.ledger_key, req.block_hashes, cand.cache_blocks)
         backend_type = cand.type
         inflight = self.metrics.inflight
         inflight[cand.backend] = inflight.get(cand.backend, 0) + 1

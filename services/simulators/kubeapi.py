@@ -27,10 +27,21 @@ on, exactly:
   also served as core ``v1`` Events (``involvedObject``, ``count``...), so
   ``kubectl describe`` lists them.
 
-What it does not do: defaulting, schema validation or pruning (objects are
-stored as sent, so a manifest's unknown fields reach the controllers, as they
-do from files), authentication and authorization (every request is allowed,
-and recorded), admission, finalizers, garbage collection, server-side apply.
+CustomResourceDefinitions: given as files (``--crds``) or created through
+the API (``kubectl apply -f deploy/k8s/crds``), their kinds are served from
+then on; deleting one stops serving its kinds.
+
+Defaulting: the CRDs' ``default:`` values are filled in on create and
+update, as the real server does (so ``kubectl get infpol`` shows
+``UNMATCHED ServeLocal`` for a policy that does not say). What it does not
+do: schema validation or pruning (objects are stored as sent otherwise, so
+a manifest's unknown fields reach the controllers, as they do from files),
+authentication (a bearer token only names the user in the
+request log), admission, finalizers, garbage collection, server-side apply.
+Authorization is off (every request is allowed, and recorded) except for the
+users given rules in :attr:`FakeKubeAPI.roles` (``--role USER=SERVICE`` as a
+process): a request their rules do not cover is answered 403 Forbidden, as
+RBAC would.
 
 Test hooks (methods of :class:`FakeKubeAPI`): :meth:`~FakeKubeAPI.drop_watches`,
 :meth:`~FakeKubeAPI.compact` (the next watch from an older version gets 410),
@@ -48,7 +59,11 @@ As a process::
 
 writes a kubeconfig pointing at it (``kubectl --kubeconfig /tmp/kubeconfig
 get infpol -A``) and serves until SIGTERM. ``--token NAME=TOKEN`` adds a
-user whose bearer token identifies it in the request log.
+user whose bearer token identifies it in the request log; ``--role
+NAME=SERVICE`` restricts that user to the service's declared RBAC rules
+(``kinference_common.kube.rbac.SERVICE_RULES``), so a service started with
+a kubeconfig for that token (``--kubeconfig-out`` writes one per token, as
+``FILE.NAME``) runs with exactly the permissions its Role grants.
 """
 
 from __future__ import annotations
@@ -94,6 +109,8 @@ class ResourceType:
     columns: tuple[dict[str, Any], ...] = ()
     #: the storage another type shares (core v1 Events read events.k8s.io's)
     view_of: tuple[str, str] | None = None
+    #: the CRD version's openAPIV3Schema: its ``default:`` values are applied
+    schema: dict[str, Any] | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def api_version(self) -> str:
@@ -118,6 +135,8 @@ BUILTIN_TYPES: list[ResourceType] = [
         {"name": "IP", "type": "string", "jsonPath": ".status.podIP"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})),
     _builtin("", "v1", "secrets", "Secret"),
+    _builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
+             namespaced=False, short_names=("crd", "crds"), status_subresource=True),
     _builtin("", "v1", "configmaps", "ConfigMap", short_names=("cm",)),
     _builtin("", "v1", "events", "Event", short_names=("ev",), view_of=("events.k8s.io", "events")),
     _builtin("events.k8s.io", "v1", "events", "Event", short_names=("ev",)),
@@ -144,23 +163,25 @@ def load_crds(paths: Iterable[str | Path]) -> list[ResourceType]:
         files.extend(sorted(p.glob("*.y*ml")) if p.is_dir() else [p])
     for f in files:
         for doc in yaml.safe_load_all(f.read_text(encoding="utf-8")):
-            if not isinstance(doc, dict) or doc.get("kind") != "CustomResourceDefinition":
-                continue
-            spec = doc["spec"]
-            names = spec["names"]
-            for v in spec.get("versions", []):
-                if not v.get("served", True):
-                    continue
-                out.append(ResourceType(
-                    group=spec["group"], version=v["name"], plural=names["plural"], kind=names["kind"],
-                    namespaced=spec.get("scope", "Namespaced") == "Namespaced",
-                    singular=names.get("singular", names["kind"].lower()),
-                    short_names=tuple(names.get("shortNames", [])),
-                    categories=tuple(names.get("categories", [])),
-                    status_subresource="status" in (v.get("subresources") or {}),
-                    columns=tuple(v.get("additionalPrinterColumns", [])),
-                ))
+            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+                out.extend(crd_types(doc))
     return out
+
+
+def crd_types(doc: Obj) -> list[ResourceType]:
+    """The ResourceTypes one CustomResourceDefinition serves (a version each)."""
+    spec = doc["spec"]
+    names = spec["names"]
+    return [ResourceType(
+        group=spec["group"], version=v["name"], plural=names["plural"], kind=names["kind"],
+        namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+        singular=names.get("singular", names["kind"].lower()),
+        short_names=tuple(names.get("shortNames", [])),
+        categories=tuple(names.get("categories", [])),
+        status_subresource="status" in (v.get("subresources") or {}),
+        columns=tuple(v.get("additionalPrinterColumns", [])),
+        schema=(v.get("schema") or {}).get("openAPIV3Schema"),
+    ) for v in spec.get("versions", []) if v.get("served", True)]
 
 
 # ------------------------------------------------------------------ selectors
@@ -286,6 +307,44 @@ def human_age(ts: str | None, now: float | None = None) -> str:
 
 
 # ------------------------------------------------------------------- patches
+
+
+def apply_defaults(schema: dict[str, Any] | None, value: Any) -> Any:
+    """``value`` with the schema's ``default:`` values filled in where a
+    property is absent, in objects and in list items, as the API server does
+    for a structural schema (in place; returns ``value``)."""
+    if not isinstance(schema, dict):
+        return value
+    if isinstance(value, dict):
+        for name, sub in (schema.get("properties") or {}).items():
+            if not isinstance(sub, dict):
+                continue
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                apply_defaults(sub, value[name])
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for name in list(value):
+                if name not in (schema.get("properties") or {}):
+                    apply_defaults(extra, value[name])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for item in value:
+            apply_defaults(schema["items"], item)
+    return value
+
+
+def _default_spec(t: ResourceType, obj: Obj) -> None:
+    """The schema's defaults in everything but ``metadata`` (``spec`` and
+    ``status`` alike, as the API server does)."""
+    props = (t.schema or {}).get("properties") or {}
+    for name, sub in props.items():
+        if name in ("metadata", "apiVersion", "kind") or not isinstance(sub, dict):
+            continue
+        if name not in obj and "default" in sub:
+            obj[name] = copy.deepcopy(sub["default"])
+        if name in obj:
+            apply_defaults(sub, obj[name])
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -429,6 +488,9 @@ class FakeKubeAPI:
         self.bookmark_interval = bookmark_interval
         #: bearer token -> user name (the identity in :attr:`requests`)
         self.tokens: dict[str, str] = dict(tokens or {})
+        #: user -> RBAC rules (objects with ``allows(verb, group, resource)``); users
+        #: not listed may do anything
+        self.roles: dict[str, list[Any]] = {}
         self.requests: list[RequestRecord] = []
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -573,6 +635,8 @@ class FakeKubeAPI:
         return str(self._rv)
 
     def _emit(self, t: ResourceType, etype: str, obj: Obj) -> None:
+        if t.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
+            self._crd_changed(etype, obj)
         snap = copy.deepcopy(obj)
         self._history.append((self._rv, t.key, etype, snap))
         ns = obj["metadata"].get("namespace", "")
@@ -584,6 +648,19 @@ class FakeKubeAPI:
             view = self._view(w.rtype, snap)
             if w.labels(labels) and w.fields(view):
                 w.queue.put_nowait({"type": etype, "object": view})
+
+    def _crd_changed(self, etype: str, crd: Obj) -> None:
+        """A CustomResourceDefinition created, changed or deleted through the API
+        (``kubectl apply -f deploy/k8s/crds``): serve its kinds from now on, or
+        stop serving them (their objects are kept, unlike a real server's)."""
+        try:
+            spec = crd["spec"]
+            group, plural = spec["group"], spec["names"]["plural"]
+            new = [] if etype == "DELETED" else crd_types(crd)
+        except (KeyError, TypeError):
+            return  # not a usable definition: serves nothing
+        self.types = [t for t in self.types if not (t.group == group and t.plural == plural)] + new
+        self._by_key = {(t.group, t.version, t.plural): t for t in self.types}
 
     def _create(self, t: ResourceType, ns: str, body: Obj, keep_status: bool = False) -> Obj:
         obj = copy.deepcopy(body)
@@ -605,6 +682,7 @@ class FakeKubeAPI:
                            if t.group else f'{t.plural} "{meta["name"]}" already exists',
                            {"name": meta["name"], "group": t.group, "kind": t.plural})
         obj["apiVersion"], obj["kind"] = t.api_version, t.kind
+        _default_spec(t, obj)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = _now()
         meta["generation"] = 1
@@ -658,6 +736,7 @@ class FakeKubeAPI:
                 new["status"] = copy.deepcopy(cur["status"])
             else:
                 new.pop("status", None)
+        _default_spec(t, new)
         if new == cur or (_strip_rv(new) == _strip_rv(cur)):
             return copy.deepcopy(cur)  # a no-op write does not bump the version
         if _spec_part(new) != _spec_part(cur):
@@ -801,8 +880,14 @@ class FakeKubeAPI:
                 "PATCH": "patch", "DELETE": "delete"}.get(request.method)
         if verb is None:
             raise ApiError(405, "MethodNotAllowed", f"{request.method} is not allowed")
-        self.requests.append(RequestRecord(self._who(request), verb, group,
-                                           f"{plural}/{sub}" if sub else plural, namespace))
+        who = self._who(request)
+        resource = f"{plural}/{sub}" if sub else plural
+        self.requests.append(RequestRecord(who, verb, group, resource, namespace))
+        if who in self.roles and not any(r.allows(verb, group, resource) for r in self.roles[who]):
+            where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+            raise ApiError(403, "Forbidden", f'{plural}{"." + group if group else ""} is forbidden: User "{who}" '
+                           f'cannot {verb} resource "{resource}" in API group "{group}" {where}',
+                           {"kind": plural, "group": group})
         ns = namespace or ""
         store_t = self.rtype(*t.view_of) if t.view_of else t
         if verb == "watch":
@@ -1013,6 +1098,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kubeconfig-out", type=Path, metavar="FILE", help="write a kubeconfig pointing here")
     p.add_argument("--token", action="append", default=[], metavar="USER=TOKEN",
                    help="a bearer token and the user it identifies in the request log")
+    p.add_argument("--role", action="append", default=[], metavar="USER=SERVICE",
+                   help="allow USER only what SERVICE's declared RBAC rules allow (policy-compiler, "
+                        "telemetry-collector, router); others get 403 Forbidden")
     p.add_argument("--apply", action="append", default=[], metavar="FILE|DIR",
                    help="create these manifests at start (YAML, multi-document)")
     args = p.parse_args(argv)
@@ -1022,9 +1110,18 @@ def main(argv: list[str] | None = None) -> int:
         if not token:
             p.error(f"--token {t!r}: expected USER=TOKEN")
         tokens[token] = user
+    from kinference_common.kube.rbac import SERVICE_RULES
+
+    roles = {}
+    for r in args.role:
+        user, _, service = r.partition("=")
+        if service not in SERVICE_RULES:
+            p.error(f"--role {r!r}: expected USER=SERVICE, SERVICE one of {', '.join(sorted(SERVICE_RULES))}")
+        roles[user] = SERVICE_RULES[service]
 
     async def run() -> None:
         api = FakeKubeAPI(args.crds, tokens=tokens)
+        api.roles.update(roles)
         await api.start(args.host, args.port)
         for path in args.apply:
             for f in sorted(Path(path).glob("*.y*ml")) if Path(path).is_dir() else [Path(path)]:
@@ -1036,6 +1133,8 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"kubeapi: {f}: skipped {doc.get('kind')}: {exc}", file=sys.stderr)
         if args.kubeconfig_out:
             api.write_kubeconfig(args.kubeconfig_out)
+            for token, user in sorted(tokens.items()):
+                api.write_kubeconfig(f"{args.kubeconfig_out}.{user}", user=user, token=token)
         print(f"kubeapi: serving on {api.url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -216,3 +216,11 @@ def test_durations_compile_to_seconds() -> None:
         "route:\n  exclude: [{name: slow, drop: {backend: {type: Local}, predictedTTFT: {greaterThan: 800ms}}}]\n"
         "  select: [{type: Local}, {type: Provider}]"))
     assert pol.rules[0].exclude[0].drop.signals[0].range.greater_than == 0.8
+
+
+def test_unmatched_serve_local_is_not_reported_as_it_is_the_crd_default() -> None:
+    # On a cluster the API server fills in `unmatched: ServeLocal` (the CRD's
+    # default) in every policy: a file that writes it must lint as the cluster
+    # compiles it, with no warning the operator could not act on.
+    st, _ = compile_policy("unmatched: ServeLocal\nrules:\n" + rule(LOCAL, "all"))
+    assert [w.code for w in st.warnings] == []

@@ -56,13 +56,13 @@ async def test_status_subresource_generation_and_conflicts(api_client):
     st = await co.patch_namespaced_custom_object_status(
         G, V, "default", "inferencepolicies", "a", {"status": {"state": "Accepted"}, "spec": {"unmatched": "Reject"}},
         _content_type="application/merge-patch+json")
-    assert st["status"] == {"state": "Accepted"}
-    assert "unmatched" not in st["spec"]  # /status changes only status
+    assert st["status"] == {"state": "Accepted", "ruleCount": 0}  # ruleCount: the CRD's default
+    assert st["spec"]["unmatched"] == "ServeLocal"  # /status changes only status (the CRD's default stays)
     assert st["metadata"]["generation"] == 1
     main = await co.patch_namespaced_custom_object(
         G, V, "default", "inferencepolicies", "a", {"spec": {"unmatched": "Reject"}, "status": {"state": "x"}},
         _content_type="application/merge-patch+json")
-    assert main["status"] == {"state": "Accepted"}  # main writes never change status
+    assert main["status"] == {"state": "Accepted", "ruleCount": 0}  # main writes never change status
     assert main["metadata"]["generation"] == 2
     labelled = await co.patch_namespaced_custom_object(
         G, V, "default", "inferencepolicies", "a", {"metadata": {"labels": {"x": "y"}}},
@@ -86,7 +86,7 @@ async def test_status_subresource_generation_and_conflicts(api_client):
     fresh = await co.get_namespaced_custom_object(G, V, "default", "inferencepolicies", "a")
     fresh["status"] = {"state": "Replaced"}
     put = await co.replace_namespaced_custom_object_status(G, V, "default", "inferencepolicies", "a", fresh)
-    assert put["status"] == {"state": "Replaced"}
+    assert put["status"] == {"state": "Replaced", "ruleCount": 0}
 
 
 async def test_watch_streams_changes_bookmarks_and_410(api_client, kube_api):
@@ -107,7 +107,10 @@ async def test_watch_streams_changes_bookmarks_and_410(api_client, kube_api):
                     return
 
     task = asyncio.create_task(collect())
-    await asyncio.sleep(0.3)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5  # a bookmark every 0.2 s; a loaded machine may take longer than one interval
+    while ("BOOKMARK", "") not in events and loop.time() < end:
+        await asyncio.sleep(0.02)
     await co.patch_namespaced_custom_object(G, V, "default", "inferencepolicies", "a",
                                             {"spec": {"unmatched": "Reject"}},
                                             _content_type="application/merge-patch+json")

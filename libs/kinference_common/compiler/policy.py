@@ -26,8 +26,8 @@ UnknownField           field ignored
 UnknownModel           (added) a model name no destination of the pool serves
 ProviderOnlyOnOutage   (added) a Provider tier reached only when no Local
                        endpoint is ready (seed: "Providers never picked")
-UnmatchedNeverApplies  (added) ``unmatched`` is set but a catch-all rule that
-                       rejects comes first
+UnmatchedNeverApplies  (added) ``unmatched: Reject`` is set but a catch-all
+                       rule that rejects comes first
 EmptyRange             (added) greaterThan >= lessThan: the comparison never holds
 =====================  ==========================================================
 
@@ -150,7 +150,11 @@ def compile_policy(
         statuses.append(_rule_status(compiled, in_process))
 
     _check_uncovered_matches(ctx, rules)
-    if blocking_catch_all is not None and raw is not None and "unmatched" in (raw.get("spec") or {}):
+    # Only a value other than the default: on a cluster the API server fills in the
+    # CRD's `default: ServeLocal`, so "written" and "defaulted" cannot be told apart
+    # there, and a file and the cluster must give the same warnings.
+    if blocking_catch_all is not None and raw is not None and "unmatched" in (raw.get("spec") or {}) \
+            and policy.spec.unmatched != "ServeLocal":
         ctx.warn(
             "UnmatchedNeverApplies", "", "unmatched",
             f"unmatched: {policy.spec.unmatched} never applies: rule {blocking_catch_all.name!r} "

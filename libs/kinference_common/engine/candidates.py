@@ -22,7 +22,11 @@ from collections.abc import Iterable
 from kinference_common.compiled import CompiledPool, Destination
 from kinference_common.messages import EndpointState, ProviderState
 
+from .tokens import BLOCK_CHARS
 from .ttft import TTFTModel
+
+#: tokens in one prompt block, at about four characters a token
+_TOKENS_PER_BLOCK = BLOCK_CHARS // 4
 
 
 def endpoint_key(namespace: str, worker_set: str, pod: str) -> str:
@@ -44,6 +48,8 @@ class Candidate:
         "queued", "running", "kv", "gpu_util", "gpu_mem", "est_ttft", "error_rate",
         # PredictedTTFT parts (see ttft.py)
         "t0", "theta", "per_token", "kv_free", "hit_rate", "base_queue_tokens",
+        # prompt blocks (tokens.BLOCK_CHARS) the endpoint's KV cache holds; None = unknown
+        "cache_blocks",
         "state",
     )
 
@@ -73,6 +79,7 @@ class Candidate:
     kv_free: float | None
     hit_rate: float | None
     base_queue_tokens: float
+    cache_blocks: int | None
     state: EndpointState | ProviderState | None
 
     def __repr__(self) -> str:
@@ -122,6 +129,8 @@ def _local(
         else:
             c.kv_free = None
     c.est_ttft = c.error_rate = None
+    # static (the engine's configuration), so known even when the scrape is stale
+    c.cache_blocks = ep.kv_capacity_tokens // _TOKENS_PER_BLOCK if ep.kv_capacity_tokens else None
     theta = ep.prefill_tokens_per_second
     c.theta = theta if theta and theta > 0 else theta_fallback
     c.t0 = (
@@ -167,6 +176,7 @@ def _provider(
     c.kv_free = None
     c.hit_rate = None
     c.base_queue_tokens = 0.0
+    c.cache_blocks = None
     return c
 
 

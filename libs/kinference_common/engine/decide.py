@@ -242,38 +242,58 @@ def _ledger_adjusted(ex: ExclusionRuntime, snapshot: Snapshot, ctx: DecisionCont
 
 
 def _rank_predicted_ttft(
-    snapshot: Snapshot, kept: list[Candidate], ctx: DecisionContext
+    snapshot: Snapshot, kept: list[Candidate], ctx: DecisionContext, tolerance: bool = False
 ) -> tuple[list[Candidate], float]:
     """``minimize: PredictedTTFT`` over Local candidates, fast: the
     precomputed per-endpoint line (:meth:`Snapshot._ttft_arrays`) for every
     endpoint, the exact model only for those with requests in flight or a
-    prefix match. Same values as :meth:`DecisionContext.predicted_ttft`."""
+    prefix match. Same values as :meth:`DecisionContext.predicted_ttft`.
+
+    With ``tolerance``, the tied candidates are those within the model's
+    ``tie_tolerance`` of the best (:class:`.ttft.TTFTModel`), in ascending
+    order of their prediction (the best first)."""
     P = ctx.prompt_tokens
     A, PT, H, IT, F = snapshot.ttft_a, snapshot.ttft_pt, snapshot.ttft_h, snapshot.ttft_it, snapshot.ttft_f
     hashes = ctx.block_hashes
     loads = ctx.loads
+    total = len(hashes)
+    model = snapshot.ttft_model
     if hashes:
-        vals = [A[i] + PT[i] * P + ((P - H[i]) * IT[i] if P > H[i] else 0.0)
-                for c in kept for i in (c.index,)]
         matches = ctx.matches()
         special = matches.keys() | loads.keys() if loads else matches.keys()
     else:
-        vals = [A[i] + PT[i] * (u := P * F[i]) + ((u - H[i]) * IT[i] if u > H[i] else 0.0)
-                for c in kept for i in (c.index,)]
         matches = {}
         special = loads.keys()
-    if special:
+    js = [j for j, c in enumerate(kept) if c.ledger_key in special] if special else []
+    # prefix stickiness (TTFTModel.prefix_stickiness): every candidate is ranked
+    # as if it also prefilled ``s`` times the tokens it does beyond the best
+    # prefix holder's. For candidates without a match that is a longer prompt
+    # in the same line (no extra pass); the few special ones are moved below.
+    stick = 0.0
+    m_best = 0
+    if tolerance and matches and js and model.prefix_stickiness > 0:
+        m_best = max(min(matches.get(kept[j].ledger_key, 0), total) for j in js)
+        if m_best > 0:
+            stick = model.prefix_stickiness * P / total
+    if hashes:
+        Pe = P + stick * m_best
+        vals = [A[i] + PT[i] * Pe + ((P - H[i]) * IT[i] if P > H[i] else 0.0)
+                for c in kept for i in (c.index,)]
+    else:
+        vals = [A[i] + PT[i] * (u := P * F[i]) + ((u - H[i]) * IT[i] if u > H[i] else 0.0)
+                for c in kept for i in (c.index,)]
+    if js:
         # endpoints with a prefix match or requests in flight: the same line,
         # moved by their own uncached tokens and queue (DecisionContext.predicted_ttft)
-        cal = snapshot.ttft_model.calibration
-        total = len(hashes)
+        cal = model.calibration
         cache = ctx.ttft
-        for j in [j for j, c in enumerate(kept) if c.ledger_key in special]:
+        for j in js:
             c = kept[j]
             key, i = c.ledger_key, c.index
+            m = 0
             if hashes:
-                m = matches.get(key, 0)
-                u = P * (1.0 - min(m, total) / total) if m > 0 else float(P)
+                m = min(matches.get(key, 0), total)
+                u = P * (1.0 - m / total) if m > 0 else float(P)
             else:
                 u = P * F[i]
             load = loads.get(key)
@@ -284,12 +304,28 @@ def _rank_predicted_ttft(
                 a = cal * (c.t0 + q * c.per_token)
                 h = c.kv_free - q if c.kv_free is not None else _INF
             v = a + PT[i] * u + ((u - h) * IT[i] if u > h else 0.0)
-            vals[j] = v
             cache[i] = v
+            vals[j] = v + stick * (m_best - m) * PT[i] if stick else v
     best = min(vals)
+    if tolerance:
+        limit = max(best * (1.0 + model.tie_tolerance), best + model.tie_tolerance_seconds)
+        near = [(v, j) for j, v in enumerate(vals) if v <= limit]
+        if len(near) > 1:
+            near.sort()
+            return [kept[j] for _, j in near], _unstuck(near[0][0], kept[near[0][1]], ctx, stick, m_best, PT)
+        j = vals.index(best)
+        return [kept[j]], _unstuck(best, kept[j], ctx, stick, m_best, PT)
     if vals.count(best) == 1:
         return [kept[vals.index(best)]], best
     return [c for c, v in zip(kept, vals) if v == best], best
+
+
+def _unstuck(v: float, c: Candidate, ctx: DecisionContext, stick: float, m_best: int, PT: list[float]) -> float:
+    """The pick's PredictedTTFT without the stickiness charge (what traces show)."""
+    if not stick:
+        return v
+    m = min(ctx.matches().get(c.ledger_key, 0), len(ctx.block_hashes))
+    return v - stick * (m_best - m) * PT[c.index]
 
 
 def _run_rule(
@@ -351,7 +387,7 @@ def _run_rule(
             step.tiers.append(TierStep(tier, kept, None))
             continue
         if tier.minimize == "PredictedTTFT" and want:
-            tied, value = _rank_predicted_ttft(snapshot, kept, ctx)
+            tied, value = _rank_predicted_ttft(snapshot, kept, ctx, tolerance=bool(rule.tie_break))
         else:
             tied, value = _rank(tier, kept, ctx)
         n_tied = len(tied)

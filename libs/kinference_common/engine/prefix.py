@@ -41,8 +41,17 @@ class PrefixIndex:
         #: block hash -> endpoints holding it, least recent first
         self._holders: dict[int, dict[str, None]] = {}
 
-    def record(self, key: str, block_hashes: Sequence[int]) -> None:
-        """Remember that the prompt with these blocks was sent to ``key``."""
+    def record(self, key: str, block_hashes: Sequence[int], max_blocks: int | None = None) -> None:
+        """Remember that the prompt with these blocks was sent to ``key``.
+
+        ``max_blocks``: what the endpoint's KV cache can hold, in prompt
+        blocks (:attr:`.candidates.Candidate.cache_blocks`); the endpoint's
+        set is kept that small (least recent out first), so that the index
+        forgets a prefix about when the engine's own LRU would have evicted
+        it. An index that remembers more than the cache holds promises
+        prefix hits the engine no longer has: a full prefill where a cheap
+        one was predicted, which is a tail request (docs/routing-benchmark.md).
+        """
         if not block_hashes:
             return
         lru = self._by_endpoint.get(key)
@@ -63,7 +72,8 @@ class PrefixIndex:
                 owners[key] = None  # most recent last
                 if len(owners) > cap:
                     del owners[next(iter(owners))]
-        while len(lru) > self.max_blocks:
+        cap = self.max_blocks if max_blocks is None else max(1, min(self.max_blocks, max_blocks))
+        while len(lru) > cap:
             old, _ = lru.popitem(last=False)
             owners = holders.get(old)
             if owners is not None:

@@ -62,6 +62,25 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     default_prompt_tokens: int = 256
     #: observed / predicted TTFT, learned online by whoever owns the model
     calibration: float = 1.0
+    #: ``minimize: PredictedTTFT`` ranks as equal the candidates predicted
+    #: within ``tie_tolerance`` (relative) or ``tie_tolerance_seconds`` of the
+    #: best, and lets the rule's ``tieBreak`` choose among them: the model
+    #: is not accurate to a few percent (each endpoint's Theta and T0 are
+    #: learned from its own noisy samples), and treating such differences
+    #: as real sends every request without a prefix match to the one idle
+    #: endpoint whose learned Theta happens to be highest. That piles
+    #: prefixes onto a few endpoints until their KV caches evict them (the
+    #: fleet benchmark's tail; docs/routing-benchmark.md). Without a
+    #: ``tieBreak`` the lowest prediction still wins.
+    tie_tolerance: float = 0.1
+    tie_tolerance_seconds: float = 0.005
+    #: in a tier ranked by PredictedTTFT with ``tieBreak``, each candidate
+    #: is also charged this many times the prefill it would do beyond the
+    #: best prefix holder's (``PT * (u - u_min)``): the cost to the fleet of
+    #: a second copy of a prefix (a full prefill now, KV space another prefix
+    #: loses), which the request's own TTFT does not show. 0 ranks by the
+    #: request's TTFT alone.
+    prefix_stickiness: float = 3.0
 
 
 DEFAULT_TTFT_MODEL = TTFTModel()

@@ -9,12 +9,22 @@ import logging
 import os
 from pathlib import Path
 
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 
 class KubeConfigError(Exception):
     pass
+
+
+#: what a broken kubeconfig file raises inside the client's loader (a
+#: YAML syntax error; a list or a string where a mapping belongs)
+_BROKEN = (ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 async def load_configuration(kubeconfig: str | os.PathLike[str] | None = None) -> client.Configuration:
@@ -26,15 +36,15 @@ async def load_configuration(kubeconfig: str | os.PathLike[str] | None = None) -
             raise KubeConfigError(f"--kubeconfig {path}: no such file")
         try:
             await config.load_kube_config(config_file=str(path), client_configuration=conf)
-        except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
-            raise KubeConfigError(f"--kubeconfig {path}: {exc}") from None
+        except _BROKEN as exc:
+            raise KubeConfigError(f"--kubeconfig {path}: {_one_line(exc)}") from None
         return conf
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
             config.load_incluster_config(client_configuration=conf)
             return conf
         except ConfigException as exc:
-            raise KubeConfigError(f"in-cluster configuration: {exc}") from None
+            raise KubeConfigError(f"in-cluster configuration: {_one_line(exc)}") from None
     default = Path(os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)[0]).expanduser()
     if not default.is_file():
         raise KubeConfigError(
@@ -42,8 +52,8 @@ async def load_configuration(kubeconfig: str | os.PathLike[str] | None = None) -
             f"service account), or create {default}")
     try:
         await config.load_kube_config(config_file=str(default), client_configuration=conf)
-    except (ConfigException, OSError, ValueError, TypeError, KeyError) as exc:
-        raise KubeConfigError(f"{default}: {exc}") from None
+    except _BROKEN as exc:
+        raise KubeConfigError(f"{default}: {_one_line(exc)}") from None
     return conf
 
 

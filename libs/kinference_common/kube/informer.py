@@ -9,7 +9,8 @@ The loop (per namespace in scope, or once for all namespaces):
 3. a watch the server ends (its timeout) is resumed from the last version;
    410 Gone (the version was compacted) relists at once;
 4. any other failure (API errors, 503, connection refused, a watch cut
-   mid-stream) waits a jittered exponential backoff, then relists;
+   mid-stream, and any unforeseen exception, a handler's included) waits a
+   jittered exponential backoff, then relists: the loop never dies;
 5. a kind the server does not serve (404 on the list: its CRD is not
    installed, e.g. the Gateway API's) counts as empty and synced, and is
    looked for again every ``missing_recheck`` seconds.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -140,14 +142,27 @@ class Informer:
                     continue
                 self.errors += 1
                 delay = backoff.next()
-                log.warning("API error, will relist", kind=str(self.kind), namespace=scope or "*",
-                            status=exc.status, reason=exc.reason, retry_in=round(delay, 2))
+                if exc.status in (401, 403):
+                    # RBAC (or the token): say so, with the server's words naming verb and resource
+                    log.warning("forbidden: the service account lacks RBAC permission; will retry",
+                                kind=str(self.kind), namespace=scope or "*", status=exc.status,
+                                message=api_message(exc), retry_in=round(delay, 2))
+                else:
+                    log.warning("API error, will relist", kind=str(self.kind), namespace=scope or "*",
+                                status=exc.status, reason=exc.reason, retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
                 self.errors += 1
                 delay = backoff.next()
                 log.warning("API unreachable, will relist", kind=str(self.kind), namespace=scope or "*",
                             error=str(exc) or type(exc).__name__, retry_in=round(delay, 2))
+                await asyncio.sleep(delay)
+            except Exception as exc:  # anything else (the client's bare "Malformed JSON response",
+                # a handler's bug): a dead task would leave the cache stale for good; relist instead
+                self.errors += 1
+                delay = backoff.next()
+                log.warning("informer failed, will relist", kind=str(self.kind), namespace=scope or "*",
+                            error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
 
     def _mark_empty(self, scope: str | None) -> None:
@@ -202,6 +217,16 @@ class Informer:
         if loop.time() - started < self.watch_timeout * 0.9:
             raise ConnectionResetError("the watch ended before its timeout")
         return rv
+
+
+def api_message(exc: ApiException) -> str:
+    """The ``message`` of the API server's Status answer, else the HTTP reason."""
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    msg = body.get("message") if isinstance(body, dict) else None
+    return str(msg or exc.reason or exc.status)[:500]
 
 
 def _versions(cache: dict[Key, Obj]) -> dict[Key, Any]:

@@ -10,7 +10,7 @@ cannot both win (the loser gets 409).
 
 :attr:`LeaderElector.is_leader` is False from the moment a renewal fails,
 and also once ``renew_deadline`` has passed since the last successful
-renewal (a renewal that hangs), so a leader that cannot prove it still holds
+renewal was sent (a renewal that hangs, or answers late), so a leader that cannot prove it still holds
 the Lease stops writing before anyone else may start. ``on_started`` /
 ``on_stopped`` are called on every change of leadership. On a clean stop the
 Lease is released (``holderIdentity`` cleared), so a standby takes over at
@@ -32,6 +32,14 @@ from kinference_common.kube.client import ApiException, Obj, ResourceClient
 from kinference_common.kube.kinds import LEASE
 
 log = structlog.get_logger("kube.lease")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        from kinference_common.kube.informer import api_message
+
+        return f"{exc.status} {exc.reason}: {api_message(exc)}"
+    return str(exc) or type(exc).__name__
 
 
 def _micro() -> str:
@@ -65,6 +73,8 @@ class LeaderElector:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.transitions_seen = 0
+        self._last_error = ""
+        self._last_error_at = 0.0
 
     @property
     def is_leader(self) -> bool:
@@ -92,6 +102,16 @@ class LeaderElector:
                     await self.rc.replace(LEASE, self.namespace, self.name, lease)
                     log.info("released lease", lease=f"{self.namespace}/{self.name}", identity=self.identity)
 
+    def _standby_error(self, exc: BaseException) -> None:
+        """A candidate that cannot read or take the Lease (403: no RBAC rule for
+        leases; 404: its namespace does not exist) would otherwise stand by
+        forever without a word: say why, when it changes and once a minute."""
+        what, now = _describe(exc), time.monotonic()
+        if what != self._last_error or now - self._last_error_at >= 60.0:
+            self._last_error, self._last_error_at = what, now
+            log.warning("cannot acquire the lease; standing by", lease=f"{self.namespace}/{self.name}",
+                        identity=self.identity, error=what)
+
     def _set_leading(self, leading: bool) -> None:
         if leading == self._leading:
             return
@@ -102,18 +122,24 @@ class LeaderElector:
 
     async def _run(self) -> None:
         while not self._stopping:
+            # The server stamps renewTime while the request is in flight, and a
+            # standby counts the lease duration from when it sees that stamp: the
+            # renew deadline counts from when the attempt began, not from its answer.
+            attempt_started = time.monotonic()
             try:
                 ok = await asyncio.wait_for(self._try_acquire_or_renew(), timeout=self.renew_deadline)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the API server is away: we cannot prove we hold it
                 if self._leading:
-                    log.warning("lease renewal failed", error=str(exc) or type(exc).__name__)
+                    log.warning("lease renewal failed", error=_describe(exc))
+                else:
+                    self._standby_error(exc)
                 ok = False
             if self._stopping:
                 return
             if ok:
-                self._renewed_at = time.monotonic()
+                self._renewed_at = attempt_started
                 self._set_leading(True)
             else:
                 self._set_leading(False)

@@ -7,7 +7,8 @@ cache) and the status the controller wants, and
   change (top-level ``conditions`` and each ``parents[].conditions``, matched
   by ``parentRef``), as Kubernetes conventions ask;
 - writes nothing when the status fields it owns (the keys of the desired
-  status) already hold the desired values;
+  status) already hold the desired values (:func:`covers`: fields the API
+  server defaulted where the desired status is silent are no difference);
 - otherwise sends one JSON merge patch to ``.../status`` carrying the
   observed ``metadata.resourceVersion``, so a write based on a stale read is
   refused (409) instead of overwriting;
@@ -67,9 +68,26 @@ def _freeze(v: Any) -> Any:
     return v
 
 
+def covers(observed: Any, desired: Any) -> bool:
+    """Whether ``observed`` already holds ``desired``: every key desired holds
+    the desired value (``None``: absent), lists item by item, and keys the
+    desired value does not name are free. The API server fills in the CRD's
+    ``default:`` values (a condition's ``message: ''``, ``ruleCount: 0``)
+    where a writer left a field out: those must not count as a difference,
+    or every pass would write the same status again."""
+    if isinstance(desired, dict):
+        if not isinstance(observed, dict):
+            return False
+        return all(observed.get(k) is None if v is None else k in observed and covers(observed[k], v)
+                   for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(observed, list) and len(observed) == len(desired) and \
+            all(covers(o, d) for o, d in zip(observed, desired, strict=True))
+    return bool(observed == desired)
+
+
 def differs(observed_status: Obj | None, desired: Obj) -> bool:
-    observed_status = observed_status or {}
-    return any(observed_status.get(k) != v for k, v in desired.items())
+    return not covers(observed_status or {}, desired)
 
 
 class StatusWriter:

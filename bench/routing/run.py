@@ -1,0 +1,282 @@
+"""The sweep: workloads x routers x loads -> rows, a table, plots.
+
+Capacity (what "load 1.0" means)
+--------------------------------
+For each workload and GPU profile, one engine is given a backlog of 400 of
+the workload's requests at once (no router involved) and its capacity is
+``0.8 * 400 / (time the 320th request finished)``: the request rate one
+saturated engine sustains with full batching on that request mix, its own
+prefix cache included. Where requests share prefixes, the engine's backlog
+holds only its share of the prefix groups (one in ``pods`` of them; per
+model with two models): what each pod would see if every prefix lived on
+exactly one pod, the best case for any router. The fleet's capacity is the
+sum over its pods. So load 1.0 saturates even an ideal prefix-aware router,
+and a router that spreads every prefix over every pod (round robin)
+saturates earlier. An
+offered load ``x`` is a Poisson (or the workload's own) arrival process at
+``x * capacity`` requests/s.
+
+Metrics per run
+---------------
+Requests arriving in the first ``warmup`` seconds are not measured (cold
+caches); the rest are, until every one has finished (the run drains). TTFT
+and end-to-end quantiles are over measured requests; output tokens/s and
+goodput are per second of the measured arrival window; goodput counts the
+requests whose TTFT and time per output token meet the workload's SLOs.
+Prefix-cache hit rate and preemptions are the fleet's engine counters over
+the whole run; ``load_cv`` is the coefficient of variation of requests per
+pod, ``busy_cv`` of busy seconds per pod.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kinference_simulators.profiles import get_profile
+
+from . import workloads
+from .fleet import PodSpec, ProviderSpec, Router, RunResult, TelemetrySpec, fleet, simulate
+from .kinference import Kinference
+from .peers import PEERS
+
+ROUTERS = ["round_robin", "least_queue", "gie_default", "llmd_sticky", "vllm_router_cache_aware", "kinference"]
+LOADS = [0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.2]
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    pods: Callable[[], list[PodSpec]]
+    duration: float
+    ttft_slo: float
+    tpot_slo: float = 0.05
+    warmup: float = 5.0
+
+
+def _pods8() -> list[PodSpec]:
+    return fleet(8)
+
+
+def _trial() -> list[PodSpec]:
+    return fleet(4, blocks=1200)
+
+
+def _two_models() -> list[PodSpec]:
+    return fleet(8, worker_sets=(("ws-m", "m"), ("ws-n", "n")))
+
+
+def _hetero() -> list[PodSpec]:
+    specs = fleet(8, profiles=("h100", "a10g"))
+    return [PodSpec(p.name, p.worker_set, p.model, p.profile, 8192 if p.profile == "h100" else 4096)
+            for p in specs]
+
+
+SPECS: dict[str, WorkloadSpec] = {
+    s.name: s
+    for s in (
+        WorkloadSpec("chat", _pods8, 60.0, ttft_slo=2.0),
+        WorkloadSpec("shared_prefix", _pods8, 30.0, ttft_slo=0.5),
+        WorkloadSpec("shared_prefix_long", _pods8, 60.0, ttft_slo=2.0),
+        WorkloadSpec("multiturn", _pods8, 40.0, ttft_slo=1.0),
+        WorkloadSpec("bursty", _pods8, 32.0, ttft_slo=0.5),
+        WorkloadSpec("two_models", _two_models, 30.0, ttft_slo=0.5),
+        WorkloadSpec("hetero", _hetero, 30.0, ttft_slo=1.0),
+        WorkloadSpec("trial", _trial, 60.0, ttft_slo=0.5),
+    )
+}
+
+
+def make_router(name: str) -> Router:
+    if name == "kinference":
+        return Kinference()
+    return PEERS[name]()
+
+
+# ------------------------------------------------------------- capacity
+
+_capacity_memo: dict[tuple[str, str, int, int, int], float] = {}
+
+
+def engine_capacity(workload: str, profile: str, blocks: int, seed: int, share: int = 1,
+                    backlog: int = 400) -> float:
+    """Requests/s one saturated engine of ``profile`` sustains on ``workload``,
+    given one ``share``-th of its prefix groups (each prefix on one pod: the
+    best any router can do)."""
+    key = (workload, profile, blocks, seed, share)
+    if key in _capacity_memo:
+        return _capacity_memo[key]
+    reqs = workloads.generate(workload, seed + 1000, 1000.0, backlog * share / 1000.0 * 1.6)
+    reqs = [r for r in reqs if r.group < 0 or r.group % share == 0][:backlog]
+    for r in reqs:
+        r.time = 0.0
+    pod = PodSpec("cap", "ws", "m", profile, blocks)
+    reqs = [r for r in reqs]
+    for r in reqs:
+        r.model = "m"
+    res = simulate(reqs, [pod], [PEERS["round_robin"]()], seed=seed)
+    done = sorted(o.finished for o in res.outcomes if o.finished is not None)
+    k = int(0.8 * len(done))
+    cap = k / done[k - 1]
+    _capacity_memo[key] = cap
+    return cap
+
+
+def fleet_capacity(workload: str, pods: Sequence[PodSpec], seed: int) -> float:
+    share = max(1, len(pods) // len({p.model for p in pods}))
+    return sum(engine_capacity(workload, p.profile, p.num_gpu_blocks, seed, share) for p in pods)
+
+
+# -------------------------------------------------------------- metrics
+
+
+def _q(xs: Sequence[float], p: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    i = min(len(s) - 1, max(0, math.ceil(p * len(s)) - 1))
+    return s[i]
+
+
+def metrics(res: RunResult, spec: WorkloadSpec) -> dict:
+    measured = [o for o in res.outcomes if o.req.time >= spec.warmup]
+    window = max(1e-9, spec.duration - spec.warmup)
+    ttft = [o.ttft for o in measured if o.ttft is not None]
+    e2e = [o.e2e for o in measured if o.e2e is not None]
+    out_tokens = sum(o.output_tokens for o in measured)
+    good = sum(1 for o in measured if o.ttft is not None and o.ttft <= spec.ttft_slo
+               and o.tpot is not None and o.tpot <= spec.tpot_slo)
+    reqs = list(res.per_pod_requests.values())
+    busy = list(res.per_pod_busy.values())
+
+    def cv(xs: list[float]) -> float:
+        m = statistics.fmean(xs) if xs else 0.0
+        return statistics.pstdev(xs) / m if m > 0 else 0.0
+
+    return {
+        "ttft_p50_s": _q(ttft, 0.5), "ttft_p90_s": _q(ttft, 0.9), "ttft_p99_s": _q(ttft, 0.99),
+        "e2e_p50_s": _q(e2e, 0.5), "e2e_p99_s": _q(e2e, 0.99),
+        "output_tokens_per_s": out_tokens / window,
+        "goodput": good / window,
+        "slo_attainment": good / len(measured) if measured else None,
+        "prefix_hit_rate": res.prefix_hits / res.prefix_queries if res.prefix_queries else 0.0,
+        "preemptions": res.preemptions,
+        "load_cv": cv(reqs), "busy_cv": cv(busy),
+        "requests": len(measured),
+        "rejected": sum(1 for o in measured if o.rejected),
+    }
+
+
+# ---------------------------------------------------------------- sweep
+
+
+@dataclass
+class Case:
+    workload: str
+    router: str
+    load: float
+    replicas: int = 1
+    scrape_interval: float = 0.1
+    seed: int = 1
+    variant: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def run_case(case: Case, make: Callable[[str], Router] = make_router) -> dict:
+    spec = SPECS[case.workload]
+    pods = spec.pods()
+    cap = fleet_capacity(case.workload, pods, case.seed)
+    rate = case.load * cap
+    reqs = workloads.generate(case.workload, case.seed, rate, spec.duration)
+    if case.workload == "two_models":
+        pass  # models already alternate by group
+    if case.variant == "before":
+        routers = [Kinference(fixed=False) for _ in range(case.replicas)]
+    else:
+        routers = [make(case.router) for _ in range(case.replicas)]
+    res = simulate(reqs, pods, routers, telemetry=TelemetrySpec(scrape_interval=case.scrape_interval),
+                   seed=case.seed)
+    row = {"workload": case.workload, "router": case.router, "load": case.load, "replicas": case.replicas}
+    row.update(metrics(res, spec))
+    row.update({"scrape_interval_s": case.scrape_interval, "capacity_rps": cap, "rate_rps": rate,
+                "seed": case.seed})
+    if case.variant:
+        row["variant"] = case.variant
+    return row
+
+
+def table(rows: Sequence[dict], keys: Sequence[str] = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p99_s",
+                                                         "goodput", "prefix_hit_rate", "preemptions",
+                                                         "load_cv")) -> str:
+    head = f"{'workload':<19}{'router':<25}{'load':>5}{'rep':>4}" + "".join(f"{k.replace('_s', ''):>14}" for k in keys)
+    out = [head, "-" * len(head)]
+    for r in rows:
+        cells = []
+        for k in keys:
+            v = r.get(k)
+            cells.append(f"{'-':>14}" if v is None else f"{v:>14.3f}" if isinstance(v, float) else f"{v:>14}")
+        name = r["router"] + (f"[{r['variant']}]" if r.get("variant") else "")
+        out.append(f"{r['workload']:<19}{name:<25}{r['load']:>5.2f}{r['replicas']:>4}" + "".join(cells))
+    return "\n".join(out)
+
+
+def headline(rows: Sequence[dict], workloads_: Sequence[str] = ("chat", "shared_prefix"),
+             loads: Sequence[float] = (0.8, 0.9, 1.0)) -> list[dict]:
+    """Per workload and load: Kinference's TTFT p99 and goodput against the best peer's."""
+    out = []
+    for w in workloads_:
+        for load in loads:
+            sel = [r for r in rows if r["workload"] == w and abs(r["load"] - load) < 1e-9 and r["replicas"] == 1
+                   and r["scrape_interval_s"] == 0.1 and not r.get("variant")]
+            k = next((r for r in sel if r["router"] == "kinference"), None)
+            peers = [r for r in sel if r["router"] != "kinference" and r["ttft_p99_s"] is not None]
+            if k is None or not peers:
+                continue
+            best_p99 = min(peers, key=lambda r: r["ttft_p99_s"])
+            best_good = max(peers, key=lambda r: r["goodput"])
+            best_p50 = min(peers, key=lambda r: r["ttft_p50_s"])
+            out.append({
+                "workload": w, "load": load,
+                "kinference_p99_s": k["ttft_p99_s"], "best_peer_p99": best_p99["router"],
+                "best_peer_p99_s": best_p99["ttft_p99_s"],
+                "p99_ratio": k["ttft_p99_s"] / best_p99["ttft_p99_s"],
+                "kinference_goodput": k["goodput"], "best_peer_goodput": best_good["router"],
+                "goodput_ratio": k["goodput"] / best_good["goodput"] if best_good["goodput"] else None,
+                "p50_ratio": k["ttft_p50_s"] / best_p50["ttft_p50_s"],
+            })
+    return out
+
+
+def seeded(seed: int) -> random.Random:
+    return random.Random(seed)
+
+
+def gpu_summary(pods: Sequence[PodSpec]) -> str:
+    by: dict[str, int] = {}
+    for p in pods:
+        by[p.profile] = by.get(p.profile, 0) + 1
+    return ", ".join(f"{n} x {prof} ({get_profile(prof).gpu_model})" for prof, n in by.items())
+
+
+__all__ = ["Case", "LOADS", "ROUTERS", "SPECS", "headline", "run_case", "table", "ProviderSpec"]
+
+
+def markdown(rows: Sequence[dict], workload: str, loads: Sequence[float] = (0.4, 0.8, 1.0, 1.2),
+             replicas: int = 1, scrape: float = 0.1) -> str:
+    """One workload's rows as a Markdown table (for docs/routing-benchmark.md)."""
+    sel = [r for r in rows if r["workload"] == workload and r["replicas"] == replicas
+           and r["scrape_interval_s"] == scrape and any(abs(r["load"] - x) < 1e-9 for x in loads)]
+    out = ["| load | router | TTFT p50 | p90 | p99 | e2e p99 | goodput/s | hit rate | preempt | load CV |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(sel, key=lambda r: (r["load"], ROUTERS.index(r["router"]), r.get("variant", ""))):
+        name = r["router"] + (f" ({r['variant']})" if r.get("variant") else "")
+        if r["router"] == "kinference" and not r.get("variant"):
+            name = "**kinference**"
+        f = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+        out.append(f"| {r['load']:.1f} | {name} | {f(r['ttft_p50_s'])} | {f(r['ttft_p90_s'])} | "
+                   f"{f(r['ttft_p99_s'])} | {f(r['e2e_p99_s'], 1)} | {f(r['goodput'], 1)} | "
+                   f"{f(r['prefix_hit_rate'], 2)} | {r['preemptions']} | {f(r['load_cv'], 2)} |")
+    return "\n".join(out)

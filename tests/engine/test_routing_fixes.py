@@ -1,0 +1,142 @@
+"""The two engine fixes the fleet benchmark found (docs/routing-benchmark.md):
+PredictedTTFT predictions within the model's tolerance are ties for the
+rule's ``tieBreak``, and the prefix index remembers no more of an endpoint
+than its KV cache holds."""
+
+from __future__ import annotations
+
+from kinference_common.engine import InFlightLedger, PrefixIndex, TTFTModel, decide
+from kinference_common.engine.tokens import block_hashes
+
+from .helpers import ep, pool, req, rule, snap, tier, ws
+
+QWEN = ws("qwen", "qwen-2.5")
+
+
+def _pool(tie_break: list[str] | None):
+    return pool([QWEN], [rule("r", [tier("Local", minimize="PredictedTTFT")], tie_break=tie_break)])
+
+
+def test_near_equal_predictions_are_ties_for_the_tie_breakers() -> None:
+    # three idle endpoints whose learned Theta differs by a few percent
+    eps = [ep("qwen", "a", theta=10_000.0), ep("qwen", "b", theta=10_300.0), ep("qwen", "c", theta=10_200.0)]
+    s = snap(_pool(["LeastInFlight"]), eps)
+    ledger = InFlightLedger()
+    picks = []
+    for _ in range(3):
+        d = decide(s, req("qwen-2.5", prompt_tokens=4000), ledger=ledger)
+        picks.append(d.endpoint)
+        ledger.sent(d.candidate.ledger_key, d.prefill_tokens, 0.0)
+    # without the tolerance every one would go to "b" (the highest Theta) until
+    # its own queue showed; with it, LeastInFlight spreads them
+    assert sorted(picks) == ["a", "b", "c"]
+    assert picks[0] == "b"  # the best prediction first among the tied
+
+
+def test_tolerance_zero_keeps_the_exact_minimum() -> None:
+    eps = [ep("qwen", "a", theta=10_000.0), ep("qwen", "b", theta=10_300.0)]
+    s = snap(_pool(["LeastInFlight"]), eps, ttft_model=TTFTModel(tie_tolerance=0.0, tie_tolerance_seconds=0.0))
+    ledger = InFlightLedger()
+    ledger.sent("default/qwen/b", 1, 0.0)  # b has one in flight, but no queued prefill worth a tie
+    ledger.first_token(ledger.sent("default/qwen/b", 0, 0.0))
+    d = decide(s, req("qwen-2.5", prompt_tokens=4000), ledger=ledger)
+    assert d.endpoint == "b"
+
+
+def test_without_a_tie_break_the_lowest_prediction_wins() -> None:
+    eps = [ep("qwen", "a", theta=10_000.0), ep("qwen", "b", theta=10_300.0)]
+    d = decide(snap(_pool(None), eps), req("qwen-2.5", prompt_tokens=4000))
+    assert d.endpoint == "b"
+
+
+def test_a_clearly_better_endpoint_is_not_a_tie() -> None:
+    eps = [ep("qwen", "a", theta=10_000.0), ep("qwen", "b", theta=13_000.0)]
+    s = snap(_pool(["LeastInFlight"]), eps)
+    ledger = InFlightLedger()
+    for _ in range(2):
+        d = decide(s, req("qwen-2.5", prompt_tokens=4000), ledger=ledger)
+        assert d.endpoint == "b"
+        # b's prediction rises with what this router queued there; one 4,000-token
+        # prompt is enough for a to be near-equal, then LeastInFlight goes to a
+        ledger.sent(d.candidate.ledger_key, 0, 0.0)
+
+
+def test_a_prefix_match_still_wins_over_near_equal_cold_endpoints() -> None:
+    eps = [ep("qwen", "a"), ep("qwen", "b"), ep("qwen", "c")]
+    s = snap(_pool(["PrefixAffinity", "LeastInFlight"]), eps)
+    hashes = block_hashes("system prompt " * 600)
+    index = PrefixIndex()
+    index.record("default/qwen/c", hashes)
+    d = decide(s, req("qwen-2.5", prompt_tokens=2200, block_hashes=hashes), prefix=index)
+    assert d.endpoint == "c"
+
+
+def test_candidates_know_their_cache_size_in_prompt_blocks() -> None:
+    s = snap(_pool(None), [ep("qwen", "a", kv_capacity_tokens=19_200), ep("qwen", "b")])
+    a, b = s.candidates
+    assert a.cache_blocks == 300  # 19,200 tokens / 64 tokens a block
+    assert b.cache_blocks is None
+
+
+def test_the_index_forgets_what_the_cache_cannot_hold() -> None:
+    index = PrefixIndex()
+    first = block_hashes("first system prompt " * 200)  # ~15 blocks
+    second = block_hashes("another system prompt " * 200)
+    index.record("k", first, max_blocks=20)
+    assert index.match(first) == {"k": len(first)}
+    index.record("k", second, max_blocks=20)
+    assert index.blocks("k") == 20
+    # the older prompt lost its tail (its head was touched last, so it stays longest)
+    assert index.match(first).get("k", 0) < len(first)
+    assert index.match(second) == {"k": len(second)}
+
+
+def test_the_index_without_a_capacity_keeps_its_own_bound() -> None:
+    index = PrefixIndex(max_blocks_per_endpoint=100)
+    first = block_hashes("first system prompt " * 200)
+    second = block_hashes("another system prompt " * 200)
+    index.record("k", first)
+    index.record("k", second)
+    assert index.match(first) == {"k": len(first)}
+    index.record("k", second, max_blocks=10**9)  # never above the index's own bound
+    assert index.blocks("k") <= 100
+
+
+def _holder_world(queue_at_holder: int):
+    """Two idle-ish endpoints; "h" holds the prompt's prefix and has this
+    router's ``queue_at_holder`` prefill tokens pending."""
+    eps = [ep("qwen", "h", theta=10_000.0, overhead=0.0), ep("qwen", "o", theta=10_000.0, overhead=0.0)]
+    hashes = block_hashes("shared system prompt " * 500)  # 10,500 characters: 41 blocks
+    index = PrefixIndex()
+    index.record("default/qwen/h", hashes)
+    ledger = InFlightLedger()
+    if queue_at_holder:
+        ledger.sent("default/qwen/h", queue_at_holder, 0.0)
+    return eps, hashes, index, ledger
+
+
+def test_a_prefix_holder_is_kept_until_its_queue_outweighs_a_second_copy() -> None:
+    # 2,600-token prompt, 2,500 of them cached at h: o would prefill 2,500 more
+    eps, hashes, index, ledger = _holder_world(queue_at_holder=4_000)
+    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=hashes)
+    sticky = decide(snap(_pool(["PrefixAffinity"]), eps), r, ledger=ledger, prefix=index)
+    greedy = decide(snap(_pool(["PrefixAffinity"]), eps, ttft_model=TTFTModel(prefix_stickiness=0.0)), r,
+                    ledger=ledger, prefix=index)
+    # by this request's TTFT alone, o (2,600 tokens) beats h (4,000 queued + ~60)
+    assert greedy.endpoint == "o"
+    # charged for the copy (3 x the extra 2,540 tokens), h is still cheaper
+    assert sticky.endpoint == "h"
+
+
+def test_a_saturated_holder_still_yields() -> None:
+    eps, hashes, index, ledger = _holder_world(queue_at_holder=20_000)
+    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=hashes)
+    d = decide(snap(_pool(["PrefixAffinity"]), eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "o"
+
+
+def test_stickiness_needs_a_tie_break_rule_as_the_tolerance_does() -> None:
+    eps, hashes, index, ledger = _holder_world(queue_at_holder=4_000)
+    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=hashes)
+    d = decide(snap(_pool(None), eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "o"  # a rule without tieBreak ranks by PredictedTTFT alone, as before
