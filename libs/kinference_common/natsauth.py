@@ -296,8 +296,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"natsauth: {exc}", file=sys.stderr)
         return 1
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(text)
-    a.out.chmod(0o600)
+    # atomically (a server starting meanwhile reads the old file or the new
+    # one, never half of one: compose under Podman re-runs this step each time
+    # a dependent starts) and 0600 from the start
+    tmp = a.out.with_name(f".{a.out.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, a.out)
     print(f"wrote {a.out} ({len(users)} users; passwords in {a.password_dir})")
     return 0
 
