@@ -25,6 +25,7 @@ import structlog
 from aiohttp import web
 
 from kinference_common import subjects
+from kinference_common.bus import close as close_nats
 from kinference_common.messages import Observation
 
 from .derive import DeriveConfig, EndpointTracker, GpuStats, gpu_stats_by_pod, merge_gpu_stats
@@ -458,8 +459,8 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
         await collector.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.drain(), timeout=5)  # type: ignore[attr-defined]
+        # bounded: a drain (even a cancelled one) can outlast wait_for by its 10 s flush
+        await close_nats(nc)  # type: ignore[arg-type]
         if runner is not None:
             await runner.cleanup()
     return 0
