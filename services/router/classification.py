@@ -506,6 +506,19 @@ class RequestTags:
             needed = snap.classifiers_for(self.req)
         raise AssertionError("lazy decision did not converge")  # pragma: no cover - decide_lazily guarantees it
 
+    def fail_closed(self, snap: Snapshot) -> Request:
+        """The request as a decision that cannot await sees it on ``snap``:
+        every classifier ``snap`` requires that was not asked counts as
+        failed (its failure tag). Flow control decides a waiting request
+        again on each newer snapshot; one whose policy requires a classifier
+        the request's first snapshot did not must not route as if its tags
+        were absent (the router never fails open)."""
+        missing = [n for n in snap.classifiers_for(self.req) if n not in self.known and n in BUILTIN_CLASSIFIERS]
+        if not missing:
+            return self.req
+        return msgspec.structs.replace(
+            self.req, tags=self.req.tags | frozenset(BUILTIN_CLASSIFIERS[n].failure_tag for n in missing))
+
     async def complete(self, snap: Snapshot) -> Request:
         """Ask every required classifier not asked yet (before the request
         waits in flow control, where it is decided again without awaiting)."""
