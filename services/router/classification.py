@@ -242,8 +242,9 @@ class Batcher:
                 if fut.done():
                     continue
                 reply = replies[i] if replies is not None else None
+                # the answer for this item, by its id: a reply in the wrong place is no answer
                 if (reply is None or len(reply.tags) != 1 or reply.tags[0] not in info.tags
-                        or reply.classifier != name):
+                        or reply.classifier != name or reply.request_id != item.request_id):
                     outcome, detail = why if reply is None else ("error", "invalid reply")
                     reply = failure(name, outcome, detail, started, item.request_id)
                 fut.set_result(reply)
