@@ -33,7 +33,9 @@ Not read:
   ``max_tokens``, ``seed``, ...; a string there is read);
 - parts that are not text (``image_url``, ``input_audio``, ``file``) and
   token-id prompts (lists of integers): they are counted in ``unreadable``
-  instead. A classifier cannot say they are clean, so one that finds
+  instead. An object or array where the API has a string (``arguments``, a
+  part's ``text``, a part ``type``) is counted unreadable *and* walked: the
+  provider receives its strings too. A classifier cannot say they are clean, so one that finds
   nothing answers its "unknown" tag.
 
 The walks are iterative: a body nested deeper than Python's recursion limit
@@ -91,6 +93,8 @@ class Extracted:
                 self.roles.append(role)
         elif text is not None:
             self.unreadable += 1
+            if isinstance(text, (dict, list)):  # not the API's shape, but the provider receives it: read it
+                self.walk(text, role)
 
     def walk(self, value: Any, role: str) -> None:
         """Read every string of ``value`` (and its unknown keys, its big numbers), in document order."""
@@ -128,6 +132,10 @@ def _content(out: Extracted, content: Any, role: str) -> None:
             out.add(part, role)
         elif isinstance(part, dict):
             kind = part.get("type")
+            if kind is not None and not isinstance(kind, str):  # an object or array: no part type of the API
+                out.unreadable += 1
+                out.walk(part, role)
+                continue
             if kind in _TEXT_PART_TYPES or (kind is None and "text" in part):
                 out.add(part.get("text"), role)
                 field_name = "text"
