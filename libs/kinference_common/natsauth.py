@@ -168,13 +168,22 @@ def generate_passwords(users: Sequence[str] = USERS) -> dict[str, str]:
     return {u: secrets.token_urlsafe(24) for u in users}
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, a file created (or truncated) with mode
+    0600: never readable by others, not even before a chmod."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def write_password_files(directory: Path, passwords: Mapping[str, str]) -> None:
     """``<directory>/<user>``, mode 0600: what ``--nats-password-file`` reads."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     for user, password in passwords.items():
-        path = directory / user
-        path.write_text(password + "\n")
-        path.chmod(0o600)
+        write_private(directory / user, password + "\n")
 
 
 class LocalAuth:
@@ -193,8 +202,7 @@ class LocalAuth:
             passwords[user] = path.read_text().strip() if path.exists() else secrets.token_urlsafe(24)
         write_password_files(self.directory, passwords)
         conf = self.directory / "nats-server.conf"
-        conf.write_text(server_config(passwords, listen=listen, store_dir=store_dir))
-        conf.chmod(0o600)
+        write_private(conf, server_config(passwords, listen=listen, store_dir=store_dir))
         return conf
 
     def flags(self, user: str) -> list[str]:
@@ -296,8 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"natsauth: {exc}", file=sys.stderr)
         return 1
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(text)
-    a.out.chmod(0o600)
+    write_private(a.out, text)
     print(f"wrote {a.out} ({len(users)} users; passwords in {a.password_dir})")
     return 0
 
