@@ -363,8 +363,13 @@ class Classification:
                     results.append((name, reply, 0.0, path, "the in-process detectors are still loading "
                                                             "(just after start): failure tag used"))
                     continue
-                reply = detectors.classify(name, ex.texts, roles=ex.roles, unreadable=ex.unreadable,
-                                           deadline_ms=info.deadline(IN_PROCESS) * 1e3, request_id=decision_id)
+                try:
+                    reply = detectors.classify(name, ex.texts, roles=ex.roles, unreadable=ex.unreadable,
+                                               deadline_ms=info.deadline(IN_PROCESS) * 1e3, request_id=decision_id)
+                except Exception as exc:  # a detector bug: fail closed, never a 500
+                    reply = failure(name, "error", type(exc).__name__, t0, decision_id)
+                    log.warning("in-process classifier raised: failure tag used", classifier=name,
+                                error=type(exc).__name__)
                 results.append((name, reply, time.perf_counter() - t0, path, ""))
             elif not self.pressure[name].admit():
                 self.shed.labels(name).inc()
@@ -384,6 +389,9 @@ class Classification:
                 else:
                     reply = await classify_body(self.nc, name, body.raw,
                                                 BUILTIN_CLASSIFIERS[name].deadline_seconds, request_id=decision_id)
+            except Exception as exc:  # a bug on the way: fail closed (the answer path gives the slot back)
+                reply = failure(name, "error", type(exc).__name__, t0, decision_id)
+                log.warning("classify request raised: failure tag used", classifier=name, error=type(exc).__name__)
             except BaseException:  # the client went away: give its slot back
                 self.pressure[name].in_flight -= 1
                 raise
