@@ -92,10 +92,11 @@ def _kv_read(bucket: str) -> list[str]:
 
 
 def _kv_write(bucket: str) -> list[str]:
-    """A KV owner: reads, creates/updates its stream, puts and deletes keys."""
+    """A KV owner: reads, creates its stream, puts and deletes keys. Never
+    ``STREAM.UPDATE``: a stream's subjects could be changed to capture the
+    classify subjects, whose prompts the owner could then read back."""
     stream = f"KV_{bucket}"
-    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}",
-            f"$KV.{bucket}.>"]
+    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$KV.{bucket}.>"]
 
 
 def permissions(user: str) -> dict[str, Any]:
