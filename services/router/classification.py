@@ -244,7 +244,8 @@ class Batcher:
                 reply = replies[i] if replies is not None else None
                 # the answer for this item, by its id: a reply in the wrong place is no answer
                 if (reply is None or len(reply.tags) != 1 or reply.tags[0] not in info.tags
-                        or reply.classifier != name or reply.request_id != item.request_id):
+                        or reply.classifier != name or reply.request_id != item.request_id
+                        or (reply.outcome != "ok" and reply.tags[0] != info.failure_tag)):
                     outcome, detail = why if reply is None else ("error", "invalid reply")
                     reply = failure(name, outcome, detail, started, item.request_id)
                 fut.set_result(reply)

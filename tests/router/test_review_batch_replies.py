@@ -61,3 +61,24 @@ async def test_replies_in_the_wrong_order_fail_closed(nats_server: Any) -> None:
         assert clean.tags == ["pii-unknown"] and clean.outcome == "error"
     finally:
         await nc.close()
+
+
+async def test_a_failed_reply_with_a_clean_tag_fails_closed(nats_server: Any) -> None:
+    """A reply that says the classifier failed (outcome not ok) but carries a
+    tag other than the failure tag contradicts itself: the failure tag."""
+    nc = await nats.connect(nats_server.url)
+    dec = decoder(ClassifyBatch)
+
+    async def answer(msg: Any) -> None:
+        batch = dec.decode(msg.data)
+        await msg.respond(encode(ClassifyBatchReply(replies=[
+            ClassifyReply(classifier="pii", tags=["pii-none"], outcome="deadline", request_id=it.request_id)
+            for it in batch.items])))
+
+    await nc.subscribe(classify_batch_subject("pii"), cb=answer)
+    await nc.flush()
+    try:
+        reply = await Batcher(lambda: nc).classify("pii", body(CARD), "req-card")
+        assert reply.tags == ["pii-unknown"]
+    finally:
+        await nc.close()
