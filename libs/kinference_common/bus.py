@@ -5,10 +5,12 @@
 - Log one line per problem, never a traceback, and at most once every
   ``quiet_seconds`` for repeated failures (the client retries twice a second).
 - Callbacks for disconnect/reconnect so services can resynchronise.
+- Stopping never waits on a server that does not answer (:func:`close`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
@@ -79,3 +81,30 @@ async def sync(nc: nats.NATS, timeout: float = 10.0) -> None:
     """
     await nc.flush(timeout=timeout)  # type: ignore[arg-type]
     await nc.flush(timeout=timeout)  # type: ignore[arg-type]
+
+
+async def close(nc: nats.NATS, timeout: float = 2.0) -> None:
+    """Drain ``nc`` (hand over what was received, flush what was published)
+    when that finishes within ``timeout`` seconds, else close it outright.
+
+    nats-py's ``drain()`` flushes each subscription and waits for the server's
+    PONG, for up to its ``drain_timeout`` (30 s); cancelled, it still flushes
+    (10 s more) before closing, and when the server goes away meanwhile it
+    does not come back at all. Ctrl-C on ``make run`` stops nats-server and
+    the router in the same instant, and the router hung until the stack
+    killed it (a pod stopped during a NATS outage would wait out its grace
+    period). So the drain runs as a task that is never waited on for longer
+    than ``timeout``: closing the connection ends it."""
+
+    async def bounded(aw: Awaitable[None]) -> bool:
+        task = asyncio.ensure_future(aw)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            task.cancel()  # not awaited: a cancelled drain may still wait on the server
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, never logged
+        return bool(done) and not task.cancelled() and task.exception() is None
+
+    if nc.is_closed:
+        return
+    if not await bounded(nc.drain()) and not nc.is_closed:
+        await bounded(nc.close())

@@ -40,5 +40,7 @@ def configure(level: str = "info", fmt: LogFormat = "auto") -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--log-level`` and ``--log-format`` for a service's command line."""
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="least severe level logged (default info)")
+    parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"],
+                        help="json lines, or console for people; auto: console on a terminal, else json")

@@ -198,18 +198,10 @@ class ClassifierService:
     async def stop(self) -> None:
         """Drain (answer what was delivered), then close NATS and the HTTP server."""
         if self.nc is not None:
-            for sub in self._subs:
-                try:
-                    await sub.drain()
-                except Exception:
-                    pass
+            # drains every subscription (answers what was delivered), bounded:
+            # a bare drain never returns when NATS goes away meanwhile
             self._subs.clear()
-            try:
-                await self.nc.drain()
-            except Exception:
-                pass
-            if not self.nc.is_closed:
-                await self.nc.close()
+            await bus.close(self.nc)
             self.nc = None
             self.metrics.connected.set(0)
         if self._runner is not None:

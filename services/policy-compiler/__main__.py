@@ -30,12 +30,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="read manifests from a directory (default) or watch a Kubernetes API server")
     p.add_argument("--manifests", type=Path, metavar="DIR",
                    help="directory of YAML/JSON manifests (--source directory)")
-    p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
+    p.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="NATS server (default nats://127.0.0.1:4222)")
     p.add_argument("--status-dir", type=Path, metavar="DIR",
                    help="write <Kind>/<namespace>/<name>.yaml status files and errors.yaml here")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between directory polls (default 0.5)")
     p.add_argument("--resync", type=float, default=30.0, help="recompile at least this often, seconds (default 30)")
-    p.add_argument("--http-host", default="127.0.0.1")
+    p.add_argument("--http-host", default="127.0.0.1", help="address of /healthz, /readyz, /metrics (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=8090, help="/healthz, /readyz, /metrics (default 8090)")
     p.add_argument("--namespace", action="append", dest="namespaces", metavar="NS",
                    help="only these namespaces (repeat; default: all)")
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="watch only these namespaces, comma-separated (default: all)")
     k.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
                    help="elect one writer among replicas with a Lease (default: on)")
-    k.add_argument("--lease-name", default="kinference-policy-compiler")
+    k.add_argument("--lease-name", default="kinference-policy-compiler", help="the Lease replicas elect a leader with (default kinference-policy-compiler)")
     k.add_argument("--lease-namespace", metavar="NS",
                    help="namespace of the Lease (default: $POD_NAMESPACE, else kinference-system)")
     k.add_argument("--identity", metavar="ID", help="this replica's name in the Lease (default: $POD_NAME, "

@@ -106,7 +106,10 @@ class PolicyCompilerService:
         await self._write_statuses()
         await self._publish()
         self._task = asyncio.create_task(self._loop(), name="policy-compiler-loop")
-        log.info("started", manifests=str(self.settings.manifests), nats=self.settings.nats_url)
+        # the directory only when it is the source (Kubernetes mode logged "manifests: .")
+        where = ({"manifests": str(self.settings.manifests)} if isinstance(self.source, DirectorySource)
+                 else {"source": type(self.source).__name__})
+        log.info("started", nats=self.settings.nats_url, **where)
 
     async def start_http(self) -> None:
         """Serve /healthz (and a 503 /readyz) before start(), e.g. while the
@@ -141,10 +144,7 @@ class PolicyCompilerService:
         if self._runner is not None:
             await self._runner.cleanup()
         if self._nc is not None:
-            try:
-                await self._nc.drain()
-            except Exception:  # already closed or never connected
-                pass
+            await bus.close(self._nc)  # bounded: NATS may be gone too
         log.info("stopped")
 
     def wake(self) -> None:

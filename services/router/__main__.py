@@ -43,10 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--namespaces", help="kubernetes: comma-separated namespaces whose Secrets are watched "
                                         "(default: all)")
-    p.add_argument("--nats-url", default="nats://127.0.0.1:4222")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="NATS server (default nats://127.0.0.1:4222)")
+    p.add_argument("--host", default="127.0.0.1", help="data port address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="data port (default 8080)")
-    p.add_argument("--admin-host", default="127.0.0.1")
+    p.add_argument("--admin-host", default="127.0.0.1", help="admin port address (default 127.0.0.1)")
     p.add_argument("--admin-port", type=int, default=8081, help="admin port (default 8081)")
     p.add_argument("--auth", choices=["none", "header", "apiKey"],
                    help="none: tenant 'anonymous' (default with --source files); header: trust "
@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "namespace, its spec.auth.secretRef name and key; the file holds the key alone), "
                         "else <dir>/<secret>/<key> (one Secret volume mounted at <dir>/<secret>). "
                         "Files are re-read when they change")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
+                   help="largest request body; larger gets 413 (default 4 MiB)")
     p.add_argument("--connect-timeout", type=float, default=2.0, help="seconds (providers may set their own)")
     p.add_argument("--first-byte-timeout", type=float, default=120.0, help="seconds (providers may set their own)")
     p.add_argument("--stale-after", type=float, default=5.0, help="telemetry older than this is stale, seconds")
@@ -254,10 +255,7 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
     # requests under way get a few seconds to finish; new ones are refused
     await asyncio.gather(*(server.close() for server in servers))
     await router.stop()
-    try:
-        await nc.drain()
-    except Exception:
-        pass
+    await bus.close(nc)  # bounded: NATS may be gone too (Ctrl-C on make run)
     return 0
 
 

@@ -64,13 +64,21 @@ class ParsedBody:
         return _encoder.encode(self.raw)
 
 
+def _not_json(data: bytes, exc: Exception) -> str:
+    """The 400's message; an empty body says so (msgspec would say "Input data
+    was truncated", which reads as a network fault)."""
+    if not data.strip():
+        return "body is empty: send a JSON object with `model` and `messages` (or `prompt`)"
+    return f"body is not JSON: {exc}"
+
+
 def decode(data: bytes) -> Any:
     """JSON text decoded; BadRequest when it is not JSON or nests more than
     :data:`MAX_DEPTH` levels."""
     try:
         raw = _decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from None
+        raise BadRequest(_not_json(data, exc)) from None
     except RecursionError:  # msgspec gives up near Python's recursion limit
         raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep") from None
     # more brackets than the limit is the only way to nest deeper than it
@@ -84,7 +92,7 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
     try:
         raw = _decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise BadRequest(f"body is not JSON: {exc}") from None
+        raise BadRequest(_not_json(data, exc)) from None
     except RecursionError:  # msgspec gives up near Python's recursion limit
         raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep") from None
     if not isinstance(raw, dict):

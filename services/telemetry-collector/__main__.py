@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
                    help="re-read /v1/models (context window) this often, seconds (default 300)")
     p.add_argument("--provider-tau", type=_positive, default=60.0,
                    help="decay time constant of providers' EstimatedTTFT, seconds (default 60)")
-    p.add_argument("--http-host", default="0.0.0.0")
+    p.add_argument("--http-host", default="0.0.0.0", help="address of /metrics and /healthz (default 0.0.0.0)")
     p.add_argument("--http-port", type=int, default=9090, help="/metrics and /healthz; 0 = off (default 9090)")
     natsauth.add_arguments(p, default_user=natsauth.COLLECTOR)
     logs.add_arguments(p)

@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
         default="pii",
         help="which classifier (default: pii)",
     )
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text", help="output format (default text)")
     p.add_argument(
         "--engine",
         choices=("auto", "hyperscan", "re"),

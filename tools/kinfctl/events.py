@@ -30,10 +30,12 @@ def register(sub: Any) -> None:
                        description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
     p.add_argument("--pool", metavar="NS/NAME", help="only this pool (default: every pool)")
     p.add_argument("--port-offset", type=int, default=None, metavar="N",
-                   help="the stack's port offset, as `make run --port-offset N` (default: $KINFERENCE_PORT_OFFSET, else 0)")
+                   help="the local stack's port offset, as in `KINFERENCE_PORT_OFFSET=N make run` "
+                        "(default: $KINFERENCE_PORT_OFFSET, else 0)")
     p.add_argument("--nats-url", default=None,
                    help="NATS to follow (default: nats://127.0.0.1:4222 plus the port offset)")
-    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                   help="output format: one line per decision, or its JSON event (default text)")
     p.add_argument("--count", type=int, default=0, metavar="N", help="exit after N events (default: follow)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for NATS to answer (default 5)")
     natsauth.add_arguments(p, default_user=natsauth.OBSERVER)

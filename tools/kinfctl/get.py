@@ -1,19 +1,22 @@
 """``kinfctl get pools|policies|workersets|providers``: list resources with
-the printer columns of the seeds (kubectl's layout).
+the CRDs' printer columns (kubectl's layout).
 
 With ``-f MANIFESTS`` the statuses are computed offline by the compiler,
 exactly as the controllers would write them. Without ``-f`` the objects and
 their statuses are read from the cluster of the current kubeconfig context
 (``--kubeconfig``, ``--context``; in a pod, the service account), as
 ``kubectl get`` would show them: a column whose status field was never
-written stays blank (seed 000: "RULES blank").
+written stays blank (an object outside the namespaces Kinference watches
+shows RULES and STATE blank).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -52,7 +55,7 @@ def register(sub: Any) -> None:
     p.add_argument("-f", "--filename", action="append", metavar="FILE|DIR", help="read manifests offline")
     p.add_argument("-n", "--namespace", help="only this namespace (cluster default: the context's)")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format (default table)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context")
     p.set_defaults(run=run)
@@ -102,11 +105,24 @@ def _offline(args: argparse.Namespace, resource: str) -> tuple[list[Item], int]:
     return items, EXIT_INVALID if res.errors else EXIT_OK
 
 
+def _default_kubeconfig_exists() -> bool:
+    """Whether kubectl would find a kubeconfig without --kubeconfig."""
+    env = os.environ.get("KUBECONFIG")
+    paths = [p for p in env.split(os.pathsep) if p] if env else ["~/.kube/config"]
+    return any(Path(p).expanduser().is_file() for p in paths)
+
+
 async def _from_cluster(args: argparse.Namespace, resource: str) -> list[Item]:
     from kubernetes_asyncio import client, config
     from kubernetes_asyncio.client.exceptions import ApiException
     from kubernetes_asyncio.config.config_exception import ConfigException
 
+    if args.kubeconfig and not Path(args.kubeconfig).expanduser().is_file():
+        raise CommandError(f"--kubeconfig {args.kubeconfig}: no such file (or -f MANIFESTS to read manifests offline)")
+    if not args.kubeconfig and not _default_kubeconfig_exists() and "KUBERNETES_SERVICE_HOST" not in os.environ:
+        # asking the library anyway only adds its own "Config not found" line
+        raise CommandError("no cluster to read: no kubeconfig ($KUBECONFIG, ~/.kube/config) and not in a pod; "
+                           "pass --kubeconfig FILE, or -f MANIFESTS to read manifests offline")
     try:
         try:
             await config.load_kube_config(config_file=args.kubeconfig, context=args.context)
