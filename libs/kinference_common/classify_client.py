@@ -100,7 +100,8 @@ async def classify(
         reply = _reply_decoder.decode(msg.data)
     except msgspec.DecodeError:
         return failure(classifier, "error", "undecodable reply", started, request_id)
-    if len(reply.tags) != 1 or reply.tags[0] not in info.tags or reply.classifier != classifier:
+    if (len(reply.tags) != 1 or reply.tags[0] not in info.tags or reply.classifier != classifier
+            or (reply.outcome != "ok" and reply.tags[0] != info.failure_tag)):  # a failure says its failure tag
         return failure(classifier, "error", "invalid reply", started, request_id)
     return reply
 

@@ -92,10 +92,11 @@ def _kv_read(bucket: str) -> list[str]:
 
 
 def _kv_write(bucket: str) -> list[str]:
-    """A KV owner: reads, creates/updates its stream, puts and deletes keys."""
+    """A KV owner: reads, creates its stream, puts and deletes keys. Never
+    ``STREAM.UPDATE``: a stream's subjects could be changed to capture the
+    classify subjects, whose prompts the owner could then read back."""
     stream = f"KV_{bucket}"
-    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}",
-            f"$KV.{bucket}.>"]
+    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$KV.{bucket}.>"]
 
 
 def permissions(user: str) -> dict[str, Any]:
@@ -168,13 +169,22 @@ def generate_passwords(users: Sequence[str] = USERS) -> dict[str, str]:
     return {u: secrets.token_urlsafe(24) for u in users}
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, a file created (or truncated) with mode
+    0600: never readable by others, not even before a chmod."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def write_password_files(directory: Path, passwords: Mapping[str, str]) -> None:
     """``<directory>/<user>``, mode 0600: what ``--nats-password-file`` reads."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     for user, password in passwords.items():
-        path = directory / user
-        path.write_text(password + "\n")
-        path.chmod(0o600)
+        write_private(directory / user, password + "\n")
 
 
 class LocalAuth:
@@ -193,8 +203,7 @@ class LocalAuth:
             passwords[user] = path.read_text().strip() if path.exists() else secrets.token_urlsafe(24)
         write_password_files(self.directory, passwords)
         conf = self.directory / "nats-server.conf"
-        conf.write_text(server_config(passwords, listen=listen, store_dir=store_dir))
-        conf.chmod(0o600)
+        write_private(conf, server_config(passwords, listen=listen, store_dir=store_dir))
         return conf
 
     def flags(self, user: str) -> list[str]:
@@ -300,10 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # one, never half of one: compose under Podman re-runs this step each time
     # a dependent starts) and 0600 from the start
     tmp = a.out.with_name(f".{a.out.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o600)
+    write_private(tmp, text)
     os.replace(tmp, a.out)
     print(f"wrote {a.out} ({len(users)} users; passwords in {a.password_dir})")
     return 0

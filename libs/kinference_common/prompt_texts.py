@@ -31,9 +31,12 @@ Not read:
   an email address in ``user`` does not keep a clean prompt in the cluster;
 - the numbers and booleans of :data:`SETTINGS` (``temperature``,
   ``max_tokens``, ``seed``, ...; a string there is read);
-- parts that are not text (``image_url``, ``input_audio``, ``file``) and
-  token-id prompts (lists of integers): they are counted in ``unreadable``
-  instead. A classifier cannot say they are clean, so one that finds
+- the payload of parts that are not text (``image_url``, ``input_audio``,
+  ``file``: base64 data, ``data:`` URLs) and token-id prompts (lists of
+  integers): they are counted in ``unreadable`` instead (the rest of such a
+  part, an http URL or a file name, is read). An object or array where the API has a string (``arguments``, a
+  part's ``text``, a part ``type``) is counted unreadable *and* walked: the
+  provider receives its strings too. A classifier cannot say they are clean, so one that finds
   nothing answers its "unknown" tag.
 
 The walks are iterative: a body nested deeper than Python's recursion limit
@@ -91,6 +94,8 @@ class Extracted:
                 self.roles.append(role)
         elif text is not None:
             self.unreadable += 1
+            if isinstance(text, (dict, list)):  # not the API's shape, but the provider receives it: read it
+                self.walk(text, role)
 
     def walk(self, value: Any, role: str) -> None:
         """Read every string of ``value`` (and its unknown keys, its big numbers), in document order."""
@@ -121,26 +126,53 @@ def _content(out: Extracted, content: Any, role: str) -> None:
         out.add(content, role)
         return
     if not isinstance(content, list):
-        out.unreadable += 1
+        out.add(content, role)  # counted unreadable; an object's strings read
         return
     for part in content:
         if isinstance(part, str):
             out.add(part, role)
         elif isinstance(part, dict):
             kind = part.get("type")
+            if kind is not None and not isinstance(kind, str):  # an object or array: no part type of the API
+                out.unreadable += 1
+                out.walk(part, role)
+                continue
             if kind in _TEXT_PART_TYPES or (kind is None and "text" in part):
                 out.add(part.get("text"), role)
                 field_name = "text"
             elif kind == "refusal":
                 out.add(part.get("refusal"), role)
                 field_name = "refusal"
-            else:
+            else:  # an image, audio, a file: its payload is not text; every other string of it is read
                 out.unreadable += 1
+                out.walk(_without_payload(part), role)
                 continue
-            if len(part) > 2 or (kind is None and len(part) > 1):  # anything else the part carries
+            if len(part) > (field_name in part) + (kind is not None):  # anything else the part carries
                 out.walk({k: v for k, v in part.items() if k != field_name and k != "type"}, role)
         else:
-            out.unreadable += 1
+            out.add(part, role)
+
+
+#: keys whose string value is a non-text part's payload (base64 data, a ``data:`` URL)
+_PAYLOAD_KEYS = frozenset({"data", "file_data", "b64_json"})
+
+
+def _payload(key: str, value: Any) -> bool:
+    return isinstance(value, str) and (key in _PAYLOAD_KEYS or (key == "url" and value.startswith("data:")))
+
+
+def _without_payload(part: dict[str, Any]) -> dict[str, Any]:
+    """A non-text part without its payload (at the part's level and one below,
+    where the API puts it: ``image_url.url``, ``input_audio.data``,
+    ``file.file_data``), for the walk to read the rest (URLs, file names...)."""
+    out: dict[str, Any] = {}
+    for k, v in part.items():
+        if k == "type" or _payload(k, v):
+            continue
+        if isinstance(v, dict):
+            v = {k2: v2 for k2, v2 in v.items() if not _payload(k2, v2)}
+        out[k] = v
+    return out
 
 
 def _prompt(out: Extracted, prompt: Any) -> None:
@@ -153,10 +185,11 @@ def _prompt(out: Extracted, prompt: Any) -> None:
         for item in prompt:
             if isinstance(item, str):
                 out.add(item, "")
-            else:  # token ids, or a list of them
+            else:  # token ids, or a list of them (counted unreadable; any string in it read)
                 out.unreadable += 1
+                out.walk(item, "")
         return
-    out.unreadable += 1
+    out.add(prompt, "")  # counted unreadable; an object's strings read
 
 
 def _message(out: Extracted, msg: dict[str, Any]) -> None:
@@ -203,11 +236,15 @@ def texts_from_body(body: dict[str, Any]) -> Extracted:
     if isinstance(messages, list):
         for msg in messages:
             if not isinstance(msg, dict):
-                out.unreadable += 1
+                out.add(msg, "")
+                if isinstance(msg, str):  # not a message: read, and counted unreadable all the same
+                    out.unreadable += 1
                 continue
             _message(out, msg)
     elif messages is not None:
-        out.unreadable += 1
+        out.add(messages, "")
+        if isinstance(messages, str):
+            out.unreadable += 1
     _prompt(out, body.get("prompt"))
     if isinstance(body.get("suffix"), str):
         out.add(body["suffix"], "")

@@ -322,7 +322,7 @@ class Router:
         self.metrics.child(self.metrics.queue_depth, self.pool_label, str(priority)).set(n)
 
     async def _wait_for_capacity(self, req: Request, settings: CompiledFlowControl, avoid: set[str],
-                                 deadline: float, first: Decision) -> Decision:
+                                 deadline: float, first: Decision, tags: RequestTags | None = None) -> Decision:
         """Flow control (:mod:`kinference_router.flow`): wait in the pool's
         queue until a decision on a newer state routes (or rejects for
         another reason); 429 when shed, 503 at ``maxQueueWait``. ``first`` is
@@ -336,7 +336,8 @@ class Router:
             snap = self.keeper.snapshot
             if snap is None:
                 raise ApiError(503, "no_capacity", "the router lost its configuration", retry_after=1)
-            last = self._decide(req, snap, avoid)
+            # a newer policy may require a classifier not asked: its failure tag
+            last = self._decide(tags.fail_closed(snap) if tags is not None else req, snap, avoid)
             return last
 
         flow = req.headers.get(FAIRNESS_HEADER) or req.tenant
@@ -386,7 +387,7 @@ class Router:
                     again = self._decide(req, snap, tried)
                     d = again if (again.routed, again.code) == (d.routed, d.code) else d
                 try:
-                    d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, d)
+                    d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, d, tags)
                 except ApiError as err:
                     d = err.decision or d
                     self._publish_decision(d, decision_id, traces)

@@ -133,7 +133,8 @@ def _simple_texts(raw: dict[str, Any], fields: _Fields) -> list[str] | None:
     texts: list[str] = []
     for msg in messages:
         content = msg.get("content")
-        if len(msg) != 2 or msg.get("role") not in ROLES or type(content) is not str:
+        role = msg.get("role")
+        if len(msg) != 2 or type(role) is not str or role not in ROLES or type(content) is not str:
             return None
         if content:
             texts.append(content)

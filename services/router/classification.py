@@ -242,8 +242,10 @@ class Batcher:
                 if fut.done():
                     continue
                 reply = replies[i] if replies is not None else None
+                # the answer for this item, by its id: a reply in the wrong place is no answer
                 if (reply is None or len(reply.tags) != 1 or reply.tags[0] not in info.tags
-                        or reply.classifier != name):
+                        or reply.classifier != name or reply.request_id != item.request_id
+                        or (reply.outcome != "ok" and reply.tags[0] != info.failure_tag)):
                     outcome, detail = why if reply is None else ("error", "invalid reply")
                     reply = failure(name, outcome, detail, started, item.request_id)
                 fut.set_result(reply)
@@ -362,8 +364,13 @@ class Classification:
                     results.append((name, reply, 0.0, path, "the in-process detectors are still loading "
                                                             "(just after start): failure tag used"))
                     continue
-                reply = detectors.classify(name, ex.texts, roles=ex.roles, unreadable=ex.unreadable,
-                                           deadline_ms=info.deadline(IN_PROCESS) * 1e3, request_id=decision_id)
+                try:
+                    reply = detectors.classify(name, ex.texts, roles=ex.roles, unreadable=ex.unreadable,
+                                               deadline_ms=info.deadline(IN_PROCESS) * 1e3, request_id=decision_id)
+                except Exception as exc:  # a detector bug: fail closed, never a 500
+                    reply = failure(name, "error", type(exc).__name__, t0, decision_id)
+                    log.warning("in-process classifier raised: failure tag used", classifier=name,
+                                error=type(exc).__name__)
                 results.append((name, reply, time.perf_counter() - t0, path, ""))
             elif not self.pressure[name].admit():
                 self.shed.labels(name).inc()
@@ -383,6 +390,9 @@ class Classification:
                 else:
                     reply = await classify_body(self.nc, name, body.raw,
                                                 BUILTIN_CLASSIFIERS[name].deadline_seconds, request_id=decision_id)
+            except Exception as exc:  # a bug on the way: fail closed (the answer path gives the slot back)
+                reply = failure(name, "error", type(exc).__name__, t0, decision_id)
+                log.warning("classify request raised: failure tag used", classifier=name, error=type(exc).__name__)
             except BaseException:  # the client went away: give its slot back
                 self.pressure[name].in_flight -= 1
                 raise
@@ -505,6 +515,19 @@ class RequestTags:
             snap = (latest() if latest is not None else None) or snap
             needed = snap.classifiers_for(self.req)
         raise AssertionError("lazy decision did not converge")  # pragma: no cover - decide_lazily guarantees it
+
+    def fail_closed(self, snap: Snapshot) -> Request:
+        """The request as a decision that cannot await sees it on ``snap``:
+        every classifier ``snap`` requires that was not asked counts as
+        failed (its failure tag). Flow control decides a waiting request
+        again on each newer snapshot; one whose policy requires a classifier
+        the request's first snapshot did not must not route as if its tags
+        were absent (the router never fails open)."""
+        missing = [n for n in snap.classifiers_for(self.req) if n not in self.known and n in BUILTIN_CLASSIFIERS]
+        if not missing:
+            return self.req
+        return msgspec.structs.replace(
+            self.req, tags=self.req.tags | frozenset(BUILTIN_CLASSIFIERS[n].failure_tag for n in missing))
 
     async def complete(self, snap: Snapshot) -> Request:
         """Ask every required classifier not asked yet (before the request
