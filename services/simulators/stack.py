@@ -221,6 +221,10 @@ class Stack:
             proc.process = await asyncio.create_subprocess_exec(
                 *proc.argv, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL, cwd=str(REPO),
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                # Ctrl-C reaches the terminal's whole process group: the
+                # children stay out of it, so the stack stops them in order
+                # (services first, nats-server last) instead of all at once
+                start_new_session=True,
             )
         finally:
             out.close()
@@ -382,7 +386,9 @@ async def amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="make run", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(prog="python -m kinference_simulators.stack",
+                                description=__doc__.split("\n\n")[0] if __doc__ else None,
+                                epilog="make run runs this; give it an offset as KINFERENCE_PORT_OFFSET=N make run.")
     p.add_argument("--run-dir", default=None,
                    help="state, logs and statuses (default .run, or .run-<offset> with a port offset)")
     p.add_argument("--port-offset", type=int, default=int(os.environ.get("KINFERENCE_PORT_OFFSET", "0")),

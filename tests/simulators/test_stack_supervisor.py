@@ -68,3 +68,22 @@ async def test_a_dead_process_is_restarted_with_backoff_and_stop_stops_it(tmp_pa
     assert any("restarted sleeper" in m and "restart #1" in m for m in said), said
     assert any("crasher exited (code 3)" in m and "boom" in m for m in said), said  # with its log's tail
     assert all(p.process is None or p.process.returncode is not None for p in (sleeper, crasher))
+
+
+async def test_children_are_out_of_the_terminals_process_group(tmp_path: Path) -> None:
+    """A Ctrl-C goes to the terminal's foreground process group: the stack's
+    children are not in it, so only the stack gets the signal and stops them
+    in order (services first, nats-server last)."""
+    import os
+
+    stack = Stack(tmp_path, 0)
+    (tmp_path / "logs").mkdir()
+    child = Proc("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
+    await stack.spawn(child)
+    stack.procs.append(child)
+    try:
+        assert child.process is not None
+        assert os.getpgid(child.process.pid) != os.getpgrp()
+    finally:
+        await stack.stop(grace=2)
+    assert child.process.returncode is not None
