@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import nats
@@ -185,27 +186,7 @@ class SnapshotKeeper:
             log.info("no configuration yet", pool=f"{self.namespace}/{self.pool_name}")
         except Exception as exc:  # NATS went away mid-resync: the next reconnect retries
             log.warning("configuration resync failed", error=str(exc))
-        try:
-            kv = await js.key_value(subjects.TELEMETRY_BUCKET)
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                keys = []
-            for key in keys:
-                try:
-                    entry = await kv.get(key)
-                except KeyNotFoundError:
-                    continue
-                if not entry.value:
-                    continue
-                if key.startswith("endpoint."):
-                    self._apply(entry.value, _endpoint_decoder, self.set_endpoint)
-                elif key.startswith("provider."):
-                    self._apply(entry.value, _provider_decoder, self.set_provider)
-        except BucketNotFoundError:
-            pass
-        except Exception as exc:
-            log.warning("telemetry resync failed", error=str(exc))
+        await resync_telemetry(js, self.set_endpoint, self.set_provider)
         self.rebuild()
 
     async def resync_config(self) -> None:
@@ -419,26 +400,35 @@ class PoolsFollower:
             log.info("no configuration yet")
         except Exception as exc:  # NATS went away mid-resync: the next reconnect retries
             log.warning("configuration resync failed", error=str(exc))
-        try:
-            kv = await js.key_value(subjects.TELEMETRY_BUCKET)
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                keys = []
-            for key in keys:
-                try:
-                    entry = await kv.get(key)
-                except KeyNotFoundError:
-                    continue
-                if not entry.value:
-                    continue
-                if key.startswith("endpoint."):
-                    SnapshotKeeper._apply(entry.value, _endpoint_decoder, self.set_endpoint)
-                elif key.startswith("provider."):
-                    SnapshotKeeper._apply(entry.value, _provider_decoder, self.set_provider)
-        except BucketNotFoundError:
-            pass
-        except Exception as exc:
-            log.warning("telemetry resync failed", error=str(exc))
+        await resync_telemetry(js, self.set_endpoint, self.set_provider)
         for k in self.keepers.values():
             k.rebuild()
+
+
+async def resync_telemetry(js: Any, set_endpoint: Callable[[object], None],
+                           set_provider: Callable[[object], None]) -> None:
+    """Read every endpoint and provider state in the telemetry bucket into
+    ``set_endpoint`` / ``set_provider`` (what a (re)connecting router does;
+    a missing bucket is no telemetry yet, a failure is logged and left to the
+    next reconnect or resync)."""
+    try:
+        kv = await js.key_value(subjects.TELEMETRY_BUCKET)
+        try:
+            keys = await kv.keys()
+        except NoKeysError:
+            keys = []
+        for key in keys:
+            try:
+                entry = await kv.get(key)
+            except KeyNotFoundError:
+                continue
+            if not entry.value:
+                continue
+            if key.startswith("endpoint."):
+                SnapshotKeeper._apply(entry.value, _endpoint_decoder, set_endpoint)
+            elif key.startswith("provider."):
+                SnapshotKeeper._apply(entry.value, _provider_decoder, set_provider)
+    except BucketNotFoundError:
+        pass
+    except Exception as exc:
+        log.warning("telemetry resync failed", error=str(exc))
