@@ -12,11 +12,13 @@ Derived per endpoint (TELEMETRY.md, "Predicting TTFT"):
   summed over engines; KV use averaged over engines; KV capacity =
   ``num_gpu_blocks * block_size`` from ``cache_config_info``, summed.
 - prefix-cache hit rate: delta hits / delta queries over the window.
-- prefill throughput (Theta), tokens/s: delta of
+- prefill throughput (Theta), the *engine's* prefill tokens/s: delta of
   ``request_prefill_kv_computed_tokens_sum`` (else
   ``prompt_tokens_by_source{source=local_compute}``, else prompt tokens minus
-  prefix hits) over delta of ``request_prefill_time_seconds_sum``. Learned:
-  the last value is kept through windows without prefills.
+  prefix hits) over the time the engine can have spent prefilling them, then
+  the largest such window estimate of the last ``theta_horizon`` seconds
+  (see :func:`window_prefill_rate`). Learned: the last value is kept through
+  windows without prefills.
 - fixed overhead (T0): mean TTFT - mean queue time - mean prefill time over
   the window, at least 0; learned the same way.
 - mean TTFT over the window; preemptions counted over the window.
@@ -59,6 +61,9 @@ class DeriveConfig:
     stale_after: float = 1.0
     #: re-read /v1/models this often (and after a failure, a tenth of it)
     models_interval: float = 300.0
+    #: Theta is the largest window estimate of this many seconds (an envelope:
+    #: each estimate is a lower bound of the engine's rate)
+    theta_horizon: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +106,44 @@ def merge_gpu_stats(a: GpuStats, b: GpuStats) -> GpuStats:
                     mx(a.xid_error, b.xid_error), a.gpus + b.gpus)  # type: ignore[arg-type]
 
 
+def window_prefill_rate(
+    tokens: float | None, prefill_seconds: float | None, prefills: float | None, wall_seconds: float
+) -> float | None:
+    """The engine's prefill tokens/s seen in one window, or None.
+
+    ``tokens`` prefill tokens were computed for the ``prefills`` requests
+    whose prefill ended in a window of ``wall_seconds``; their per-request
+    prefill times add up to ``prefill_seconds``. A batched engine prefills
+    several requests in the same steps (they share each step's token
+    budget), so per-request times overlap and ``tokens / prefill_seconds``
+    is a per-request rate: with ``n`` prefills at once, ``1/n`` of the
+    engine's. What the engine did is ``tokens`` in the time it was busy
+    prefilling, which is at most ``prefill_seconds`` (no overlap) and at
+    most the window's wall time (plus one mean prefill, for a prefill that
+    began before the window and ended in it). Dividing by the smaller of
+    the two gives the tighter lower bound of the engine's rate: exact when
+    prefills do not overlap (light load) or the engine prefilled all window
+    long (saturation).
+    """
+    if tokens is None or prefill_seconds is None or not (tokens > 0) or not (prefill_seconds > 1e-9):
+        return None
+    busy = prefill_seconds
+    if prefills is not None and prefills >= 1:
+        busy = min(busy, wall_seconds + prefill_seconds / prefills)
+    if not (busy > 1e-9):
+        return None
+    rate = tokens / busy
+    # a subnormal token count underflows to 0: no estimate
+    return rate if 0.0 < rate < math.inf else None
+
+
 class EndpointTracker:
     """Derivation state of one vLLM endpoint. Not thread-safe; no I/O."""
 
     __slots__ = (
         "target", "config", "last", "last_success", "scrape_errors", "last_error",
         "context_window", "models_due", "_raw", "_adj", "_snaps", "prefill_tps",
-        "fixed_overhead", "mean_ttft", "hit_rate", "preemptions",
+        "fixed_overhead", "mean_ttft", "hit_rate", "preemptions", "_theta",
     )
 
     def __init__(self, target: Target, config: DeriveConfig | None = None) -> None:
@@ -125,6 +161,9 @@ class EndpointTracker:
         self._adj: list[float | None] = [None] * n
         self._snaps: deque[tuple[float, tuple[float | None, ...]]] = deque()
         self.prefill_tps: float | None = None
+        #: (time, window estimate), decreasing estimates: the front is the
+        #: largest of the last ``theta_horizon`` seconds (a sliding maximum)
+        self._theta: deque[tuple[float, float]] = deque()
         self.fixed_overhead: float | None = None
         self.mean_ttft: float | None = None
         self.hit_rate: float | None = None
@@ -154,6 +193,7 @@ class EndpointTracker:
         snaps = self._snaps
         if snaps and now < snaps[-1][0]:  # the clock went back: start the window again
             snaps.clear()
+            self._theta.clear()
         snaps.append((now, tuple(adj)))
         horizon = now - self.config.window
         while len(snaps) > 1 and snaps[1][0] <= horizon:
@@ -178,7 +218,7 @@ class EndpointTracker:
         snaps = self._snaps
         if len(snaps) < 2:
             return
-        a, b = snaps[0][1], snaps[-1][1]
+        (t_a, a), (t_b, b) = snaps[0], snaps[-1]
 
         def d(i: int) -> float | None:
             x, y = a[i], b[i]
@@ -190,8 +230,8 @@ class EndpointTracker:
         self.preemptions = int(round(dp)) if dp is not None else None
         ts, tc = d(_TTFT_S), d(_TTFT_C)
         self.mean_ttft = ts / tc if ts is not None and tc and tc > 0 else None
-        # Theta: prefill tokens computed / prefill time
-        pf_s = d(_PF_S)
+        # Theta: prefill tokens computed / time the engine spent prefilling
+        pf_s, pc = d(_PF_S), d(_PF_C)
         tokens = d(_KVC_S)
         if tokens is None:
             tokens = d(_LOCAL)
@@ -199,12 +239,18 @@ class EndpointTracker:
             dpr = d(_PROMPT)
             if dpr is not None:
                 tokens = max(0.0, dpr - (dh or 0.0))
-        if pf_s is not None and pf_s > 1e-9 and tokens is not None and tokens > 0:
-            rate = tokens / pf_s
-            if 0.0 < rate < math.inf:  # a subnormal token count underflows to 0: no estimate
-                self.prefill_tps = rate
+        rate = window_prefill_rate(tokens, pf_s, pc, t_b - t_a)
+        theta = self._theta
+        if rate is not None:
+            while theta and theta[-1][1] <= rate:
+                theta.pop()
+            theta.append((t_b, rate))
+        while len(theta) > 1 and theta[0][0] < t_b - self.config.theta_horizon:
+            theta.popleft()
+        if theta:
+            self.prefill_tps = theta[0][1]
         # T0: TTFT not explained by queueing and prefill
-        qs, qc, pc = d(_Q_S), d(_Q_C), d(_PF_C)
+        qs, qc = d(_Q_S), d(_Q_C)
         if self.mean_ttft is not None and qs is not None and qc and pf_s is not None and pc:
             self.fixed_overhead = max(0.0, self.mean_ttft - qs / qc - pf_s / pc)
 
