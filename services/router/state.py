@@ -87,12 +87,7 @@ class SnapshotKeeper:
             self.rebuild()
 
     def set_endpoint(self, state: EndpointState) -> None:
-        key = f"{state.namespace}/{state.worker_set}/{state.pod}"
-        self.endpoints[key] = state
-        if state.scraped_at:
-            self.ledger.observed(key, state.scraped_at)
-            if state.ready and self.healthy is not None:
-                self.healthy(key, state.scraped_at)
+        record_endpoint(self.endpoints, self.ledger, self.healthy, state)
         self._dirty = True
         self.updates += 1
 
@@ -297,12 +292,7 @@ class PoolsFollower:
         self.on_pools()
 
     def set_endpoint(self, state: EndpointState) -> None:
-        key = f"{state.namespace}/{state.worker_set}/{state.pod}"
-        self.endpoints[key] = state
-        if state.scraped_at:
-            self.ledger.observed(key, state.scraped_at)
-            if state.ready and self.healthy is not None:
-                self.healthy(key, state.scraped_at)
+        record_endpoint(self.endpoints, self.ledger, self.healthy, state)
         self._changed()
 
     def set_provider(self, state: ProviderState) -> None:
@@ -432,3 +422,15 @@ async def resync_telemetry(js: Any, set_endpoint: Callable[[object], None],
         pass
     except Exception as exc:
         log.warning("telemetry resync failed", error=str(exc))
+
+
+def record_endpoint(endpoints: dict[str, EndpointState], ledger: Any,
+                    healthy: Callable[[str, float], None] | None, state: EndpointState) -> None:
+    """Keep an endpoint's latest state; a scraped one tells the in-flight
+    ledger what telemetry has seen, and a ready one may end an ejection."""
+    key = f"{state.namespace}/{state.worker_set}/{state.pod}"
+    endpoints[key] = state
+    if state.scraped_at:
+        ledger.observed(key, state.scraped_at)
+        if state.ready and healthy is not None:
+            healthy(key, state.scraped_at)
