@@ -3,6 +3,14 @@ the test's stand-ins), one policy, one pool."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kinference_common.manifests import load_text
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+
 #: the rule's exclusion when local endpoints count as saturated past 4 queued prompts
 BIG_QUEUES = """        exclude:
           - name: big-queues
@@ -47,3 +55,15 @@ spec:
     - {{kind: InferenceWorkerSet, name: {worker_set}}}
   policyRef: {{name: {policy}}}
 """ + (f"  flowControl: {flow_control}\n" if flow_control else "")
+
+
+def example_documents(provider_address: str,
+                      edit: Callable[[str, str], str] | None = None) -> list[Any]:
+    """The documents of deploy/examples (the burst-unless-PII policy on its
+    pool), the provider's URL pointed at ``provider_address`` (host:port);
+    ``edit(file name, text)`` may change a file's text first."""
+    docs: list[Any] = []
+    for f in sorted(EXAMPLES.glob("*.yaml")):
+        text = f.read_text().replace("http://127.0.0.1:8300/v1", f"http://{provider_address}/v1")
+        docs += load_text(edit(f.name, text) if edit else text, str(f))
+    return docs

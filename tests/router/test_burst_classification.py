@@ -16,6 +16,7 @@ from kinference_common.compiler import compile_documents
 from kinference_common.manifests import load_text
 from kinference_policy_compiler.publisher import ConfigPublisher
 from kinference_router.classification import Pressure
+from .manifests import example_documents
 from tests.router.conftest import Served
 from tests.router.test_router import REPO, Env, classifier, env  # noqa: F401 - fixtures
 
@@ -80,13 +81,12 @@ async def test_live_explain_runs_the_classifiers_like_the_request_path(env: Env,
 
 
 async def republish(env: Env, flow_control: str | None = None, **compile_kwargs: Any) -> None:
-    docs = []
-    for f in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
-        text = f.read_text().replace("http://127.0.0.1:8300/v1", f"http://{env.provider.address}/v1")
-        if flow_control and f.name == "20-pool.yaml":
-            text = text.replace("  policyRef:", f"  flowControl: {flow_control}\n  policyRef:")
-        docs += load_text(text, str(f))
-    res = compile_documents(docs, **compile_kwargs)
+    def edit(name: str, text: str) -> str:
+        if flow_control and name == "20-pool.yaml":
+            return text.replace("  policyRef:", f"  flowControl: {flow_control}\n  policyRef:")
+        return text
+
+    res = compile_documents(example_documents(env.provider.address, edit), **compile_kwargs)
     publisher = ConfigPublisher(env.nc)
     await publisher.start()
     await publisher.publish(res.pools)

@@ -25,7 +25,6 @@ from kinference_classifier.service import ClassifierService
 from kinference_common import bus, subjects
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_common.compiler import compile_documents
-from kinference_common.manifests import load_text
 from kinference_common.messages import EndpointState, encode
 from kinference_common.natsserver import NatsServer
 from kinference_common.prompt_texts import texts_from_body
@@ -35,8 +34,8 @@ from kinference_router.app import Router, RouterSettings
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import SecretFiles
 from kinference_simulators.provider import STATE, ProviderSimConfig, make_app
+from .manifests import example_documents
 
-REPO = Path(__file__).resolve().parents[2]
 EMAIL = "jane.doe@example.com"
 CARD = "4111 1111 1111 1111"
 CARD_DIGITS = "4111111111111111"
@@ -131,11 +130,7 @@ async def env(nats_server: NatsServer, tmp_path: Path, classifier: ClassifierSer
                                                      output_len_mean=4.0,
                                                      log_file=str(tmp_path / "provider-requests.jsonl"))))
     await provider.start_server()
-    docs = []
-    for f in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
-        docs += load_text(f.read_text().replace("http://127.0.0.1:8300/v1", f"http://127.0.0.1:{provider.port}/v1"),
-                          str(f))
-    res = compile_documents(docs)
+    res = compile_documents(example_documents(f"127.0.0.1:{provider.port}"))
     assert not res.errors
     nc = await nats.connect(nats_server.url)
     publisher = ConfigPublisher(nc)

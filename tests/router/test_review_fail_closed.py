@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kinference_common.compiler import compile_documents
-from kinference_common.manifests import load_text
 from kinference_policy_compiler.publisher import ConfigPublisher
-from tests.router.test_router import REPO, Env, classifier, env  # noqa: F401 - fixtures
+from .manifests import example_documents
+from tests.router.test_router import Env, classifier, env  # noqa: F401 - fixtures
 
 CARD_PROMPT = "My card is 4111 1111 1111 1111, summarise my statement."
 
@@ -19,11 +19,7 @@ FLOW = "{maxQueueWait: 1500ms, maxQueued: 10}"
 
 
 async def publish(env: Env, edit: Callable[[str, str], str]) -> None:
-    docs = []
-    for f in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
-        text = f.read_text().replace("http://127.0.0.1:8300/v1", f"http://{env.provider.address}/v1")
-        docs += load_text(edit(f.name, text), str(f))
-    res = compile_documents(docs)
+    res = compile_documents(example_documents(env.provider.address, edit))
     publisher = ConfigPublisher(env.nc)
     await publisher.start()
     await publisher.publish(res.pools)

@@ -23,13 +23,13 @@ from kinference_classifier.service import ClassifierService
 from kinference_common import bus, subjects
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_common.compiler import compile_documents
-from kinference_common.manifests import load_text
 from kinference_common.messages import EndpointState, encode
 from kinference_common.natsserver import NatsServer
 from kinference_policy_compiler.publisher import ConfigPublisher
 from kinference_router.app import Router, RouterSettings
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import SecretFiles
+from .manifests import example_documents
 
 REPO = Path(__file__).resolve().parents[2]
 PII_PROMPT = "Please email the contract to jane.doe@example.com and call me back."
@@ -122,11 +122,7 @@ async def env(nats_server: NatsServer, tmp_path: Path, serve: Any) -> AsyncItera
         up.server = TestServer(up.app())
         await up.server.start_server()
     # the example manifests, with the provider pointing at the stand-in
-    docs = []
-    for f in sorted((REPO / "deploy" / "examples").glob("*.yaml")):
-        docs += load_text(f.read_text().replace("http://127.0.0.1:8300/v1", f"http://{provider.address}/v1"),
-                          str(f))
-    res = compile_documents(docs)
+    res = compile_documents(example_documents(provider.address))
     assert not res.errors
     nc = await nats.connect(nats_server.url)
     publisher = ConfigPublisher(nc)
