@@ -50,6 +50,9 @@ def cases(args: argparse.Namespace) -> list[run.Case]:
             if w in args.workloads:
                 for load in (0.8, 1.0):
                     out.extend(run.Case(w, r, load, replicas=args.replicas, seed=args.seed) for r in args.routers)
+                    if "kinference" in args.routers and not args.no_replica_sync:
+                        out.append(run.Case(w, "kinference", load, replicas=args.replicas, seed=args.seed,
+                                            variant="replica_sync"))
     for si in args.scrape_intervals:
         if si == 0.1:
             continue
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--replicas", type=int, default=3, help="also run chat and shared_prefix with this many "
                     "router replicas (traffic spread round robin over them); 1 to skip")
+    ap.add_argument("--no-replica-sync", action="store_true", help="skip the rows of Kinference's replicas "
+                    "sharing their ledgers and prefix picks (variant replica_sync)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="chat and shared_prefix at loads 0.4, 0.8, 1.0 only "
                     "(no plots)")

@@ -18,6 +18,9 @@ Discrete events on one heap, no wall clock:
   :class:`~kinference_common.messages.EndpointState` reaches every router
   (the collector's publish and the bus).
 
+- **call**: a router's own timer (:attr:`Router.schedule`), e.g. the
+  Kinference replicas' sync publishes and their delivery to the peers.
+
 So every router decides on telemetry that is ``publish_delay`` to
 ``scrape_interval + publish_delay`` old, plus whatever it records of its own
 sends (each router's own business: see :mod:`.peers` and :mod:`.kinference`).
@@ -170,6 +173,8 @@ class Router:
     """What the fleet asks of a router under test (see :mod:`.peers`)."""
 
     name = "router"
+    #: ``schedule(t, fn)``: call ``fn(t)`` at sim time ``t`` (set by :func:`simulate` before ``setup``)
+    schedule = None
 
     def setup(self, pods: Sequence[PodSpec], providers: Sequence[ProviderSpec], rng: random.Random) -> None:
         self.pods = list(pods)
@@ -191,7 +196,7 @@ class Router:
 
 
 # event kinds, in tie order at one instant: tokens out, then telemetry, then arrivals
-_STEP, _PROVIDER, _DELIVER, _SCRAPE, _ARRIVAL = range(5)
+_STEP, _PROVIDER, _DELIVER, _SCRAPE, _ARRIVAL, _CALL = range(6)
 
 
 @dataclass
@@ -237,8 +242,6 @@ def simulate(
     prepare(requests, pods[0].block_size if pods else 16)
     fleet_pods = {p.key: Pod(p) for p in pods}
     prov = {p.key: p for p in providers}
-    for i, r in enumerate(routers):
-        r.setup(pods, providers, random.Random(f"router/{seed}/{i}"))
     outcomes = {r.id: Outcome(r) for r in requests}
     owner: dict[str, Router] = {}
     heap: list[tuple[float, int, int, object]] = []
@@ -248,6 +251,10 @@ def simulate(
         nonlocal seq
         seq += 1
         heapq.heappush(heap, (t, kind, seq, payload))
+
+    for i, r in enumerate(routers):
+        r.schedule = lambda t, fn: push(t, _CALL, fn)
+        r.setup(pods, providers, random.Random(f"router/{seed}/{i}"))
 
     for r in requests:
         push(r.time, _ARRIVAL, r)
@@ -339,6 +346,8 @@ def simulate(
             state = pod.tracker.state(wall)
             push(now + telemetry.publish_delay, _DELIVER, state)
             push(now + telemetry.scrape_interval, _SCRAPE, key)
+        elif kind == _CALL:
+            payload(now)  # type: ignore[operator]
         else:  # _DELIVER
             for router in routers:
                 router.on_telemetry(payload, now)  # type: ignore[arg-type]

@@ -40,7 +40,7 @@ from kinference_simulators.profiles import get_profile
 
 from . import workloads
 from .fleet import PodSpec, ProviderSpec, Router, RunResult, TelemetrySpec, fleet, simulate
-from .kinference import Kinference
+from .kinference import Kinference, ReplicaShare, link
 from .peers import PEERS
 
 ROUTERS = ["round_robin", "least_queue", "gie_default", "llmd_sticky", "vllm_router_cache_aware", "kinference"]
@@ -195,6 +195,9 @@ def run_case(case: Case, make: Callable[[str], Router] = make_router) -> dict:
         pass  # models already alternate by group
     if case.variant == "before":
         routers = [Kinference(fixed=False) for _ in range(case.replicas)]
+    elif case.variant == "replica_sync":
+        routers = [Kinference(share=ReplicaShare()) for _ in range(case.replicas)]
+        link(routers)
     else:
         routers = [make(case.router) for _ in range(case.replicas)]
     res = simulate(reqs, pods, routers, telemetry=TelemetrySpec(scrape_interval=case.scrape_interval),

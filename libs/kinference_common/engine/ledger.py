@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Callable, Protocol
 
 #: seconds a first token is remembered for peers (a peer's scrape of the
 #: endpoint may still count the send as waiting; scrapes are ~0.1-1 s apart)
@@ -176,6 +176,9 @@ class InFlightLedger:
         self.version = 0
         #: keep recent first tokens for :meth:`summary` (set by whoever publishes it)
         self.sharing = False
+        #: called after every change of this replica's own sends (the replica
+        #: sync's publish trigger); must not call back into the ledger
+        self.on_change: Callable[[], None] | None = None
 
     def _load(self, key: str) -> EndpointLoad:
         load = self.loads.get(key)
@@ -198,6 +201,8 @@ class InFlightLedger:
             opened = self._open[key] = {}
         opened[send] = None
         self.version += 1
+        if self.on_change is not None:
+            self.on_change()
         return send
 
     def first_token(self, send: Send, now: float | None = None) -> None:
@@ -227,6 +232,8 @@ class InFlightLedger:
         else:  # the last scrape counted it waiting; it is not any more
             load.drained_count += 1
         self._gc(send.key, load)
+        if self.on_change is not None:
+            self.on_change()
 
     def finished(self, send: Send, now: float | None = None) -> None:
         """The request ended (completed, failed or cancelled)."""
