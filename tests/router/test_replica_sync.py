@@ -170,3 +170,67 @@ async def test_a_peer_with_another_hash_key_shares_loads_but_not_prefixes(nats_s
             await r.sync.stop()
         for nc in ncs:
             await nc.close()
+
+
+# ------------------------------------------------- two real router replicas
+
+
+async def test_two_router_replicas_share_a_send_through_the_http_path(start_pool) -> None:  # noqa: ANN001
+    """A request in flight through router A's data port shows on router B's
+    ledger (peers' in-flight and pending prompt tokens) and its prefix index;
+    when it ends, B's view empties. With --no-replica-sync (C), nothing
+    arrives."""
+    import aiohttp
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from .manifests import one_worker_set_pool
+
+    release = asyncio.Event()
+    arrived = asyncio.Event()
+
+    async def hang(request: web.Request) -> web.Response:
+        await request.read()
+        arrived.set()
+        await release.wait()
+        return web.json_response({"id": "x", "object": "chat.completion", "choices": [],
+                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", hang)
+    upstream = TestServer(app)
+    await upstream.start_server()
+    manifests = one_worker_set_pool("shared")
+    a = await start_pool(manifests, "shared")
+    b = await start_pool(manifests, "shared")
+    c = await start_pool(manifests, "shared", replica_sync=False)
+    key = "default/stub/stub-0"
+    try:
+        for r in (a, b, c):
+            await r.endpoint("stub", "m", f"127.0.0.1:{upstream.port}")
+        await _until(lambda: a.router.ledger.peers and b.router.ledger.peers, "A and B hear each other")
+        assert c.router.sync is None and c.router.ledger.peers == []
+        body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}]}
+        async with aiohttp.ClientSession() as s:
+            call = asyncio.create_task(s.post(a.url, json=body))
+            await asyncio.wait_for(arrived.wait(), 10)
+            await _until(lambda: key in b.router.ledger.loads and b.router.ledger.loads[key].peer_in_flight == 1,
+                         "B sees A's request in flight")
+            load = b.router.ledger.loads[key]
+            assert load.peer_pending_count == 1 and load.peer_pending_tokens > 500  # the prompt's size, not 0
+            hashes = block_hashes(PROMPT, key=b.router.settings.prefix_key)
+            assert b.router.prefix.match(hashes).get(key) == len(hashes)
+            assert key not in c.router.ledger.loads and c.router.prefix.blocks(key) == 0
+            release.set()
+            resp = await call
+            assert resp.status == 200
+            resp.release()
+        await _until(lambda: key not in b.router.ledger.loads or b.router.ledger.loads[key].peer_in_flight == 0,
+                     "B sees it finished")
+        metrics = b.router.metrics.registry
+        assert metrics.get_sample_value("kinference_replica_sync_peers") == 1
+        assert metrics.get_sample_value("kinference_replica_sync_messages_total",
+                                        {"direction": "in", "outcome": "merged"}) >= 1
+    finally:
+        release.set()
+        await upstream.close()
