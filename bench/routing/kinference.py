@@ -17,7 +17,7 @@ NATS shells, wired as ``services/router`` wires it:
   uncalibrated prediction, as the router's ``_first_token`` does;
 - with ``share`` (:class:`ReplicaShare`), the replicas of one fleet share
   what they learn as ``services/router/replica_sync.py`` does over NATS: a
-  change of a replica's sends publishes its ledger's
+  send or a first token (the ledger's ``on_change``) publishes its ledger's
   :meth:`~InFlightLedger.summary` and its prefix index's journal, at most
   once per ``interval`` (at once when the last publish is older), and every
   ``heartbeat`` otherwise; each peer merges it ``delay`` later (the bus),

@@ -7,8 +7,8 @@ module carries that knowledge between replicas over NATS; the merging is the
 engine's (:meth:`InFlightLedger.merge_peer`, :meth:`PrefixIndex.record_peer`),
 the decision itself is unchanged.
 
-- **Publish** (:meth:`ReplicaSync._run`): a change of this replica's sends
-  (the ledger's ``on_change``) publishes a :class:`ReplicaSync` message on
+- **Publish** (:meth:`ReplicaSync._run`): a send or a first token (the
+  ledger's ``on_change``; a request's end waits for the next message) publishes a :class:`ReplicaSync` message on
   ``kinference.router.<ns>.<pool>.sync`` (``kinference.router.all.sync`` for
   a router of several pools) at once when the last one is ``interval``
   (50 ms) old, else at the end of the interval; with no change, a heartbeat

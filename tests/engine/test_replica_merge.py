@@ -181,3 +181,23 @@ def test_prefix_journal_carries_records_to_a_peer_with_the_kv_cap() -> None:
     assert b.match(hashes[:10]) == {KEY0: 10}
     assert b.blocks(KEY0) == 16  # the KV-sized cap holds for peers' records too
     assert b.take_journal() == []  # a peer's record is not published again
+
+
+def test_sends_and_first_tokens_call_on_change_and_the_end_goes_with_the_next_summary() -> None:
+    """The replica sync publishes on these calls: a send and its first token
+    move the peers' queue estimates at once; a request's end only lowers
+    inFlight and waits for the next summary."""
+    ledger = InFlightLedger()
+    ledger.sharing = True
+    calls: list[int] = []
+    ledger.on_change = lambda: calls.append(ledger.version)
+    s = ledger.sent(KEY0, 10, NOW)
+    assert len(calls) == 1
+    ledger.first_token(s, NOW + 1)
+    assert len(calls) == 2
+    ledger.finished(s, NOW + 2)
+    assert len(calls) == 2
+    (e,) = ledger.summary(NOW + 2)
+    assert e.in_flight == 0 and e.pending == []  # the next summary has it
+    ledger.observed(KEY0, NOW + 3)  # telemetry is not this replica's news
+    assert len(calls) == 2
