@@ -22,12 +22,14 @@
    re-implemented ``vllm_router_cache_aware`` on the same 4 pods.
 
 Tolerances (:func:`compare`): the fleet's prefix-cache hit rate within 0.05
-of the real router's; the share of requests each pod served within 0.10
-(pods matched by rank of load, since worker order differs); and the share
-of requests sent to the pod their prefix group was sent to most (the
-decision itself, which the hit rate only shows through the cache: with
-room in every cache, a router that ignores prefixes still hits on the
-system prompts) within 0.05. TTFT is reported but not held to a tolerance: the HTTP path
+of the real router's; the share of requests sent to the pod their prefix
+group was sent to most within 0.05 (the decision, which the hit rate only
+shows through the cache: with room in every cache, a router that ignores
+prefixes still hits on the system prompts); and at least 0.98 of the real
+router's picks allowed by the re-implemented rule when it is fed the real
+run's own timeline (:func:`explained`: a pick-by-pick check). The share of
+requests each pod served is reported (pods matched by rank of load), not
+held: see :func:`compare`. TTFT is reported but not held to a tolerance: the HTTP path
 adds real-time jitter multiplied by the time scale. Prints the table,
 writes ``bench/results/routing_crosscheck.json`` and exits 1 when outside a
 tolerance (or when the binary cannot be installed or a request failed).
@@ -54,7 +56,7 @@ from bench import harness
 from bench.router import COMPETITORS, ensure_competitors
 
 from . import run
-from .fleet import PodSpec, simulate
+from .fleet import PodSpec, prepare, simulate
 from .peers import VllmRouterCacheAware
 from .workloads import TextFactory, _grouped, _poisson_times
 
@@ -66,8 +68,9 @@ TIME_SCALE = 2.0
 RATE = 40.0  # requests per simulated second
 DURATION = 15.0
 HIT_TOLERANCE = 0.05
-SHARE_TOLERANCE = 0.10
 CONCENTRATION_TOLERANCE = 0.05
+#: at least this share of the real picks must be ones the rule allows on the real timeline
+EXPLAINED_MIN = 0.98
 ROUTER_LOG_LEVEL = "warning"
 
 
@@ -87,9 +90,13 @@ def _metric(page: str, name: str) -> float:
     return total
 
 
-async def _replay(url: str, reqs, time_scale: float) -> tuple[list[float | None], list[str | None]]:  # noqa: ANN001
+async def _replay(url: str, reqs, time_scale: float) -> dict[str, list]:  # noqa: ANN001
+    """Send ``reqs`` at their (scaled) times: each one's TTFT (simulated seconds),
+    completion id, and when it was sent and its stream ended (real seconds)."""
     ttfts: list[float | None] = [None] * len(reqs)
     ids: list[str | None] = [None] * len(reqs)
+    sent: list[float | None] = [None] * len(reqs)
+    ended: list[float | None] = [None] * len(reqs)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         t0 = time.perf_counter()
@@ -101,6 +108,7 @@ async def _replay(url: str, reqs, time_scale: float) -> tuple[list[float | None]
                 await asyncio.sleep(delay)
             body = {"model": "m", "prompt": r.text, "max_tokens": r.output_len, "ignore_eos": True, "stream": True}
             start = time.perf_counter()
+            sent[i] = start - t0
             async with session.post(url, json=body) as resp:
                 resp.raise_for_status()
                 async for line in resp.content:
@@ -108,8 +116,9 @@ async def _replay(url: str, reqs, time_scale: float) -> tuple[list[float | None]
                         ttfts[i] = (time.perf_counter() - start) * time_scale
                         m = re.search(rb'"id":"([^"]+)"', line)
                         ids[i] = m.group(1).decode() if m else None
+            ended[i] = time.perf_counter() - t0
         await asyncio.gather(*(one(i) for i in range(len(reqs))))
-    return ttfts, ids
+    return {"ttfts": ttfts, "ids": ids, "sent": sent, "ended": ended}
 
 
 def _response_ids(seed: int, n: int) -> list[str]:
@@ -141,7 +150,8 @@ def real_run(reqs, log_dir: Path, time_scale: float = TIME_SCALE) -> dict:  # no
             "--log-level", ROUTER_LOG_LEVEL], log_dir)
         procs.append(router)
         harness.wait_http(f"http://127.0.0.1:{rport}/health", 60, router.proc, "vllm-router")
-        ttfts, ids = asyncio.run(_replay(f"http://127.0.0.1:{rport}/v1/completions", reqs, time_scale))
+        got = asyncio.run(_replay(f"http://127.0.0.1:{rport}/v1/completions", reqs, time_scale))
+        ttfts, ids = got["ttfts"], got["ids"]
         owner = {rid: f"pod-{i}" for i in range(PODS) for rid in _response_ids(100 + i, 4 * len(reqs))}
         picks = [owner.get(rid) if rid else None for rid in ids]
         served, queries, hits, preempted = [], 0.0, 0.0, 0.0
@@ -154,7 +164,8 @@ def real_run(reqs, log_dir: Path, time_scale: float = TIME_SCALE) -> dict:  # no
         return {"served": served, "hit_rate": hits / queries if queries else 0.0, "preemptions": preempted,
                 "ttft_p50_s": run._q([t for t in ttfts if t is not None], 0.5),
                 "ttft_p99_s": run._q([t for t in ttfts if t is not None], 0.99),
-                "answered": sum(t is not None for t in ttfts), "picks": picks}
+                "answered": sum(t is not None for t in ttfts), "picks": picks,
+                "sent_at": got["sent"], "ended_at": got["ended"]}
     finally:
         for p in reversed(procs):
             p.stop()
@@ -183,12 +194,45 @@ def concentration(picks: Sequence[str | None], groups: Sequence[int]) -> float:
     return sum(max(c.values()) for c in per.values()) / n if n else 1.0
 
 
-def compare(real: dict, sim: dict, groups: Sequence[int]) -> dict:
-    """The three differences and whether each is within its tolerance.
+def explained(reqs, picks: Sequence[str | None], sent_at: Sequence[float | None],  # noqa: ANN001
+              ended_at: Sequence[float | None]) -> float:
+    """The share of the real router's picks that the re-implemented rule allows
+    when it is fed the real run's own timeline: requests open and finish when
+    the client saw them sent and ended, and each pick, the real one, is
+    recorded before the next decision (so one disagreement does not cascade).
+    Ties allow every tied worker: the pods' names differ between the runs."""
+    pods = [PodSpec(f"pod-{i}", "ws", "m", "h100", BLOCKS) for i in range(PODS)]
+    rule = VllmRouterCacheAware()
+    rule.setup(pods, [], random.Random(0))
+    prepare(reqs)
+    events = []
+    for i, (r, pod, t0, t1) in enumerate(zip(reqs, picks, sent_at, ended_at)):
+        if pod is None or t0 is None or t1 is None:
+            continue
+        events.append((t0, 1, i))
+        events.append((t1, 0, i))  # at one instant, a finish before a send
+    agree = total = 0
+    for _, kind, i in sorted(events):
+        req, key = reqs[i], f"default/ws/{picks[i]}"
+        if kind == 0:
+            rule.on_finished(req, 0.0)
+            continue
+        total += 1
+        agree += key in rule.allowed(req)
+        rule.commit(req, key)
+    return agree / total if total else 1.0
+
+
+def compare(real: dict, sim: dict, groups: Sequence[int], explained_share: float) -> dict:
+    """The differences and whether each is within its tolerance.
 
     ``real`` and ``sim`` carry ``hit_rate``, ``served`` (requests per pod, in
     any pod order) and ``picks`` (the pod of each request, in arrival order);
-    ``groups`` is each request's prefix group."""
+    ``groups`` is each request's prefix group; ``explained_share`` what
+    :func:`explained` found. The per-pod share is reported, not held: which
+    pod a new group lands on is a tie or near-tie of loads settled by
+    milliseconds of real time, and one group is an eighth of the requests
+    (the binary against itself on the same arrivals differs by 0.11)."""
     n = len(groups)
     if len(real["picks"]) != n or len(sim["picks"]) != n:
         raise ValueError(f"picks for {len(real['picks'])} (real) and {len(sim['picks'])} (simulated) "
@@ -201,9 +245,10 @@ def compare(real: dict, sim: dict, groups: Sequence[int]) -> dict:
     hit_diff = abs(real["hit_rate"] - sim["hit_rate"])
     real_conc, sim_conc = concentration(real["picks"], groups), concentration(sim["picks"], groups)
     conc_diff = abs(real_conc - sim_conc)
-    checks = {"hit_rate": hit_diff <= HIT_TOLERANCE, "share": share_diff <= SHARE_TOLERANCE,
-              "concentration": conc_diff <= CONCENTRATION_TOLERANCE}
-    return {"hit_rate_diff": hit_diff, "share_diff": share_diff, "real_concentration": real_conc,
+    checks = {"hit_rate": hit_diff <= HIT_TOLERANCE, "concentration": conc_diff <= CONCENTRATION_TOLERANCE,
+              "explained": explained_share >= EXPLAINED_MIN}
+    return {"hit_rate_diff": hit_diff, "share_diff": share_diff, "explained": explained_share,
+            "real_concentration": real_conc,
             "simulated_concentration": sim_conc, "concentration_diff": conc_diff, "checks": checks,
             "within_tolerance": all(checks.values())}
 
@@ -230,10 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         real = real_run(reqs, Path(tmp), args.time_scale)
     sim = sim_run(workload(args.seed))
     n = len(reqs)
-    cmp = compare(real, sim, groups)
+    cmp = compare(real, sim, groups, explained(reqs, real["picks"], real["sent_at"], real["ended_at"]))
     ok = cmp["within_tolerance"] and real["answered"] == n and None not in real["picks"]
     out = {"requests": n, "pods": PODS, "seed": args.seed, "time_scale": args.time_scale, "real": real,
-           "simulated": sim, **cmp, "hit_tolerance": HIT_TOLERANCE, "share_tolerance": SHARE_TOLERANCE,
+           "simulated": sim, **cmp, "hit_tolerance": HIT_TOLERANCE, "explained_min": EXPLAINED_MIN,
            "concentration_tolerance": CONCENTRATION_TOLERANCE, "within_tolerance": ok}
     mark = {True: "ok", False: "OUTSIDE"}
     c = cmp["checks"]
@@ -244,8 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  group on one pod   real {cmp['real_concentration']:.3f}  simulated "
           f"{cmp['simulated_concentration']:.3f}  diff {cmp['concentration_diff']:.3f} "
           f"(tolerance {CONCENTRATION_TOLERANCE})  {mark[c['concentration']]}")
+    print(f"  picks the rule allows on the real timeline {cmp['explained']:.3f} (at least {EXPLAINED_MIN})  "
+          f"{mark[c['explained']]}")
     print(f"  requests per pod   real {sorted(int(x) for x in real['served'])}  simulated {sorted(sim['served'])}  "
-          f"largest share diff {cmp['share_diff']:.3f} (tolerance {SHARE_TOLERANCE})  {mark[c['share']]}")
+          f"largest share diff {cmp['share_diff']:.3f} (reported: new groups land by ms-level load ties)")
     print(f"  preemptions        real {int(real['preemptions'])}  simulated {sim['preemptions']}")
     print(f"  TTFT p50/p99       real {real['ttft_p50_s']:.3f}/{real['ttft_p99_s']:.3f} s  simulated "
           f"{sim['ttft_p50_s']:.3f}/{sim['ttft_p99_s']:.3f} s (not held to a tolerance)")

@@ -268,29 +268,33 @@ class VllmRouterCacheAware(_Base):
         #: requests sent to each worker so far (the least-load tie-break)
         self.routed: dict[str, int] = {p.key: 0 for p in pods}
 
-    def least_loaded(self, cands: Sequence[str]) -> str:
-        return min(cands, key=lambda k: (self.in_flight[k], self.routed[k]))
-
-    def pick(self, req: SimRequest, now: float) -> str | None:
+    def allowed(self, req: SimRequest) -> list[str]:
+        """The workers the rule allows for ``req`` now, in worker order (more
+        than one only on ties; :meth:`pick` takes the first)."""
         cands = self.candidates(req)
         if not cands:
-            return None
+            return []
         loads = [self.in_flight[k] for k in cands]
         hi, lo = max(loads), min(loads)
         hashes = req.router_hashes or ()
-        if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
-            key = self.least_loaded(cands)
-        else:
+        if not (hi - lo > self.balance_abs and hi > self.balance_rel * lo):
             matches = self.prefix.match(hashes) if hashes else {}
             best = max((matches.get(k, 0) for k in cands), default=0)
             if hashes and best / len(hashes) > self.cache_threshold:
-                key = next(k for k in cands if matches.get(k, 0) == best)
-            else:
-                key = self.least_loaded(cands)
-        if hashes:
-            self.prefix.record(key, hashes)
+                return [k for k in cands if matches.get(k, 0) == best]
+        least = min((self.in_flight[k], self.routed[k]) for k in cands)
+        return [k for k in cands if (self.in_flight[k], self.routed[k]) == least]
+
+    def commit(self, req: SimRequest, key: str) -> str:
+        """Record that ``req`` went to ``key`` (the tree, the counts)."""
+        if req.router_hashes:
+            self.prefix.record(key, req.router_hashes)
         self.routed[key] += 1
         return self.sent(req, key)
+
+    def pick(self, req: SimRequest, now: float) -> str | None:
+        allowed = self.allowed(req)
+        return self.commit(req, allowed[0]) if allowed else None
 
 
 def _epoch() -> float:

@@ -34,22 +34,23 @@ def test_compare_passes_like_with_like_and_fails_a_router_that_ignores_prefixes(
     rng = random.Random(1)
     groups = [rng.randrange(8) for _ in range(400)]
     sticky = [f"pod-{g % 4}" for g in groups]
-    same = crosscheck.compare(_side(sticky, 0.95), _side(sticky, 0.95), groups)
+    same = crosscheck.compare(_side(sticky, 0.95), _side(sticky, 0.95), groups, 1.0)
     assert same["within_tolerance"] and same["concentration_diff"] == 0.0
     # what the real router did without /tokenize: least-load for every request
     spread = [f"pod-{i % 4}" for i in range(400)]
-    bad = crosscheck.compare(_side(spread, 0.88), _side(sticky, 0.95), groups)
+    bad = crosscheck.compare(_side(spread, 0.88), _side(sticky, 0.95), groups, 0.57)
     assert bad["real_concentration"] < 0.5 and bad["simulated_concentration"] == 1.0
-    assert bad["checks"] == {"hit_rate": False, "share": True, "concentration": False}
+    assert bad["checks"] == {"hit_rate": False, "concentration": False, "explained": False}
     assert not bad["within_tolerance"]
     # the hit rate alone can agree while the decisions do not
-    masked = crosscheck.compare(_side(spread, 0.95), _side(sticky, 0.95), groups)
+    masked = crosscheck.compare(_side(spread, 0.95), _side(sticky, 0.95), groups, 1.0)
     assert masked["checks"]["hit_rate"] and not masked["within_tolerance"]
+    assert not crosscheck.compare(_side(sticky, 0.95), _side(sticky, 0.95), groups, 0.97)["within_tolerance"]
 
 
 def test_compare_names_mismatched_inputs() -> None:
     with pytest.raises(ValueError, match="expected 3"):
-        crosscheck.compare(_side(["a", "b"], 0.9), _side(["a", "b", "a"], 0.9), [0, 1, 0])
+        crosscheck.compare(_side(["a", "b"], 0.9), _side(["a", "b", "a"], 0.9), [0, 1, 0], 1.0)
 
 
 async def test_response_ids_name_the_simulator_that_answered() -> None:
@@ -64,6 +65,34 @@ async def test_response_ids_name_the_simulator_that_answered() -> None:
             got.append(re.search(r'"id":\s*"([^"]+)"', first).group(1))
     assert got == crosscheck._response_ids(103, 3)
     assert got != crosscheck._response_ids(100, 3)
+
+
+def _group_requests(n: int, seed: int) -> list[SimRequest]:
+    f = TextFactory(seed)
+    rng = random.Random(seed)
+    systems = [f.text(rng, 512, unique=False) for _ in range(3)]
+    return [_req(i, systems[i % 3] + f.text(rng, 64)) for i in range(n)]
+
+
+def test_explained_accepts_the_rules_own_picks_and_rejects_prefix_blind_ones() -> None:
+    reqs = _group_requests(30, 6)
+    # one at a time (each ends before the next is sent): the rule's own picks
+    rule, keys = _router(crosscheck.PODS)
+    own = [rule.pick(r, 0.0).rsplit("/", 1)[-1] for r in reqs]
+    for r in reqs:
+        rule.on_finished(r, 0.0)
+    sent = [float(i) for i in range(30)]
+    ended = [t + 0.5 for t in sent]
+    assert len(set(own)) == 3  # three groups, three pods
+    assert crosscheck.explained(reqs, own, sent, ended) == 1.0
+    # round robin ignores the groups: many of its picks are not the rule's
+    # (fewer as it goes, since every pod soon holds every group's prefix)
+    blind = [f"pod-{i % crosscheck.PODS}" for i in range(30)]
+    assert crosscheck.explained(reqs, blind, sent, ended) < 0.8
+    # with every request still open the loads differ by far less than the
+    # imbalance threshold (64), so the rule still follows each prefix
+    overlapping = [t + 10.0 for t in sent]
+    assert crosscheck.explained(reqs, own, sent, overlapping) == 1.0
 
 
 def _router(n: int = 2) -> tuple[VllmRouterCacheAware, list[str]]:
