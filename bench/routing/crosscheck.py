@@ -1,7 +1,7 @@
 """Cross-check the re-implemented ``cache_aware`` against the real vllm-router.
 
-``python -m bench.routing.crosscheck [--seed N] [--time-scale X]`` (part of
-``make bench-routing``):
+``python -m bench.routing.crosscheck [--seed N] [--time-scale X] [--log-dir DIR
+--router-log-level debug]`` (part of ``make bench-routing``):
 
 1. starts 4 HTTP engine simulators (``kinference_simulators.vllm``, the same
    scheduler model as the fleet, ``h100`` profile, 2,048 KV blocks) in
@@ -71,7 +71,6 @@ HIT_TOLERANCE = 0.05
 CONCENTRATION_TOLERANCE = 0.05
 #: at least this share of the real picks must be ones the rule allows on the real timeline
 EXPLAINED_MIN = 0.98
-ROUTER_LOG_LEVEL = "warning"
 
 
 def workload(seed: int = 7):  # noqa: ANN201
@@ -130,7 +129,8 @@ def _response_ids(seed: int, n: int) -> list[str]:
     return [f"cmpl-{ids.getrandbits(64):016x}" for _ in range(n)]
 
 
-def real_run(reqs, log_dir: Path, time_scale: float = TIME_SCALE) -> dict:  # noqa: ANN001
+def real_run(reqs, log_dir: Path, time_scale: float = TIME_SCALE,  # noqa: ANN001
+             router_log_level: str = "warning") -> dict:
     procs = []
     try:
         ports = [harness.free_port() for _ in range(PODS)]
@@ -147,7 +147,7 @@ def real_run(reqs, log_dir: Path, time_scale: float = TIME_SCALE) -> dict:  # no
             str(COMPETITORS / "bin" / "vllm-router"), "--worker-urls", *[f"http://127.0.0.1:{p}" for p in ports],
             "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(rport),
             "--prometheus-port", str(harness.free_port()), "--worker-startup-check-interval", "1",
-            "--log-level", ROUTER_LOG_LEVEL], log_dir)
+            "--log-level", router_log_level], log_dir)
         procs.append(router)
         harness.wait_http(f"http://127.0.0.1:{rport}/health", 60, router.proc, "vllm-router")
         got = asyncio.run(_replay(f"http://127.0.0.1:{rport}/v1/completions", reqs, time_scale))
@@ -258,7 +258,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
     ap.add_argument("--time-scale", type=float, default=TIME_SCALE,
                     help=f"simulated seconds per real second for the HTTP run (default {TIME_SCALE})")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=RESULTS, help="the JSON results file (default %(default)s)")
+    ap.add_argument("--log-dir", type=Path, help="keep the simulators' and the router's logs here")
+    ap.add_argument("--router-log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                    help="vllm-router's --log-level (debug logs every decision's match rate)")
     args = ap.parse_args(argv)
     if args.time_scale <= 0:
         ap.error(f"--time-scale must be positive, got {args.time_scale}")
@@ -271,8 +274,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     reqs = workload(args.seed)
     groups = [r.group for r in reqs]
-    with tempfile.TemporaryDirectory(prefix="routing-crosscheck-") as tmp:
-        real = real_run(reqs, Path(tmp), args.time_scale)
+    if args.log_dir is not None:
+        real = real_run(reqs, args.log_dir, args.time_scale, args.router_log_level)
+    else:
+        with tempfile.TemporaryDirectory(prefix="routing-crosscheck-") as tmp:
+            real = real_run(reqs, Path(tmp), args.time_scale, args.router_log_level)
     sim = sim_run(workload(args.seed))
     n = len(reqs)
     cmp = compare(real, sim, groups, explained(reqs, real["picks"], real["sent_at"], real["ended_at"]))
