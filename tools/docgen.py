@@ -429,7 +429,8 @@ MINIMIZE_MEANING = {
 }
 TIEBREAK_MEANING = {
     "LeastInFlight": "the candidate this router has fewest requests open to",
-    "PrefixAffinity": "the endpoint most likely to hold the prompt's prefix in its KV cache",
+    "PrefixAffinity": "the endpoint most likely to hold the prompt's prefix in its KV cache (for a prefix "
+                      "nobody holds: the one whose cache holds the fewest prompt blocks)",
     "Random": "a random one of the equals",
 }
 

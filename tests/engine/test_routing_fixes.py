@@ -140,3 +140,54 @@ def test_stickiness_needs_a_tie_break_rule_as_the_tolerance_does() -> None:
     r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=hashes)
     d = decide(snap(_pool(None), eps), r, ledger=ledger, prefix=index)
     assert d.endpoint == "o"  # a rule without tieBreak ranks by PredictedTTFT alone, as before
+
+
+def test_stickiness_rises_with_the_kv_use_of_the_endpoint_that_would_take_the_copy() -> None:
+    m = TTFTModel()  # 3 up to busy_kv 0.5, 12 from full_kv 0.9, linear between
+    assert m.stickiness(None) == m.stickiness(0.1) == m.stickiness(0.5) == 3.0
+    assert abs(m.stickiness(0.7) - 7.5) < 1e-9
+    assert m.stickiness(0.9) == m.stickiness(1.0) == 12.0
+    assert TTFTModel(prefix_stickiness_full_kv=2.0).stickiness(0.95) == 3.0  # never below the base
+
+
+def _yield_world(other_kv: float):
+    """h holds the prefix with 15,000 prefill tokens queued; o is idle, with
+    KV use ``other_kv`` but room for the prompt (its KV wait plays no part)."""
+    eps = [ep("qwen", "h", theta=10_000.0, overhead=0.0, kv=0.2, kv_capacity_tokens=10_000_000),
+           ep("qwen", "o", theta=10_000.0, overhead=0.0, kv=other_kv, kv_capacity_tokens=10_000_000)]
+    hashes = block_hashes("shared system prompt " * 500)
+    index = PrefixIndex()
+    index.record("default/qwen/h", hashes)
+    ledger = InFlightLedger()
+    ledger.sent("default/qwen/h", 15_000, 0.0)
+    return eps, hashes, index, ledger
+
+
+def test_a_holder_yields_to_a_pod_with_kv_room_but_not_to_one_whose_kv_is_full() -> None:
+    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
+    # o prefills 2,600 + 3 x 2,540 = ~10,200 token-equivalents against h's 15,000 queued: yield
+    eps, hashes, index, ledger = _yield_world(other_kv=0.2)
+    assert decide(snap(_pool(["PrefixAffinity"]), eps), r, ledger=ledger, prefix=index).endpoint == "o"
+    # o's KV is full: a copy there would evict another prefix; 2,600 + 12 x 2,540 > 15,000: stay
+    eps, hashes, index, ledger = _yield_world(other_kv=0.95)
+    d = decide(snap(_pool(["PrefixAffinity"]), eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "h"
+    # h's PredictedTTFT is the request's own (its queue; the prompt is all cached), no charge in it
+    assert abs(d.context.predicted_ttft(d.candidate) - 1.5) < 1e-9
+
+
+def test_a_new_prefix_goes_where_the_fewest_prompt_blocks_are_cached() -> None:
+    eps = [ep("qwen", "a"), ep("qwen", "b"), ep("qwen", "c")]
+    s = snap(_pool(["PrefixAffinity", "LeastInFlight"]), eps)
+    index = PrefixIndex()
+    index.record("default/qwen/a", block_hashes("first group's system prompt " * 300))
+    index.record("default/qwen/b", block_hashes("second group's system prompt " * 300))
+    index.record("default/qwen/b", block_hashes("third group's system prompt " * 300))
+    ledger = InFlightLedger()
+    ledger.sent("default/qwen/c", 0, 0.0)  # c has one in flight: LeastInFlight alone would avoid it
+    fresh = block_hashes("a fourth group nobody has seen " * 300)
+    d = decide(s, req("qwen-2.5", prompt_tokens=2_000, block_hashes=fresh), ledger=ledger, prefix=index)
+    assert d.endpoint == "c"
+    # a request without block hashes has no prefix to place: LeastInFlight decides
+    d = decide(s, req("qwen-2.5", prompt_tokens=2_000), ledger=ledger, prefix=index)
+    assert d.endpoint in ("a", "b")

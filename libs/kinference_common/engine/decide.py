@@ -175,8 +175,18 @@ def _least_in_flight(tied: list[Candidate], ctx: DecisionContext, rng: random.Ra
 
 
 def _prefix_affinity(tied: list[Candidate], ctx: DecisionContext, rng: random.Random) -> list[Candidate]:
+    """The endpoints holding the longest part of the prompt's prefix; when
+    none holds any of it (a new prefix), the endpoints whose caches hold the
+    fewest prompt blocks this router sent (:meth:`.prefix.PrefixIndex.blocks`):
+    the new prefix evicts the least there, and since the requests that share
+    it will follow it, each prefix's future traffic lands where the least
+    such traffic is already committed (vllm-router's "smallest tree")."""
     blocks = [ctx.matched_blocks(c) for c in tied]
     high = max(blocks)
+    if high == 0 and ctx.prefix is not None and ctx.block_hashes and len(tied) > 1:
+        held = [ctx.prefix.blocks(c.ledger_key) for c in tied]
+        low = min(held)
+        return [c for c, n in zip(tied, held) if n == low]
     return [c for c, n in zip(tied, blocks) if n == high]
 
 
@@ -269,16 +279,22 @@ def _rank_predicted_ttft(
     # as if it also prefilled ``s`` times the tokens it does beyond the best
     # prefix holder's. For candidates without a match that is a longer prompt
     # in the same line (no extra pass); the few special ones are moved below.
+    # The charge per candidate (snapshot.ttft_s) grows with its KV use.
     stick = 0.0
     m_best = 0
+    S = snapshot.ttft_s
     if tolerance and matches and js and model.prefix_stickiness > 0:
         m_best = max(min(matches.get(kept[j].ledger_key, 0), total) for j in js)
         if m_best > 0:
-            stick = model.prefix_stickiness * P / total
+            stick = P / total
     if hashes:
-        Pe = P + stick * m_best
-        vals = [A[i] + PT[i] * Pe + ((P - H[i]) * IT[i] if P > H[i] else 0.0)
-                for c in kept for i in (c.index,)]
+        if stick:
+            Pe = stick * m_best
+            vals = [A[i] + PT[i] * (P + S[i] * Pe) + ((P - H[i]) * IT[i] if P > H[i] else 0.0)
+                    for c in kept for i in (c.index,)]
+        else:
+            vals = [A[i] + PT[i] * P + ((P - H[i]) * IT[i] if P > H[i] else 0.0)
+                    for c in kept for i in (c.index,)]
     else:
         vals = [A[i] + PT[i] * (u := P * F[i]) + ((u - H[i]) * IT[i] if u > H[i] else 0.0)
                 for c in kept for i in (c.index,)]
@@ -305,27 +321,28 @@ def _rank_predicted_ttft(
                 h = c.kv_free - q if c.kv_free is not None else _INF
             v = a + PT[i] * u + ((u - h) * IT[i] if u > h else 0.0)
             cache[i] = v
-            vals[j] = v + stick * (m_best - m) * PT[i] if stick else v
+            vals[j] = v + S[i] * stick * (m_best - m) * PT[i] if stick else v
     best = min(vals)
     if tolerance:
         limit = max(best * (1.0 + model.tie_tolerance), best + model.tie_tolerance_seconds)
         near = [(v, j) for j, v in enumerate(vals) if v <= limit]
         if len(near) > 1:
             near.sort()
-            return [kept[j] for _, j in near], _unstuck(near[0][0], kept[near[0][1]], ctx, stick, m_best, PT)
+            return [kept[j] for _, j in near], _unstuck(near[0][0], kept[near[0][1]], ctx, stick, m_best, PT, S)
         j = vals.index(best)
-        return [kept[j]], _unstuck(best, kept[j], ctx, stick, m_best, PT)
+        return [kept[j]], _unstuck(best, kept[j], ctx, stick, m_best, PT, S)
     if vals.count(best) == 1:
         return [kept[vals.index(best)]], best
     return [c for c, v in zip(kept, vals) if v == best], best
 
 
-def _unstuck(v: float, c: Candidate, ctx: DecisionContext, stick: float, m_best: int, PT: list[float]) -> float:
+def _unstuck(v: float, c: Candidate, ctx: DecisionContext, stick: float, m_best: int, PT: list[float],
+             S: list[float]) -> float:
     """The pick's PredictedTTFT without the stickiness charge (what traces show)."""
     if not stick:
         return v
     m = min(ctx.matches().get(c.ledger_key, 0), len(ctx.block_hashes))
-    return v - stick * (m_best - m) * PT[c.index]
+    return v - S[c.index] * stick * (m_best - m) * PT[c.index]
 
 
 def _run_rule(

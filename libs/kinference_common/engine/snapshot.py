@@ -230,10 +230,13 @@ class Snapshot:
         self.ttft_f = [1.0] * n  # 1 - the endpoint's prefix hit rate
         self.ttft_h = [inf] * n  # KV headroom left after the queue, tokens
         self.ttft_it = [0.0] * n
+        #: prefix stickiness per candidate (TTFTModel.stickiness)
+        self.ttft_s = [model.prefix_stickiness] * n
         for c in self.candidates:
             if not c.is_local:
                 continue
             i = c.index
+            self.ttft_s[i] = model.stickiness(c.kv)
             q = c.base_queue_tokens
             self.ttft_a[i] = cal * (c.t0 + q * c.per_token)
             self.ttft_pt[i] = cal * c.per_token

@@ -81,6 +81,26 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     #: loses), which the request's own TTFT does not show. 0 ranks by the
     #: request's TTFT alone.
     prefix_stickiness: float = 3.0
+    #: ... and this many times when the candidate's KV cache is nearly full
+    #: (``kvCacheUsage`` at ``full_kv`` and above; linear from
+    #: ``prefix_stickiness`` at ``busy_kv``). A second copy of a prefix on a
+    #: pod whose KV blocks are all taken by running requests evicts another
+    #: prefix (someone else's full prefill later) and takes the blocks its
+    #: running requests need to grow (preemption: their prefill again), so a
+    #: yield there costs the fleet several prefills, not one. Measured in
+    #: the fleet benchmark (docs/routing-benchmark.md, "trial": 4 pods of
+    #: 1,200 KV blocks at full load).
+    prefix_stickiness_full_kv: float = 12.0
+    busy_kv: float = 0.5
+    full_kv: float = 0.9
+
+    def stickiness(self, kv: float | None) -> float:
+        """The prefix stickiness charged to a candidate with this KV use."""
+        s = self.prefix_stickiness
+        if kv is None or kv <= self.busy_kv or self.prefix_stickiness_full_kv <= s:
+            return s
+        f = 1.0 if kv >= self.full_kv else (kv - self.busy_kv) / (self.full_kv - self.busy_kv)
+        return s + (self.prefix_stickiness_full_kv - s) * f
 
 
 DEFAULT_TTFT_MODEL = TTFTModel()
