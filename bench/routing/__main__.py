@@ -117,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {h['workload']:<14} load {h['load']:.1f}: TTFT p99 {h['kinference_p99_s']:.3f}s vs "
                   f"{h['best_peer_p99']} {h['best_peer_p99_s']:.3f}s (x{h['p99_ratio']:.2f}); goodput "
                   f"x{h['goodput_ratio']:.2f} of {h['best_peer_goodput']}'s; p50 x{h['p50_ratio']:.2f}")
+            if h.get("idle_floor_p99_s") is not None:
+                loaded = h["loaded_floor_p99_s"]
+                print(f"  {'':<14}           floor p99 {h['idle_floor_p99_s']:.3f}s idle"
+                      + (f", {loaded:.3f}s loaded" if loaded is not None else "")
+                      + f": best peer at x{h['best_peer_over_floor']:.2f} of the idle floor, Kinference at "
+                      f"x{h['kinference_over_floor']:.2f}; 30% below the best peer ({h['target_p99_s']:.3f}s) "
+                      + ("would be under the idle floor" if h["target_below_floor"] else "is above the idle floor"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.merge and args.out.exists():
         def key(r: dict) -> tuple:

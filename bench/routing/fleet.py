@@ -30,6 +30,12 @@ real engine's gauges show the running batch).
 
 Providers (for the burst measurement) answer after a fixed TTFT and stream at
 a fixed rate, with unlimited capacity.
+
+Each pod also meters, over a measurement window (default the arrival
+window), how much of the time it was busy and the time-weighted number of
+decodes its steps carried and their context (:class:`PodLoad`): the decode
+work the fleet carried at that load, which :mod:`.floor` puts into its
+loaded floor.
 """
 
 from __future__ import annotations
@@ -103,6 +109,38 @@ def fleet(pods: int, *, profile: str = "h100", blocks: int = 8192, worker_sets: 
     return out
 
 
+@dataclass(slots=True)
+class PodLoad:
+    """Seconds of one pod's steps inside the measurement window, and their
+    decode work weighted by the time each step took (a step straddling the
+    window's edge counts for its part inside)."""
+
+    window_seconds: float = 0.0
+    busy_seconds: float = 0.0
+    #: sum over steps of decode sequences x seconds
+    decode_seq_seconds: float = 0.0
+    #: sum over steps of decode context tokens x seconds
+    decode_context_seconds: float = 0.0
+
+    def add(self, start: float, duration: float, decode_seqs: int, decode_context: int,
+            window: tuple[float, float]) -> None:
+        inside = min(start + duration, window[1]) - max(start, window[0])
+        if inside <= 0:
+            return
+        self.busy_seconds += inside
+        self.decode_seq_seconds += decode_seqs * inside
+        self.decode_context_seconds += decode_context * inside
+
+    @property
+    def mean_decodes(self) -> float:
+        """Decodes running on this pod, averaged over the window (idle time counts as 0)."""
+        return self.decode_seq_seconds / self.window_seconds if self.window_seconds > 0 else 0.0
+
+    @property
+    def busy_fraction(self) -> float:
+        return min(1.0, self.busy_seconds / self.window_seconds) if self.window_seconds > 0 else 0.0
+
+
 @dataclass(eq=False, slots=True)
 class Outcome:
     req: SimRequest
@@ -152,6 +190,7 @@ class Pod:
         self.queue_sum = self.prefill_sum = 0.0
         self.kv_computed = 0.0
         self.requests = 0
+        self.load = PodLoad()
 
     def sample(self) -> VllmSample:
         s = self.sched
@@ -212,6 +251,10 @@ class RunResult:
     end_time: float
     provider_tokens: int = 0
     router_names: list[str] = field(default_factory=list)
+    #: per pod key: busy time and decode work inside ``window``
+    per_pod_load: dict[str, PodLoad] = field(default_factory=dict)
+    #: the measurement window of ``per_pod_load`` (sim seconds)
+    window: tuple[float, float] = (0.0, 0.0)
 
 
 def prepare(requests: Sequence[SimRequest], block_size: int = 16) -> None:
@@ -233,11 +276,13 @@ def simulate(
     seed: int = 0,
     duration: float | None = None,
     assign: str = "round_robin",
+    window: tuple[float, float] | None = None,
 ) -> RunResult:
     """Run ``requests`` through ``pods``; with several ``routers`` (replicas
     of one router), arrivals are spread over them (``assign``:
     ``round_robin`` or ``random``, as a Service's load balancing would).
-    Runs until every request has finished."""
+    Runs until every request has finished. ``window`` (sim seconds; default
+    from 0 to the horizon) is where the pods' :class:`PodLoad` is metered."""
     rng = random.Random(f"fleet/{seed}")
     prepare(requests, pods[0].block_size if pods else 16)
     fleet_pods = {p.key: Pod(p) for p in pods}
@@ -260,6 +305,9 @@ def simulate(
         push(r.time, _ARRIVAL, r)
     end_arrivals = max((r.time for r in requests), default=0.0)
     horizon = duration if duration is not None else end_arrivals
+    win = window if window is not None else (0.0, horizon)
+    for pod in fleet_pods.values():
+        pod.load.window_seconds = max(0.0, win[1] - win[0])
     for key, pod in fleet_pods.items():
         # routers start with every pod's idle state (a router that starts up
         # reads the last published telemetry before it serves)
@@ -270,6 +318,7 @@ def simulate(
     def start_step(pod: Pod, now: float) -> None:
         result = pod.sched.step(now)
         pod.busy = True
+        pod.load.add(result.start, result.duration, result.decode_seqs, result.decode_context_tokens, win)
         push(result.end, _STEP, (pod, result))
 
     n_left = len(requests)
@@ -365,6 +414,8 @@ def simulate(
         end_time=end,
         provider_tokens=provider_tokens,
         router_names=[r.name for r in routers],
+        per_pod_load={k: p.load for k, p in fleet_pods.items()},
+        window=win,
     )
 
 

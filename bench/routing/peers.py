@@ -232,21 +232,29 @@ class LlmdSticky(_Base):
 
 class VllmRouterCacheAware(_Base):
     """vllm-router's ``--policy cache_aware`` (the vLLM project's Rust
-    router, PyPI ``vllm-router``; inherited from SGLang's router).
+    router, PyPI ``vllm-router`` 0.1.17; inherited from SGLang's router).
 
     Source: ``vllm-router --help`` (defaults ``--cache-threshold 0.3``,
-    ``--balance-abs-threshold 64``, ``--balance-rel-threshold 1.5``) and the
-    router's load-balancing documentation: the router counts the requests
-    it has open to each worker (its load). When the load is imbalanced
-    (``max - min > abs_threshold`` and ``max > rel_threshold * min``) the
-    request goes to the least loaded worker. Otherwise the prompt is matched
-    against an approximate radix tree of the text the router sent to each
-    worker: if the best match covers more than ``cache_threshold`` of the
-    prompt, the request goes to the worker with the longest match, else to
-    the worker whose tree is smallest (the most cache room). The prompt is
-    then inserted under the chosen worker. The tree is character-level in
-    vllm-router; here it is the shared 256-character block index (the match
-    fraction differs by less than one block). No engine metrics are read.
+    ``--balance-abs-threshold 64``, ``--balance-rel-threshold 1.5``), the
+    router's load-balancing documentation, and probes of the binary
+    (``python -m bench.routing.crosscheck`` and the cross-check section of
+    docs/routing-benchmark.md). The router counts the requests it has open
+    to each worker (its load: up at the pick, down when the response ends).
+    When the load is imbalanced (``max - min > abs_threshold`` and
+    ``max > rel_threshold * min``, over all workers) the request goes to the
+    least loaded worker. Otherwise the prompt's token ids (which it asks
+    each worker's ``/tokenize`` for) are matched against an approximate
+    radix tree of what the router sent to each worker: if the best match
+    covers more than ``cache_threshold`` of the prompt, the request goes to
+    the worker with the longest match; else to the least loaded worker,
+    ties to the one it has sent the fewest requests so far (measured: with
+    an idle small-tree worker and a busy one, the busy one is never picked;
+    the documentation's older "smallest tree" rule is not what 0.1.17
+    does). The prompt is then inserted under the chosen worker. The tree is
+    token-level in vllm-router; here it is the shared 256-character block
+    index (the match fraction differs by less than one 64-token block, and
+    no workload here has a shared fraction near the 0.3 threshold). No
+    engine metrics are read.
     """
 
     name = "vllm_router_cache_aware"
@@ -257,27 +265,36 @@ class VllmRouterCacheAware(_Base):
     def setup(self, pods, providers, rng) -> None:  # noqa: ANN001
         super().setup(pods, providers, rng)
         self.prefix = PrefixIndex(max_blocks_per_endpoint=1 << 22, max_holders_per_block=64)
+        #: requests sent to each worker so far (the least-load tie-break)
+        self.routed: dict[str, int] = {p.key: 0 for p in pods}
 
-    def pick(self, req: SimRequest, now: float) -> str | None:
+    def allowed(self, req: SimRequest) -> list[str]:
+        """The workers the rule allows for ``req`` now, in worker order (more
+        than one only on ties; :meth:`pick` takes the first)."""
         cands = self.candidates(req)
         if not cands:
-            return None
+            return []
         loads = [self.in_flight[k] for k in cands]
         hi, lo = max(loads), min(loads)
         hashes = req.router_hashes or ()
-        if hi - lo > self.balance_abs and hi > self.balance_rel * lo:
-            key = cands[loads.index(lo)]
-        else:
+        if not (hi - lo > self.balance_abs and hi > self.balance_rel * lo):
             matches = self.prefix.match(hashes) if hashes else {}
             best = max((matches.get(k, 0) for k in cands), default=0)
             if hashes and best / len(hashes) > self.cache_threshold:
-                key = next(k for k in cands if matches.get(k, 0) == best)
-            else:
-                sizes = [self.prefix.blocks(k) for k in cands]
-                key = cands[sizes.index(min(sizes))]
-        if hashes:
-            self.prefix.record(key, hashes)
+                return [k for k in cands if matches.get(k, 0) == best]
+        least = min((self.in_flight[k], self.routed[k]) for k in cands)
+        return [k for k in cands if (self.in_flight[k], self.routed[k]) == least]
+
+    def commit(self, req: SimRequest, key: str) -> str:
+        """Record that ``req`` went to ``key`` (the tree, the counts)."""
+        if req.router_hashes:
+            self.prefix.record(key, req.router_hashes)
+        self.routed[key] += 1
         return self.sent(req, key)
+
+    def pick(self, req: SimRequest, now: float) -> str | None:
+        allowed = self.allowed(req)
+        return self.commit(req, allowed[0]) if allowed else None
 
 
 def _epoch() -> float:

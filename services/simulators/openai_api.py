@@ -45,7 +45,16 @@ class CompletionRequest(msgspec.Struct):
     n: int = 1
 
 
+class TokenizeRequest(msgspec.Struct):
+    """vLLM's ``POST /tokenize`` body: a completion ``prompt`` or chat ``messages``."""
+
+    model: str | None = None
+    prompt: Any = None
+    messages: list[dict[str, Any]] | None = None
+
+
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
+_tokenize_decoder = msgspec.json.Decoder(TokenizeRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 
@@ -152,6 +161,25 @@ def parse(body: bytes, *, chat: bool) -> Prompted:
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
     )
+
+
+def parse_tokenize(body: bytes) -> tuple[str | None, str]:
+    """``(model, text)`` of a ``/tokenize`` body: the prompt string, or the chat
+    messages rendered as a chat request's prompt is (so the ids match what
+    the engine caches)."""
+    req = _decode(_tokenize_decoder, body)
+    if req.messages is not None:
+        if req.prompt is not None:
+            raise ApiError(400, "give either prompt or messages, not both")
+        if not req.messages:
+            raise ApiError(400, "messages must not be empty")
+        return req.model, tokens.render_chat(req.messages)
+    p = req.prompt
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    if not isinstance(p, str):
+        raise ApiError(400, "prompt must be a string (or give messages)")
+    return req.model, p
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,22 @@ _WORDS = (
 def count_tokens(text: str) -> int:
     """Tokens of ``text``: one per started group of four characters (at least 1)."""
     return max(1, -(-len(text) // CHARS_PER_TOKEN))
+
+
+#: the simulated vocabulary's size (token ids are in ``[0, VOCAB_SIZE)``)
+VOCAB_SIZE = 1 << 17
+
+
+def token_ids(text: str) -> list[int]:
+    """Token ids of ``text``, as ``/tokenize`` returns them: one per group of
+    four characters, the id a function of that group alone (like a real
+    vocabulary), so equal prefixes give equal id prefixes and
+    ``len(token_ids(text)) == count_tokens(text)``."""
+    if not text:
+        return [0]
+    step = CHARS_PER_TOKEN
+    return [zlib.crc32(text[i : i + step].encode("utf-8", "surrogatepass")) % VOCAB_SIZE
+            for i in range(0, len(text), step)]
 
 
 def block_hashes(text: str, block_size: int) -> tuple[bytes, ...]:

@@ -1,7 +1,8 @@
 """vLLM engine simulator: ``python -m kinference_simulators.vllm --help``.
 
 An aiohttp server with vLLM's OpenAI-compatible API (``/v1/chat/completions``,
-``/v1/completions``, ``/v1/models``), ``/health``, ``/metrics`` (vLLM V1
+``/v1/completions``, ``/v1/models``), ``POST /tokenize`` (token ids as
+:func:`.tokens.token_ids` counts them), ``/health``, ``/metrics`` (vLLM V1
 names, labels and buckets) and ``GET /sim/state`` (load as JSON, for the DCGM
 simulator), over the step-loop scheduler of :mod:`.scheduler`.
 
@@ -210,6 +211,7 @@ def make_app(config: VllmSimConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
+    app.router.add_post("/tokenize", _tokenize)
     app.router.add_get("/health", _health)
     app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)
@@ -299,6 +301,21 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         if not stream.done:
             engine.abort(rid)
             log.info("request_aborted", request_id=rid)
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    """vLLM's ``/tokenize``: the prompt's token ids as the simulator counts them
+    (routers such as vllm-router's ``cache_aware`` match prefixes on these)."""
+    cfg = request.app[CONFIG]
+    try:
+        model, text = openai_api.parse_tokenize(await request.read())
+        if model is not None and model not in cfg.served:
+            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+    except ApiError as exc:
+        return exc.response()
+    ids = tokens.token_ids(text)
+    return web.json_response({"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids,
+                              "token_strs": None})
 
 
 async def _models(request: web.Request) -> web.Response:

@@ -191,3 +191,20 @@ def test_a_new_prefix_goes_where_the_fewest_prompt_blocks_are_cached() -> None:
     # a request without block hashes has no prefix to place: LeastInFlight decides
     d = decide(s, req("qwen-2.5", prompt_tokens=2_000), ledger=ledger, prefix=index)
     assert d.endpoint in ("a", "b")
+
+
+def test_an_endpoint_that_has_served_nothing_gets_its_worker_sets_learned_overhead() -> None:
+    # a and b learned T0 = 2 ms; c has served nothing yet (no T0, no Theta)
+    eps = [ep("qwen", "a", overhead=0.002), ep("qwen", "b", overhead=0.002),
+           ep("qwen", "c", overhead=None, theta=None)]
+    s = snap(_pool(["LeastInFlight"]), eps)
+    a, b, c = s.candidates
+    assert c.t0 == 0.002 and c.theta == a.theta
+    # so c is not predicted slower than the busy ones, and gets its share
+    ledger = InFlightLedger()
+    ledger.sent("default/qwen/a", 0, 0.0)
+    ledger.sent("default/qwen/b", 0, 0.0)
+    assert decide(s, req("qwen-2.5", prompt_tokens=300), ledger=ledger).endpoint == "c"
+    # with nothing learned anywhere, the model's default
+    s = snap(_pool(None), [ep("qwen", "x", overhead=None)])
+    assert s.candidates[0].t0 == TTFTModel().default_overhead_seconds

@@ -61,3 +61,11 @@ def test_output_is_seeded_by_seed_and_prompt() -> None:
     lens = [tokens.natural_output_len(tokens.prompt_rng(0, str(i)), 50) for i in range(400)]
     assert min(lens) >= 1
     assert 35 < sum(lens) / len(lens) < 65
+
+
+def test_token_ids_are_per_four_characters_and_position_free() -> None:
+    ids = tokens.token_ids("abcdabcdxy")
+    assert len(ids) == tokens.count_tokens("abcdabcdxy") == 3
+    assert ids[0] == ids[1] != ids[2]
+    assert all(0 <= i < tokens.VOCAB_SIZE for i in ids)
+    assert tokens.token_ids("") == [0]

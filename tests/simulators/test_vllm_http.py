@@ -161,6 +161,33 @@ async def test_same_prompt_same_answer(client: TestClient) -> None:
     assert a["choices"][0]["message"] == b["choices"][0]["message"]
 
 
+async def test_tokenize_gives_ids_that_share_a_prefix_as_the_text_does(client: TestClient) -> None:
+    """vLLM's /tokenize (vllm-router's cache_aware matches prefixes on these ids)."""
+    system = "You are a careful assistant. " * 8
+    body = {"model": MODEL, "prompt": system + "first?"}
+    a = await (await client.post("/tokenize", json=body)).json()
+    b = await (await client.post("/tokenize", json={"prompt": system + "second!"})).json()
+    assert a["count"] == len(a["tokens"]) == tokens.count_tokens(system + "first?")
+    assert a["max_model_len"] == 4096
+    shared = len(system) // tokens.CHARS_PER_TOKEN
+    assert a["tokens"][:shared] == b["tokens"][:shared]
+    assert a["tokens"][shared:] != b["tokens"][shared:]
+    messages = [{"role": "user", "content": "hi"}]
+    chat = await (await client.post("/tokenize", json={"messages": messages})).json()
+    assert chat["tokens"] == tokens.token_ids(tokens.render_chat(messages))
+
+
+async def test_tokenize_errors_name_the_problem(client: TestClient) -> None:
+    resp = await client.post("/tokenize", json={"model": "nope", "prompt": "x"})
+    assert resp.status == 404 and "nope" in (await resp.json())["error"]["message"]
+    resp = await client.post("/tokenize", json={"prompt": 3})
+    assert resp.status == 400
+    assert "prompt must be a string" in (await resp.json())["error"]["message"]
+    both = {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}
+    resp = await client.post("/tokenize", json=both)
+    assert resp.status == 400 and "not both" in (await resp.json())["error"]["message"]
+
+
 async def test_errors_use_the_openai_envelope(client: TestClient) -> None:
     resp = await client.post("/v1/chat/completions", json={**chat_body(), "model": "nope"})
     assert resp.status == 404

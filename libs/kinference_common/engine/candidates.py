@@ -94,6 +94,7 @@ def _local(
     stale_after: float,
     ejected: frozenset[str] | set[str],
     theta_fallback: float,
+    t0_fallback: float,
     model: TTFTModel,
 ) -> Candidate:
     served = dest.models[0]
@@ -136,7 +137,7 @@ def _local(
     c.t0 = (
         ep.fixed_overhead_seconds
         if ep.fixed_overhead_seconds is not None and ep.fixed_overhead_seconds >= 0
-        else model.default_overhead_seconds
+        else t0_fallback
     )
     running = c.running or 0
     c.per_token = (1.0 + model.running_slowdown * running) / c.theta
@@ -180,6 +181,10 @@ def _provider(
     return c
 
 
+def _has_t0(ep: EndpointState) -> bool:
+    return ep.fixed_overhead_seconds is not None and ep.fixed_overhead_seconds >= 0
+
+
 def build_candidates(
     pool: CompiledPool,
     endpoints: Iterable[EndpointState],
@@ -208,6 +213,8 @@ def build_candidates(
         if ep.prefill_tokens_per_second and ep.prefill_tokens_per_second > 0
     ]
     pool_theta = statistics.median(known) if known else model.default_prefill_tps
+    known_t0 = [ep.fixed_overhead_seconds for eps in by_dest.values() for ep in eps if _has_t0(ep)]
+    pool_t0 = statistics.median(known_t0) if known_t0 else model.default_overhead_seconds
 
     out: list[Candidate] = []
     for key, eps in by_dest.items():
@@ -215,9 +222,15 @@ def build_candidates(
         ws_known = [e.prefill_tokens_per_second for e in eps
                     if e.prefill_tokens_per_second and e.prefill_tokens_per_second > 0]
         theta_fallback = statistics.median(ws_known) if ws_known else pool_theta
+        # an endpoint that has served nothing yet has no learned T0: its
+        # worker set's (then the pool's) median, like Theta. A fixed default
+        # above what the busy endpoints learned would make the idle ones look
+        # slower, so they would never get the request that teaches them.
+        ws_t0 = [e.fixed_overhead_seconds for e in eps if _has_t0(e)]
+        t0_fallback = statistics.median(ws_t0) if ws_t0 else pool_t0
         for ep in eps:
             out.append(_local(dest, ep, now=now, stale_after=stale_after, ejected=ejected,
-                              theta_fallback=theta_fallback, model=model))
+                              theta_fallback=theta_fallback, t0_fallback=t0_fallback, model=model))
     for dest in pool.destinations:
         if dest.type != "Provider":
             continue

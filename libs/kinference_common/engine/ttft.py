@@ -27,7 +27,8 @@ prompt sizes, whether or not the last scrape saw them.
 
 Unknowns get defaults, never "unknown": ``Theta`` falls back to the median of
 the worker set's known endpoints, then to :attr:`TTFTModel.default_prefill_tps`;
-``T0`` to :attr:`TTFTModel.default_overhead_seconds`; ``R`` to 0; an unknown
+``T0`` likewise to the worker set's, then the pool's median, then
+:attr:`TTFTModel.default_overhead_seconds`; ``R`` to 0; an unknown
 prompt size to :attr:`TTFTModel.default_prompt_tokens`. A stale endpoint's
 engine signals are unknown: ``Q`` is the router's own pending tokens only.
 
