@@ -160,6 +160,8 @@ def summarize(router: str, outcomes: Sequence[Outcome], engine: dict) -> dict:
         "e2e_p50_s": quantile(e2e, 0.5), "e2e_p99_s": quantile(e2e, 0.99),
         "prefix_hit_rate": engine.get("hits", 0.0) / q if q else None,
         "preemptions": int(engine.get("preemptions", 0)), "served_per_pod": [int(s) for s in engine.get("served", [])],
+        # per request, in arrival order (None: no first chunk / failed), for a reader who wants other cuts
+        "ttft_s": [o.ttft for o in outcomes], "e2e_s": [None if o.error else o.e2e for o in outcomes],
     }
 
 

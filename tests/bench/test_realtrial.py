@@ -60,6 +60,7 @@ def test_summarize_counts_errors_and_keeps_them_out_of_e2e() -> None:
     assert row["error_samples"] == ["HTTP 503", "stream ended without [DONE]"]
     assert row["ttft_p50_s"] == pytest.approx(0.50)  # 100 first chunks: the 0.5 of the broken stream counts
     assert row["e2e_p99_s"] == pytest.approx(9.9)  # 99 e2e values: the broken stream's 9.0 would make it 9.8
+    assert row["ttft_s"][-2:] == [None, 0.5] and row["e2e_s"][-2:] == [None, None]  # per request, in order
     assert row["prefix_hit_rate"] == 0.75 and row["preemptions"] == 3 and row["served_per_pod"] == [50, 51]
     empty = realtrial.summarize("y", [], {})
     assert empty["ttft_p99_s"] is None and empty["prefix_hit_rate"] is None
