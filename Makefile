@@ -70,6 +70,7 @@ bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> ben
 
 bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results/routing.json, docs/img/routing-*.png
 	nice -n 15 $(BIN)/python -m bench.routing $(BENCH_ROUTING_ARGS)
+	$(BIN)/python -m bench.routing.report --check
 	nice -n 15 $(BIN)/python -m bench.routing.burst
 	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
 

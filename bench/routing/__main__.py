@@ -50,6 +50,9 @@ def cases(args: argparse.Namespace) -> list[run.Case]:
             if w in args.workloads:
                 for load in (0.8, 1.0):
                     out.extend(run.Case(w, r, load, replicas=args.replicas, seed=args.seed) for r in args.routers)
+                    if "kinference" in args.routers and not args.no_replica_sync:
+                        out.append(run.Case(w, "kinference", load, replicas=args.replicas, seed=args.seed,
+                                            variant="replica_sync"))
     for si in args.scrape_intervals:
         if si == 0.1:
             continue
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--replicas", type=int, default=3, help="also run chat and shared_prefix with this many "
                     "router replicas (traffic spread round robin over them); 1 to skip")
+    ap.add_argument("--no-replica-sync", action="store_true", help="skip the rows of Kinference's replicas "
+                    "sharing their ledgers and prefix picks (variant replica_sync)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="chat and shared_prefix at loads 0.4, 0.8, 1.0 only "
                     "(no plots)")
@@ -112,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {h['workload']:<14} load {h['load']:.1f}: TTFT p99 {h['kinference_p99_s']:.3f}s vs "
                   f"{h['best_peer_p99']} {h['best_peer_p99_s']:.3f}s (x{h['p99_ratio']:.2f}); goodput "
                   f"x{h['goodput_ratio']:.2f} of {h['best_peer_goodput']}'s; p50 x{h['p50_ratio']:.2f}")
+            if h.get("idle_floor_p99_s") is not None:
+                loaded = h["loaded_floor_p99_s"]
+                print(f"  {'':<14}           floor p99 {h['idle_floor_p99_s']:.3f}s idle"
+                      + (f", {loaded:.3f}s loaded" if loaded is not None else "")
+                      + f": best peer at x{h['best_peer_over_floor']:.2f} of the idle floor, Kinference at "
+                      f"x{h['kinference_over_floor']:.2f}; 30% below the best peer ({h['target_p99_s']:.3f}s) "
+                      + ("would be under the idle floor" if h["target_below_floor"] else "is above the idle floor"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.merge and args.out.exists():
         def key(r: dict) -> tuple:

@@ -18,6 +18,9 @@ Discrete events on one heap, no wall clock:
   :class:`~kinference_common.messages.EndpointState` reaches every router
   (the collector's publish and the bus).
 
+- **call**: a router's own timer (:attr:`Router.schedule`), e.g. the
+  Kinference replicas' sync publishes and their delivery to the peers.
+
 So every router decides on telemetry that is ``publish_delay`` to
 ``scrape_interval + publish_delay`` old, plus whatever it records of its own
 sends (each router's own business: see :mod:`.peers` and :mod:`.kinference`).
@@ -27,6 +30,12 @@ real engine's gauges show the running batch).
 
 Providers (for the burst measurement) answer after a fixed TTFT and stream at
 a fixed rate, with unlimited capacity.
+
+Each pod also meters, over a measurement window (default the arrival
+window), how much of the time it was busy and the time-weighted number of
+decodes its steps carried and their context (:class:`PodLoad`): the decode
+work the fleet carried at that load, which :mod:`.floor` puts into its
+loaded floor.
 """
 
 from __future__ import annotations
@@ -100,6 +109,38 @@ def fleet(pods: int, *, profile: str = "h100", blocks: int = 8192, worker_sets: 
     return out
 
 
+@dataclass(slots=True)
+class PodLoad:
+    """Seconds of one pod's steps inside the measurement window, and their
+    decode work weighted by the time each step took (a step straddling the
+    window's edge counts for its part inside)."""
+
+    window_seconds: float = 0.0
+    busy_seconds: float = 0.0
+    #: sum over steps of decode sequences x seconds
+    decode_seq_seconds: float = 0.0
+    #: sum over steps of decode context tokens x seconds
+    decode_context_seconds: float = 0.0
+
+    def add(self, start: float, duration: float, decode_seqs: int, decode_context: int,
+            window: tuple[float, float]) -> None:
+        inside = min(start + duration, window[1]) - max(start, window[0])
+        if inside <= 0:
+            return
+        self.busy_seconds += inside
+        self.decode_seq_seconds += decode_seqs * inside
+        self.decode_context_seconds += decode_context * inside
+
+    @property
+    def mean_decodes(self) -> float:
+        """Decodes running on this pod, averaged over the window (idle time counts as 0)."""
+        return self.decode_seq_seconds / self.window_seconds if self.window_seconds > 0 else 0.0
+
+    @property
+    def busy_fraction(self) -> float:
+        return min(1.0, self.busy_seconds / self.window_seconds) if self.window_seconds > 0 else 0.0
+
+
 @dataclass(eq=False, slots=True)
 class Outcome:
     req: SimRequest
@@ -149,6 +190,7 @@ class Pod:
         self.queue_sum = self.prefill_sum = 0.0
         self.kv_computed = 0.0
         self.requests = 0
+        self.load = PodLoad()
 
     def sample(self) -> VllmSample:
         s = self.sched
@@ -170,6 +212,8 @@ class Router:
     """What the fleet asks of a router under test (see :mod:`.peers`)."""
 
     name = "router"
+    #: ``schedule(t, fn)``: call ``fn(t)`` at sim time ``t`` (set by :func:`simulate` before ``setup``)
+    schedule = None
 
     def setup(self, pods: Sequence[PodSpec], providers: Sequence[ProviderSpec], rng: random.Random) -> None:
         self.pods = list(pods)
@@ -191,7 +235,7 @@ class Router:
 
 
 # event kinds, in tie order at one instant: tokens out, then telemetry, then arrivals
-_STEP, _PROVIDER, _DELIVER, _SCRAPE, _ARRIVAL = range(5)
+_STEP, _PROVIDER, _DELIVER, _SCRAPE, _ARRIVAL, _CALL = range(6)
 
 
 @dataclass
@@ -207,6 +251,10 @@ class RunResult:
     end_time: float
     provider_tokens: int = 0
     router_names: list[str] = field(default_factory=list)
+    #: per pod key: busy time and decode work inside ``window``
+    per_pod_load: dict[str, PodLoad] = field(default_factory=dict)
+    #: the measurement window of ``per_pod_load`` (sim seconds)
+    window: tuple[float, float] = (0.0, 0.0)
 
 
 def prepare(requests: Sequence[SimRequest], block_size: int = 16) -> None:
@@ -228,17 +276,17 @@ def simulate(
     seed: int = 0,
     duration: float | None = None,
     assign: str = "round_robin",
+    window: tuple[float, float] | None = None,
 ) -> RunResult:
     """Run ``requests`` through ``pods``; with several ``routers`` (replicas
     of one router), arrivals are spread over them (``assign``:
     ``round_robin`` or ``random``, as a Service's load balancing would).
-    Runs until every request has finished."""
+    Runs until every request has finished. ``window`` (sim seconds; default
+    from 0 to the horizon) is where the pods' :class:`PodLoad` is metered."""
     rng = random.Random(f"fleet/{seed}")
     prepare(requests, pods[0].block_size if pods else 16)
     fleet_pods = {p.key: Pod(p) for p in pods}
     prov = {p.key: p for p in providers}
-    for i, r in enumerate(routers):
-        r.setup(pods, providers, random.Random(f"router/{seed}/{i}"))
     outcomes = {r.id: Outcome(r) for r in requests}
     owner: dict[str, Router] = {}
     heap: list[tuple[float, int, int, object]] = []
@@ -249,10 +297,17 @@ def simulate(
         seq += 1
         heapq.heappush(heap, (t, kind, seq, payload))
 
+    for i, r in enumerate(routers):
+        r.schedule = lambda t, fn: push(t, _CALL, fn)
+        r.setup(pods, providers, random.Random(f"router/{seed}/{i}"))
+
     for r in requests:
         push(r.time, _ARRIVAL, r)
     end_arrivals = max((r.time for r in requests), default=0.0)
     horizon = duration if duration is not None else end_arrivals
+    win = window if window is not None else (0.0, horizon)
+    for pod in fleet_pods.values():
+        pod.load.window_seconds = max(0.0, win[1] - win[0])
     for key, pod in fleet_pods.items():
         # routers start with every pod's idle state (a router that starts up
         # reads the last published telemetry before it serves)
@@ -263,6 +318,7 @@ def simulate(
     def start_step(pod: Pod, now: float) -> None:
         result = pod.sched.step(now)
         pod.busy = True
+        pod.load.add(result.start, result.duration, result.decode_seqs, result.decode_context_tokens, win)
         push(result.end, _STEP, (pod, result))
 
     n_left = len(requests)
@@ -339,6 +395,8 @@ def simulate(
             state = pod.tracker.state(wall)
             push(now + telemetry.publish_delay, _DELIVER, state)
             push(now + telemetry.scrape_interval, _SCRAPE, key)
+        elif kind == _CALL:
+            payload(now)  # type: ignore[operator]
         else:  # _DELIVER
             for router in routers:
                 router.on_telemetry(payload, now)  # type: ignore[arg-type]
@@ -356,6 +414,8 @@ def simulate(
         end_time=end,
         provider_tokens=provider_tokens,
         router_names=[r.name for r in routers],
+        per_pod_load={k: p.load for k, p in fleet_pods.items()},
+        window=win,
     )
 
 

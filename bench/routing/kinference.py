@@ -14,13 +14,21 @@ NATS shells, wired as ``services/router`` wires it:
   hashes by its prefix-block function), decided by :func:`decide`; the pick
   joins the ledger with the decision's ``prefill_tokens`` and the prefix
   index records it; its first token feeds :class:`Calibration` with the
-  uncalibrated prediction, as the router's ``_first_token`` does.
+  uncalibrated prediction, as the router's ``_first_token`` does;
+- with ``share`` (:class:`ReplicaShare`), the replicas of one fleet share
+  what they learn as ``services/router/replica_sync.py`` does over NATS: a
+  send or a first token (the ledger's ``on_change``) publishes its ledger's
+  :meth:`~InFlightLedger.summary` and its prefix index's journal, at most
+  once per ``interval`` (at once when the last publish is older), and every
+  ``heartbeat`` otherwise; each peer merges it ``delay`` later (the bus),
+  and forgets a replica quiet for ``ttl``. Modelled in simulated time by the fleet's timer events.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import msgspec
 
@@ -132,6 +140,28 @@ def compile_pool(pods: Sequence[PodSpec], providers: Sequence[ProviderSpec], pol
     raise ValueError(f"pool {POOL} did not compile: {res.pool_status}")
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaShare:
+    """Replica sync in simulated time (the router's defaults)."""
+
+    #: at most one publish per interval: a change publishes at once when the
+    #: last publish is this old, else at the end of the interval
+    interval: float = 0.05
+    #: seconds from publish to a peer's merge (NATS, one hop)
+    delay: float = 0.002
+    #: a peer quiet this long is forgotten
+    ttl: float = 2.0
+    #: a replica publishes at least this often (a heartbeat)
+    heartbeat: float = 0.5
+
+
+def link(routers: Sequence["Kinference"]) -> None:
+    """Make sharing replicas know each other (the fleet's "NATS subject")."""
+    for i, r in enumerate(routers):
+        r.group = list(routers)
+        r.replica_id = f"replica-{i}"
+
+
 class Kinference(Router):
     """The product's decision through ``decide()`` on a compiled policy."""
 
@@ -139,7 +169,7 @@ class Kinference(Router):
 
     def __init__(self, policy_yaml: str = FASTEST_LOCAL, *, rebuild_interval: float = 0.05,
                  max_age: float = 0.5, tags_of=None, name: str | None = None,  # noqa: ANN001
-                 fixed: bool = True) -> None:
+                 fixed: bool = True, share: ReplicaShare | None = None) -> None:
         """``fixed=False`` runs the engine as it was before the benchmark's
         fixes (no PredictedTTFT tie tolerance, a prefix index not sized to
         each endpoint's KV cache): the "before" of the before/after rows."""
@@ -148,6 +178,9 @@ class Kinference(Router):
         self.rebuild_interval = rebuild_interval
         self.max_age = max_age
         self.tags_of = tags_of
+        self.share = share
+        self.group: list[Kinference] = [self]
+        self.replica_id = "replica-0"
         if name:
             self.name = name
 
@@ -168,6 +201,48 @@ class Kinference(Router):
         self._sends: dict[str, tuple[object, float | None, float]] = {}
         self.decisions = 0
         self.provider_sends = 0
+        if self.share is not None:
+            self.ledger.sharing = True
+            self.prefix.start_journal()
+            self._seq = 0
+            self._published_version = -1
+            self._published_at = -1e9
+            self._due = False
+            self._now = 0.0
+            self.ledger.on_change = self._changed
+            self.schedule(rng.uniform(0, self.share.heartbeat), self._heartbeat)
+
+    def _changed(self) -> None:
+        """A send or a first token: publish now when the last publish is
+        ``interval`` old, else once at the end of the interval."""
+        if self._due:
+            return
+        # after the current event (the router's call_soon): the pick's prefix record goes with it
+        self._due = True
+        self.schedule(max(self._now, self._published_at + self.share.interval), self._publish)
+
+    def _heartbeat(self, now: float) -> None:
+        self.ledger.expire_peers(EPOCH + now, self.share.ttl)
+        if now - self._published_at >= self.share.heartbeat:
+            self._publish(now)
+        self.schedule(now + self.share.heartbeat / 2, self._heartbeat)
+
+    def _publish(self, now: float) -> None:
+        share = self.share
+        self._due = False
+        self._seq += 1
+        summary = self.ledger.summary(EPOCH + now)
+        records = self.prefix.take_journal()
+        self._published_version, self._published_at = self.ledger.version, now
+        for peer in self.group:
+            if peer is not self:
+                self.schedule(now + share.delay,
+                              lambda t, p=peer, s=self._seq: p._receive(self.replica_id, s, summary, records, t))
+
+    def _receive(self, replica: str, seq: int, summary, records, now: float) -> None:  # noqa: ANN001
+        if self.ledger.merge_peer(replica, seq, summary, EPOCH + now):
+            for key, hashes, cap in records:
+                self.prefix.record_peer(key, hashes, cap)
 
     def on_telemetry(self, state: EndpointState, now: float) -> None:
         key = f"{state.namespace}/{state.worker_set}/{state.pod}"
@@ -196,6 +271,7 @@ class Kinference(Router):
         return Request(model=req.model, prompt_tokens=est, tags=tags, block_hashes=req.router_hashes or ())
 
     def pick(self, req: SimRequest, now: float) -> str | None:
+        self._now = now
         snap = self._snap(now)
         d = decide(snap, self.request(req), ledger=self.ledger, prefix=self.prefix, rng=self.rng)
         self.decisions += 1
@@ -219,11 +295,13 @@ class Kinference(Router):
         if entry is None:
             return
         send, predicted, sent_at = entry
-        self.ledger.first_token(send)
+        self._now = now
+        self.ledger.first_token(send, EPOCH + now)
         if predicted is not None:
             self.calibration.observe(now - sent_at, predicted)
 
     def on_finished(self, req: SimRequest, now: float) -> None:
         entry = self._sends.pop(req.id, None)
         if entry is not None:
-            self.ledger.finished(entry[0])
+            self._now = now
+            self.ledger.finished(entry[0], EPOCH + now)

@@ -1,4 +1,8 @@
-"""Plots of the sweep: TTFT p99 and goodput against load, one panel per workload."""
+"""Plots of the sweep: TTFT p99 and goodput against load, one panel per workload.
+
+The TTFT p99 panels also draw the floors (:mod:`.floor`): the idle floor's
+p99, under which no router can go, and the lowest loaded floor p99 of each
+load's rows."""
 
 from __future__ import annotations
 
@@ -41,6 +45,8 @@ def plot_sweep(rows: Sequence[dict], out_dir: Path) -> list[Path]:
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker, label=name,
                             linewidth=2.2 if router == "kinference" else 1.2, markersize=6 if router == "kinference" else 4)
+            if metric == "ttft_p99_s":
+                _floors(ax, [r for r in base if r["workload"] == w])
             ax.set_title(w)
             ax.set_xlabel("offered load (fraction of capacity)")
             ax.set_ylabel(label)
@@ -50,10 +56,25 @@ def plot_sweep(rows: Sequence[dict], out_dir: Path) -> list[Path]:
         for j in range(n, nrows * cols):
             axes[j // cols][j % cols].axis("off")
         handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=len(STYLE), frameon=False)
-        fig.tight_layout(rect=(0, 0.06, 1, 1))
+        ncol = min(len(labels), 2 * cols)
+        legend_rows = -(-len(labels) // ncol)
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False)
+        fig.tight_layout(rect=(0, 0.06 * legend_rows / nrows, 1, 1))
         path = out_dir / fname
         fig.savefig(path, dpi=90)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _floors(ax, rows: Sequence[dict]) -> None:  # noqa: ANN001 - a matplotlib Axes
+    by: dict[float, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["load"], []).append(r)
+    for key, style, name in (("idle_floor_p99_s", "--", "idle floor (p99)"),
+                             ("loaded_floor_p99_s", ":", "loaded floor (p99)")):
+        pts = sorted((load, min(v)) for load, rs in by.items()
+                     if (v := [r[key] for r in rs if r.get(key) is not None]))
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color="black", linestyle=style, linewidth=1.0,
+                    label=name)

@@ -26,6 +26,13 @@ requests whose TTFT and time per output token meet the workload's SLOs.
 Prefix-cache hit rate and preemptions are the fleet's engine counters over
 the whole run; ``load_cv`` is the coefficient of variation of requests per
 pod, ``busy_cv`` of busy seconds per pod.
+
+Floors (:mod:`.floor`): ``idle_floor_p50_s`` / ``idle_floor_p99_s`` are the
+quantiles of each measured request's TTFT alone on an idle pod with its
+shareable prefix cached, a strict lower bound for every router on those
+arrivals; ``loaded_floor_p50_s`` / ``loaded_floor_p99_s`` add the decode
+work the run's fleet carried per pod on average, an estimate of what a
+perfectly balanced router would see.
 """
 
 from __future__ import annotations
@@ -38,9 +45,9 @@ from dataclasses import dataclass, field
 
 from kinference_simulators.profiles import get_profile
 
-from . import workloads
+from . import floor, workloads
 from .fleet import PodSpec, ProviderSpec, Router, RunResult, TelemetrySpec, fleet, simulate
-from .kinference import Kinference
+from .kinference import Kinference, ReplicaShare, link
 from .peers import PEERS
 
 ROUTERS = ["round_robin", "least_queue", "gie_default", "llmd_sticky", "vllm_router_cache_aware", "kinference"]
@@ -156,6 +163,10 @@ def metrics(res: RunResult, spec: WorkloadSpec) -> dict:
         m = statistics.fmean(xs) if xs else 0.0
         return statistics.pstdev(xs) / m if m > 0 else 0.0
 
+    floors = floor.measured_floors(res, spec.warmup)
+    idle = [f.idle_s for f in floors]
+    loaded = [f.loaded_s for f in floors]
+
     return {
         "ttft_p50_s": _q(ttft, 0.5), "ttft_p90_s": _q(ttft, 0.9), "ttft_p99_s": _q(ttft, 0.99),
         "e2e_p50_s": _q(e2e, 0.5), "e2e_p99_s": _q(e2e, 0.99),
@@ -167,6 +178,9 @@ def metrics(res: RunResult, spec: WorkloadSpec) -> dict:
         "load_cv": cv(reqs), "busy_cv": cv(busy),
         "requests": len(measured),
         "rejected": sum(1 for o in measured if o.rejected),
+        "idle_floor_p50_s": _q(idle, 0.5), "idle_floor_p99_s": _q(idle, 0.99),
+        "loaded_floor_p50_s": _q(loaded, 0.5), "loaded_floor_p99_s": _q(loaded, 0.99),
+        "fleet_carried": floor.carried(res),
     }
 
 
@@ -195,10 +209,13 @@ def run_case(case: Case, make: Callable[[str], Router] = make_router) -> dict:
         pass  # models already alternate by group
     if case.variant == "before":
         routers = [Kinference(fixed=False) for _ in range(case.replicas)]
+    elif case.variant == "replica_sync":
+        routers = [Kinference(share=ReplicaShare()) for _ in range(case.replicas)]
+        link(routers)
     else:
         routers = [make(case.router) for _ in range(case.replicas)]
     res = simulate(reqs, pods, routers, telemetry=TelemetrySpec(scrape_interval=case.scrape_interval),
-                   seed=case.seed)
+                   seed=case.seed, window=(spec.warmup, spec.duration))
     row = {"workload": case.workload, "router": case.router, "load": case.load, "replicas": case.replicas}
     row.update(metrics(res, spec))
     row.update({"scrape_interval_s": case.scrape_interval, "capacity_rps": cap, "rate_rps": rate,
@@ -225,7 +242,12 @@ def table(rows: Sequence[dict], keys: Sequence[str] = ("ttft_p50_s", "ttft_p90_s
 
 def headline(rows: Sequence[dict], workloads_: Sequence[str] = ("chat", "shared_prefix"),
              loads: Sequence[float] = (0.8, 0.9, 1.0)) -> list[dict]:
-    """Per workload and load: Kinference's TTFT p99 and goodput against the best peer's."""
+    """Per workload and load: Kinference's TTFT p99 and goodput against the
+    best peer's, and the floors under them (:mod:`.floor`): the idle floor's
+    p99 (the same arrivals in every row of the case), the lowest loaded
+    floor p99 of the case's rows, the best peer's p99 as a multiple of the
+    idle floor, and whether the issue's target (30% below the best peer)
+    would be under the idle floor, i.e. out of any router's reach."""
     out = []
     for w in workloads_:
         for load in loads:
@@ -247,6 +269,18 @@ def headline(rows: Sequence[dict], workloads_: Sequence[str] = ("chat", "shared_
                 "goodput_ratio": k["goodput"] / best_good["goodput"] if best_good["goodput"] else None,
                 "p50_ratio": k["ttft_p50_s"] / best_p50["ttft_p50_s"],
             })
+            idle = k.get("idle_floor_p99_s")
+            loaded = [r["loaded_floor_p99_s"] for r in sel if r.get("loaded_floor_p99_s") is not None]
+            if idle is not None:
+                target = 0.7 * best_p99["ttft_p99_s"]
+                out[-1].update({
+                    "idle_floor_p99_s": idle,
+                    "loaded_floor_p99_s": min(loaded) if loaded else None,
+                    "best_peer_over_floor": best_p99["ttft_p99_s"] / idle if idle > 0 else None,
+                    "kinference_over_floor": k["ttft_p99_s"] / idle if idle > 0 else None,
+                    "target_p99_s": target,
+                    "target_below_floor": target < idle,
+                })
     return out
 
 

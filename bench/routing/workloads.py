@@ -64,6 +64,12 @@ class SimRequest:
     model: str = "m"
     #: prefix group (for reporting; routers never read it)
     group: int = -1
+    #: leading tokens the workload means to be shared with earlier requests
+    #: (the group's system prompt; for a conversation's turn, the family's
+    #: system prompt and then the previous turn's prompt): what an engine
+    #: could already hold cached. Routers never read it; the floors do
+    #: (:mod:`.floor`).
+    prefix_tokens: int = 0
     tags: frozenset[str] = frozenset()
     #: filled by the fleet on first use
     engine_hashes: tuple[bytes, ...] | None = None
@@ -131,7 +137,8 @@ def _grouped(rng: random.Random, times: list[float], factory: TextFactory, *, gr
         q = rng.randrange(per_group)
         text = systems[g] + questions[g][q]
         model = models[g % len(models)]
-        out.append(SimRequest(f"{prefix}{i}", t, text, _tokens(text), output, model=model, group=g))
+        out.append(SimRequest(f"{prefix}{i}", t, text, _tokens(text), output, model=model, group=g,
+                              prefix_tokens=_tokens(systems[g])))
     return out
 
 
@@ -172,11 +179,14 @@ def multiturn(rng: random.Random, rate: float, duration: float, factory: TextFac
     out = []
     for c, start in enumerate(_poisson_times(rng, rate / turns, duration)):
         history = systems[rng.randrange(families)]
+        shared = _tokens(history)
         t = start
         for k in range(turns):
             history += factory.text(rng, 192)
             text = history
-            out.append(SimRequest(f"u{c}.{k}", t, text, _tokens(text), 192, group=c))
+            out.append(SimRequest(f"u{c}.{k}", t, text, _tokens(text), 192, group=c, prefix_tokens=shared))
+            # the engine computed this prompt; the answer it generated is not the text the client resends
+            shared = _tokens(text)
             history += factory.text(rng, 192)  # the answer, as the client resends it
             t += rng.expovariate(1 / 5.0)
     out.sort(key=lambda r: r.time)

@@ -167,6 +167,53 @@ class ClassifyBatchReply(_Msg, kw_only=True):
     replies: list[ClassifyReply]
 
 
+# -------------------------------------------------------------- replica sync
+
+
+class ReplicaEndpoint(Struct, kw_only=True, rename="camel"):
+    """One endpoint in a router replica's :class:`ReplicaSync` (the fields of
+    :class:`kinference_common.engine.ledger.PeerEndpoint`)."""
+
+    #: ``<namespace>/<workerset>/<pod>``
+    key: str
+    in_flight: int = 0
+    #: ``[sentAt, promptTokens]`` of each send without a first token yet
+    pending: list[tuple[float, int]] = []
+    #: ``[sentAt, firstTokenAt]`` of sends prefilled in the last 2 s
+    prefilled: list[tuple[float, float]] = []
+    #: older pending sends beyond the per-endpoint cap, summed
+    more_count: int = 0
+    more_tokens: int = 0
+
+
+class PrefixRecord(Struct, kw_only=True, rename="camel"):
+    """One pick for the prefix index: the endpoint and the prompt's keyed block hashes."""
+
+    key: str
+    block_hashes: list[int]
+    #: the endpoint's KV cache in prompt blocks (the index's cap for it)
+    max_blocks: int | None = None
+
+
+class ReplicaSync(_Msg, kw_only=True):
+    """``kinference.router.<ns>.<pool>.sync``: what one router replica tells the
+    others (services/router/replica_sync.py). Counts, token counts, times and
+    keyed block hashes only: never a prompt, a header or a tenant."""
+
+    #: the sender (pod name and a random suffix); a replica ignores its own
+    replica: str
+    #: increases with every message of one replica (a lower one is older)
+    seq: int
+    sent_at: float
+    #: this replica's sends per endpoint (the full state: replaces the previous message's)
+    endpoints: list[ReplicaEndpoint] = []
+    #: the prefix-index picks since the previous message
+    prefix: list[PrefixRecord] = []
+    #: names the block-hash key (a digest of it, not the key): records hashed
+    #: under another key are ignored
+    hash_key_id: str = ""
+
+
 # ------------------------------------------------------------------- encoding
 
 _encoder = msgspec.json.Encoder()

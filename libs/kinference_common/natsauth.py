@@ -13,7 +13,8 @@ Users (:data:`SERVICES`) and what each may do (:func:`permissions`):
 user                   publish                                     subscribe
 =====================  ==========================================  =========================================
 router                 classify requests (``kinference.classify.>``), ``_INBOX_router.>``, config and telemetry
-                       decisions, observations; read-only           subjects
+                       decisions, observations, replica sync        subjects, replica sync (``kinference.router.>``:
+                       (``kinference.router.>``); read-only          only routers read it)
                        JetStream API on both KV buckets
 policy-compiler        ``kinference.config.>``, its KV bucket       ``_INBOX_policy-compiler.>``
                        (create, put, read)
@@ -107,10 +108,12 @@ def permissions(user: str) -> dict[str, Any]:
     if user == ROUTER:
         return {
             "publish": {"allow": [classify, f"{subjects.DECISIONS_PREFIX}.>", f"{subjects.OBSERVATIONS_PREFIX}.>",
+                                  f"{subjects.ROUTER_PREFIX}.>",
                                   *_kv_read(subjects.CONFIG_BUCKET),
                                   *[s for s in _kv_read(subjects.TELEMETRY_BUCKET) if s not in
                                     _kv_read(subjects.CONFIG_BUCKET)]]},
-            "subscribe": {"allow": [inbox, f"{subjects.CONFIG_PREFIX}.>", "kinference.telemetry.>"]},
+            "subscribe": {"allow": [inbox, f"{subjects.CONFIG_PREFIX}.>", "kinference.telemetry.>",
+                                    f"{subjects.ROUTER_PREFIX}.>"]},
         }
     if user == COMPILER:
         return {"publish": {"allow": [f"{subjects.CONFIG_PREFIX}.>", *_kv_write(subjects.CONFIG_BUCKET)]},

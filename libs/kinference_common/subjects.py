@@ -15,6 +15,8 @@ TELEMETRY_PROVIDER_PREFIX = "kinference.telemetry.provider"
 OBSERVATIONS_PREFIX = "kinference.observations"
 CLASSIFY_PREFIX = "kinference.classify"
 DECISIONS_PREFIX = "kinference.decisions"
+#: router replicas talking to each other (replica sync)
+ROUTER_PREFIX = "kinference.router"
 
 CONFIG_BUCKET = "kinference-config"
 TELEMETRY_BUCKET = "kinference-telemetry"
@@ -85,3 +87,14 @@ def classify_batch_subject(classifier: str) -> str:
 
 def decisions_subject(namespace: str, pool: str) -> str:
     return f"{DECISIONS_PREFIX}.{token(namespace)}.{token(pool)}"
+
+
+#: the replica-sync subject of routers serving several pools at once (four
+#: tokens, so it never equals a pool's five-token subject)
+ROUTER_SYNC_ALL = f"{ROUTER_PREFIX}.all.sync"
+
+
+def replica_sync_subject(namespace: str, pool: str) -> str:
+    """Router replicas of one pool share their in-flight sends and prefix
+    picks here (:class:`~kinference_common.messages.ReplicaSync`)."""
+    return f"{ROUTER_PREFIX}.{token(namespace)}.{token(pool)}.sync"

@@ -14,7 +14,7 @@ import structlog
 
 from kinference_common import bus, logs
 from kinference_common import natsauth
-from kinference_router import provider_request
+from kinference_router import provider_request, replica_sync
 from kinference_router.classification import Classification
 from kinference_router.classification import configure as configure_classification
 from kinference_router.app import Router, RouterSettings
@@ -86,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"bytes of a request's line and headers, else 431 (default {d.max_head_bytes})")
     p.add_argument("--keepalive-timeout", type=float, default=d.keepalive_timeout,
                    help=f"seconds an idle client connection stays open (default {d.keepalive_timeout:g})")
+    p.add_argument("--no-replica-sync", dest="replica_sync", action="store_false",
+                   help="do not share in-flight sends and prefix picks with the other router replicas over NATS "
+                        "(kinference.router.<ns>.<pool>.sync; on by default)")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
     natsauth.add_arguments(p, default_user=natsauth.ROUTER)
     p.add_argument("--no-classify-batching", dest="classify_batching", action="store_false",
@@ -209,7 +212,8 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
     settings = RouterSettings(namespace=namespace, pool=pool, max_body_bytes=args.max_body_bytes,
                               connect_timeout=args.connect_timeout, first_byte_timeout=args.first_byte_timeout,
                               stale_after=args.stale_after, provider_headers=provider_headers,
-                              http=http, metrics_on_data_port=args.metrics_on_data_port)
+                              http=http, metrics_on_data_port=args.metrics_on_data_port,
+                              replica_sync=args.replica_sync)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -226,6 +230,8 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
     except natsauth.CredentialsError as exc:
         print(f"kinference-router: {exc}", file=sys.stderr)
         return 1
+    if settings.replica_sync:  # every replica holds the router's password, no other NATS user does
+        settings.prefix_key = replica_sync.hash_key(nats_options.get("password"))
     connecting = asyncio.create_task(bus.connect(args.nats_url, name="kinference-router", on_reconnect=reconnected,
                                                  **nats_options))
     stopping = asyncio.create_task(stop.wait())

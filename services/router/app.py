@@ -39,7 +39,7 @@ from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
-from kinference_router import models_api, provider_request, retry, validate
+from kinference_router import models_api, provider_request, replica_sync, retry, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.classification import Classification, RequestTags
 from kinference_router.events import EventPublisher
@@ -83,10 +83,18 @@ class RouterSettings:
     http: HttpLimits = field(default_factory=HttpLimits)
     #: /metrics on the data port too (a cluster that closes the admin port to the network)
     metrics_on_data_port: bool = False
+    #: share in-flight sends and prefix picks with the other replicas (replica_sync.py)
+    replica_sync: bool = True
+    #: the block-hash key (replica_sync.hash_key); None: unkeyed, per-process hashes
+    prefix_key: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if self.replica_sync and self.prefix_key is None:  # replicas' hashes must agree
+            self.prefix_key = replica_sync.hash_key(None)
 
 
 def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
-                   rng: random.Random) -> Request:
+                   rng: random.Random, prefix_key: bytes | None = None) -> Request:
     """The engine's view of one request (pure): the model after any
     InferenceModelRewrite, the objective's priority (0 when the pool has no
     such objective), the prompt-token estimate, the prompt's block hashes and
@@ -104,7 +112,7 @@ def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody,
         prompt_tokens=estimate_prompt_tokens(body.texts),
         max_tokens=body.max_tokens,
         headers=dict(headers),
-        block_hashes=block_hashes("\n".join(body.texts)),
+        block_hashes=block_hashes("\n".join(body.texts), key=prefix_key),
     )
 
 
@@ -176,6 +184,9 @@ class Router:
     keeper: SnapshotKeeper | None = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        # a router fed by a router of several pools shares that one's ledger and sync
+        self.sync = replica_sync.for_router(self.settings, self.ledger, self.prefix, self.metrics) \
+            if self.keeper is None else None
         if self.keeper is None:
             self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
                                          stale_after=self.settings.stale_after, ejected=self.health.excluded,
@@ -201,8 +212,12 @@ class Router:
         self.flow.start()
         if self.nc is not None:
             await self.keeper.start(self.nc)
+            if self.sync is not None:
+                await self.sync.start(self.nc)
 
     async def stop(self) -> None:
+        if self.sync is not None:
+            await self.sync.stop()
         await self.flow.stop()
         await self.keeper.stop()
         await self.events.stop()
@@ -279,7 +294,7 @@ class Router:
     def _engine_request(self, headers: Mapping[str, str], body: ParsedBody, tenant: str) -> Request:
         snap = self.keeper.snapshot
         assert snap is not None
-        req = engine_request(snap, headers, body, tenant, self.rng)
+        req = engine_request(snap, headers, body, tenant, self.rng, self.settings.prefix_key)
         if req.objective is not None and req.objective not in snap.pool.objectives:
             self.metrics.unknown_objectives.inc()
         return req
@@ -562,7 +577,7 @@ class Router:
             outcome = "cancelled"
             raise
         finally:
-            self.ledger.finished(send)
+            self.ledger.finished(send, time.time())
             self.flow.slot_freed()
             inflight[cand.backend] -= 1
             if not cand.is_local:
@@ -580,7 +595,7 @@ class Router:
     def _first_token(self, send: Any, obs: Observation, started: float, backend: str,
                      predicted: float | None) -> None:
         ttft = time.perf_counter() - started
-        self.ledger.first_token(send)
+        self.ledger.first_token(send, time.time())
         obs.ttft_seconds = ttft
         self.metrics.child(self.metrics.ttft, backend).observe(ttft)
         if predicted is not None:

@@ -72,6 +72,16 @@ class RouterMetrics:
             "kinference_classifier_tags_total",
             "Tags the classifiers gave requests (a failed or late classifier counts as its failure tag)",
             ["classifier", "tag"], registry=r)
+        # --- replica sync (replica_sync.py): router replicas sharing what they know
+        self.sync_peers = Gauge("kinference_replica_sync_peers",
+                                "Other router replicas whose state this one merges now", registry=r)
+        self.sync_messages = Counter(
+            "kinference_replica_sync_messages_total",
+            "Replica-sync messages: direction=out (outcome sent|failed), direction=in (outcome merged|"
+            "own|old|stale|garbled|key_mismatch)",
+            ["direction", "outcome"], registry=r)
+        self.sync_expired = Counter("kinference_replica_sync_peers_expired_total",
+                                    "Router replicas forgotten after going quiet for the TTL", registry=r)
         #: (pool, worker_set, pod) -> None, in least-recently-used order
         self._pods: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         self._children: dict[tuple[Any, ...], Any] = {}

@@ -38,10 +38,12 @@ from urllib.parse import parse_qs
 import nats
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kinference_common import subjects
 from kinference_common.compiled import CompiledPool, CompiledRoute, RoutePath
 from kinference_common.engine import Calibration, InFlightLedger, PrefixIndex
 from kinference_router.app import ApiError, Router, RouterSettings, error_response, new_decision_id, server_error
 from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
+from kinference_router import replica_sync
 from kinference_router.metrics import RouterMetrics
 from kinference_router.state import FedKeeper, PoolKey, PoolsFollower
 from kinference_router.tenants import Authenticator
@@ -143,6 +145,8 @@ class MultiPoolRouter:
         self.metrics = RouterMetrics()
         self.ledger = InFlightLedger()
         self.prefix = PrefixIndex()
+        self.sync = replica_sync.for_router(settings, self.ledger, self.prefix, self.metrics,
+                                            subject=subjects.ROUTER_SYNC_ALL)
         self.health = UpstreamHealth()
         self.limiter = ProviderLimiter()
         self.calibration = Calibration()
@@ -194,12 +198,16 @@ class MultiPoolRouter:
     async def start(self) -> None:
         if self.nc is not None:
             await self.keeper.start(self.nc)
+            if self.sync is not None:
+                await self.sync.start(self.nc)
         for key in list(self.routers):
             await self.routers[key].start()
             self._live.add(key)
         self._started = True
 
     async def stop(self) -> None:
+        if self.sync is not None:
+            await self.sync.stop()
         await self.keeper.stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for key in list(self._live):

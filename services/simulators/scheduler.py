@@ -159,6 +159,8 @@ class StepResult:
     admitted: list[str]
     prefill_tokens: int
     decode_seqs: int
+    #: KV tokens the step's decodes attended to (what the step paid per context token)
+    decode_context_tokens: int = 0
 
     @property
     def end(self) -> float:
@@ -355,6 +357,7 @@ class Scheduler:
             admitted=admitted,
             prefill_tokens=prefill_tokens,
             decode_seqs=decode_seqs,
+            decode_context_tokens=decode_context,
         )
 
     # -------------------------------------------------------------- helpers

@@ -150,6 +150,8 @@ async def test_each_service_does_its_work_as_its_user(server: dict[str, Any]) ->
         assert reply.outcome == "ok" and reply.tags == ["pii-none"]
         await router.nc.publish(subjects.decisions_subject(ns, name), b"{}")
         await router.nc.publish(subjects.observations_subject(ns, name), b"{}")
+        await router.nc.subscribe(subjects.replica_sync_subject(ns, name))  # replica sync: publish and listen
+        await router.nc.publish(subjects.replica_sync_subject(ns, name), b"{}")
         await settle(compiler, collector, router, classifier)
         assert subjects.config_subject(ns, name) in seen
         assert subjects.observations_subject(ns, name) in seen
@@ -168,6 +170,8 @@ async def test_each_service_does_its_work_as_its_user(server: dict[str, Any]) ->
     ("classifier", "kinference.classify.pii"),
     ("telemetry-collector", "$KV.kinference-config.default.x"),     # the collector cannot change config
     ("policy-compiler", "kinference.telemetry.endpoint.x"),
+    ("telemetry-collector", "kinference.router.default.inference-all.sync"),  # only routers forge replica sync
+    ("observer", "kinference.router.default.inference-all.sync"),
 ])
 async def test_a_user_is_refused_what_its_service_never_does(server: dict[str, Any], user: str, subject: str) -> None:
     c = Client()
@@ -186,6 +190,8 @@ async def test_a_user_is_refused_what_its_service_never_does(server: dict[str, A
     ("observer", "kinference.classify.pii"),
     ("router", "_INBOX_classifier.>"),                # nobody reads another service's replies
     ("policy-compiler", "$KV.kinference-telemetry.>"),
+    ("observer", "kinference.router.>"),              # replica sync (keyed prompt hashes): routers only
+    ("classifier", "kinference.router.default.inference-all.sync"),
 ])
 async def test_a_user_cannot_listen_where_its_service_never_does(server: dict[str, Any], user: str,
                                                                  subject: str) -> None:

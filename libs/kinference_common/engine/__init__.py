@@ -21,7 +21,7 @@ Typical use by the router::
     d = decide(snap, request, ledger=ledger, prefix=prefix_index, rng=rng)
     if d.routed:
         send = ledger.sent(d.candidate.ledger_key, d.prefill_tokens, time.time())
-        # ... ledger.first_token(send) on the first token, ledger.finished(send) at the end;
+        # ... ledger.first_token(send, now) on the first token, ledger.finished(send, now) at the end;
         # ledger.observed(key, state.scraped_at) whenever telemetry for key arrives
         prefix_index.record(d.candidate.ledger_key, request.block_hashes)
 """

@@ -180,7 +180,8 @@ def _prefix_affinity(tied: list[Candidate], ctx: DecisionContext, rng: random.Ra
     fewest prompt blocks this router sent (:meth:`.prefix.PrefixIndex.blocks`):
     the new prefix evicts the least there, and since the requests that share
     it will follow it, each prefix's future traffic lands where the least
-    such traffic is already committed (vllm-router's "smallest tree")."""
+    such traffic is already committed (the "smallest tree" rule cache-aware
+    routers document)."""
     blocks = [ctx.matched_blocks(c) for c in tied]
     high = max(blocks)
     if high == 0 and ctx.prefix is not None and ctx.block_hashes and len(tied) > 1:

@@ -21,8 +21,13 @@ prompt's first blocks are the most recent and are evicted last: a prefix
 survives longer than its tail, as prefix matching needs.
 
 It is approximate: hash collisions are negligible (64-bit), but the engine may
-have evicted a block the index still lists, and another router replica's
-sends are not known here.
+have evicted a block the index still lists.
+
+Other router replicas: with a journal (:meth:`PrefixIndex.start_journal`)
+every :meth:`record` is also kept for :meth:`take_journal`, which the router's
+replica sync publishes; a peer's records enter with :meth:`record_peer`
+(same KV-sized cap, not journalled again, so nothing echoes). A record lost
+in transit is a prefix this replica does not know about, as before sharing.
 """
 
 from __future__ import annotations
@@ -40,6 +45,27 @@ class PrefixIndex:
         self._by_endpoint: dict[str, OrderedDict[int, None]] = {}
         #: block hash -> endpoints holding it, least recent first
         self._holders: dict[int, dict[str, None]] = {}
+        #: records since the last take_journal() (None: not kept)
+        self._journal: list[tuple[str, tuple[int, ...], int | None]] | None = None
+
+    #: at most this many records wait for take_journal() (the oldest dropped)
+    MAX_JOURNAL = 4096
+
+    def start_journal(self) -> None:
+        """Keep every :meth:`record` from now on for :meth:`take_journal`."""
+        if self._journal is None:
+            self._journal = []
+
+    def take_journal(self) -> list[tuple[str, tuple[int, ...], int | None]]:
+        """The ``(key, block_hashes, max_blocks)`` recorded since the last call."""
+        out = self._journal or []
+        if self._journal is not None:
+            self._journal = []
+        return out
+
+    def record_peer(self, key: str, block_hashes: Sequence[int], max_blocks: int | None = None) -> None:
+        """Another replica's :meth:`record` (not journalled)."""
+        self._record(key, block_hashes, max_blocks)
 
     def record(self, key: str, block_hashes: Sequence[int], max_blocks: int | None = None) -> None:
         """Remember that the prompt with these blocks was sent to ``key``.
@@ -52,6 +78,13 @@ class PrefixIndex:
         prefix hits the engine no longer has: a full prefill where a cheap
         one was predicted, which is a tail request (docs/routing-benchmark.md).
         """
+        if self._journal is not None and block_hashes:
+            if len(self._journal) >= self.MAX_JOURNAL:
+                del self._journal[: len(self._journal) - self.MAX_JOURNAL + 1]
+            self._journal.append((key, tuple(block_hashes), max_blocks))
+        self._record(key, block_hashes, max_blocks)
+
+    def _record(self, key: str, block_hashes: Sequence[int], max_blocks: int | None) -> None:
         if not block_hashes:
             return
         lru = self._by_endpoint.get(key)

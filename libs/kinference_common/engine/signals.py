@@ -60,33 +60,44 @@ class DecisionContext:
     # -- signals that join the ledger ---------------------------------------
 
     def queued(self, c: Candidate) -> int | None:
-        """``queuedPrompts``: engine waiting - this router's sends that left
-        the queue since the scrape + its unseen sends; the router's own
-        pending sends when the engine's count is unknown."""
+        """``queuedPrompts``: engine waiting - this router's (and its peer
+        replicas') sends that left the queue since the scrape + their unseen
+        sends; the known pending sends when the engine's count is unknown."""
         if not c.is_local:
             return None
         load = self.loads.get(c.ledger_key)
         if c.queued is None:
-            return load.pending_count if load is not None else 0
+            return load.pending_count + load.peer_pending_count if load is not None else 0
         if load is None:
             return c.queued
-        return max(0, c.queued - load.drained_count) + load.unseen_count
+        return (max(0, c.queued - load.drained_count - load.peer_drained_count)
+                + load.unseen_count + load.peer_unseen_count)
 
     def in_flight(self, c: Candidate) -> int:
+        """``inFlight``: requests open to the endpoint from this router and,
+        with replica sync, from the other replicas (as last published)."""
         load = self.loads.get(c.ledger_key)
-        return load.in_flight if load is not None else 0
+        return load.in_flight + load.peer_in_flight if load is not None else 0
 
     def queue_tokens(self, c: Candidate) -> float:
-        """``Q`` of the TTFT model: prefill tokens queued ahead of this request."""
+        """``Q`` of the TTFT model: prefill tokens queued ahead of this request.
+
+        Sends this router (or, with replica sync, another replica) knows
+        count with their real prompt tokens; the rest of the engine's waiting
+        count at ``queued_prompt_tokens`` each. A known send the scrape
+        already counts (sent before it, or prefilled since) is taken out of
+        the waiting count, so nothing is counted twice."""
         load = self.loads.get(c.ledger_key)
         if load is None:
             return c.base_queue_tokens
+        known = load.pending_tokens + load.peer_pending_tokens
         if c.queued is None:
-            return float(load.pending_tokens)
-        others = c.queued - (load.pending_count - load.unseen_count) - load.drained_count
+            return float(known)
+        others = (c.queued - (load.pending_count - load.unseen_count) - load.drained_count
+                  - load.peer_seen_count)
         if others < 0:
             others = 0
-        return others * self.model.queued_prompt_tokens + load.pending_tokens
+        return others * self.model.queued_prompt_tokens + known
 
     def predicted_ttft(self, c: Candidate) -> float | None:
         """PredictedTTFT in seconds (see :mod:`.ttft`); None for a provider."""

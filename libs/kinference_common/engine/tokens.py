@@ -43,12 +43,19 @@ Prompt blocks
 chains their hashes (block *i*'s hash covers blocks 0..i), so two prompts
 share the first *k* hashes exactly when they share their first *k* blocks:
 the approximate prefix index (:mod:`.prefix`) matches on them. Python's
-``hash`` is per-process (PYTHONHASHSEED), which is fine: the index lives in
-one router process and is learned from its own picks.
+``hash`` is per-process (PYTHONHASHSEED), which is fine while the index
+lives in one router process and is learned from its own picks. Router
+replicas that share their picks (replica sync) need hashes that agree across
+processes: with ``key``, each block is chained through a keyed BLAKE2b
+(8-byte digests), the same in every process holding the key and
+meaningless without it (a hash of a guessed prompt cannot be checked
+against published ones without the key). About 4x the cost of the unkeyed
+chain (~60 us for a 16 KB prompt).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from operator import mul
 
@@ -197,12 +204,22 @@ def estimate_prompt_tokens(texts: list[str], per_message_overhead: int = 4) -> i
     return total
 
 
-def block_hashes(text: str, block_chars: int = BLOCK_CHARS) -> tuple[int, ...]:
-    """Chained hashes of the prompt's complete ``block_chars``-sized blocks.
+def block_hashes(text: str, block_chars: int = BLOCK_CHARS, key: bytes | None = None) -> tuple[int, ...]:
+    """Chained hashes of the prompt's complete ``block_chars``-sized blocks
+    (signed 64-bit ints); with ``key`` (up to 64 bytes) keyed and stable
+    across processes.
 
     Only complete blocks count (a partial last block is not a stable prefix).
     O(len(text)).
     """
+    if key is not None:
+        chain = hashlib.blake2b(key=key, digest_size=8)
+        keyed: list[int] = []
+        from_bytes = int.from_bytes
+        for start in range(0, len(text) - block_chars + 1, block_chars):
+            chain.update(text[start : start + block_chars].encode("utf-8", "surrogatepass"))
+            keyed.append(from_bytes(chain.copy().digest(), "little", signed=True))
+        return tuple(keyed)
     out: list[int] = []
     h = 0
     for start in range(0, len(text) - block_chars + 1, block_chars):
