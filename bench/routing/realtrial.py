@@ -429,6 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             started = time.monotonic()
             try:
                 row = run_router(router, reqs, log_dir / router, args.port_offset)
+            except KeyboardInterrupt:
+                print(f"interrupted during {router}: every process it started is stopped; nothing written",
+                      file=sys.stderr, flush=True)
+                return 130
             except (RuntimeError, StackError, OSError) as exc:
                 print(f"  {router}: could not run: {exc}", file=sys.stderr, flush=True)
                 failed.append(router)
