@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router bench-routing bench-kube bench-kube-dataplane load-router load-burst \
+        bench-classifier bench-router bench-routing bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
         chaos eval-classifier lint docs compose clean
 
 help:  ## list the targets
@@ -73,6 +73,9 @@ bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results
 	$(BIN)/python -m bench.routing.report --check
 	nice -n 15 $(BIN)/python -m bench.routing.burst
 	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
+
+bench-realtrial: install  ## the issue's real-time trial: Kinference's services vs vllm-router, 4 sims -> bench/results/routing_realtrial.json
+	KINFERENCE_PORT_OFFSET=$${KINFERENCE_PORT_OFFSET:-700} $(BIN)/python -m bench.routing.realtrial $(REALTRIAL_ARGS)
 
 bench-kube-dataplane: install  ## pod change -> router / worker-set status latency, Kubernetes mode -> bench/results/kube_dataplane.json
 	$(BIN)/python -m bench.kube_dataplane

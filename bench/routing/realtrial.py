@@ -1,0 +1,460 @@
+"""The issue's first real-time trial, re-run: Kinference's services against
+the real vllm-router binary on the same arrivals.
+
+``python -m bench.routing.realtrial [--duration S] [--rate R] [--seed N]
+[--routers A,B] [--log-dir DIR]`` (``make bench-realtrial``):
+
+For each router under test, in turn:
+
+1. four FRESH HTTP engine simulators (``kinference_simulators.vllm``, the
+   fleet's vLLM V1 scheduler model, ``h100`` profile, 1,200 KV blocks each,
+   cold caches, time scale 1: real time) on free ports of 127.0.0.1, so that
+   every router meets the same engines in the same state;
+2. the router in front of them:
+
+   ``kinference``
+       Kinference's own services as processes, as ``make run`` starts them
+       (nats-server with a user per service, policy-compiler reading a
+       manifest directory, classifier, telemetry-collector scraping the four
+       simulators every 0.1 s, router), ports shifted by
+       ``KINFERENCE_PORT_OFFSET`` (default 700). The four simulators are one
+       worker set; the policy is one rule, ``select: [{type: Local,
+       minimize: PredictedTTFT}]`` with ``tieBreak: [PrefixAffinity,
+       LeastInFlight, Random]``.
+   ``vllm_router_cache_aware`` / ``vllm_router_round_robin``
+       the ``vllm-router`` binary (PyPI, in ``bench/.venv-competitors``,
+       never a product dependency) with ``--policy cache_aware`` (its
+       default thresholds) or ``--policy round_robin``. The simulators serve
+       ``/tokenize``, so ``cache_aware`` really matches prefixes.
+   ``direct_round_robin``
+       no router: the client itself sends request *i* to simulator *i mod 4*.
+
+3. the SAME arrivals (the ``trial`` workload of :mod:`.workloads`: 16
+   groups of 2,000-token system prompts with 200-token questions, 32 output
+   tokens, Poisson at ``--rate`` requests/s for ``--duration`` seconds, from
+   ``--seed``) replayed as streaming ``/v1/completions`` at their times. The
+   client measures TTFT (request sent to first streamed ``data:`` chunk) and
+   end-to-end time (to the end of the stream); afterwards each simulator's
+   ``/metrics`` gives prefix-cache queries and hits, preemptions and the
+   requests it served.
+
+Prints a table, writes ``bench/results/routing_realtrial.json`` and exits 1
+when any request failed (or a router could not be started). Every process
+it starts is stopped on the way out, also on Ctrl-C and on errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from bench import harness
+from bench.router import COMPETITORS, ensure_competitors
+from kinference_common.natsauth import LocalAuth
+from kinference_common.natsserver import find_binary
+from kinference_simulators.stack import Proc, Stack, StackError
+
+from .crosscheck import _metric
+from .workloads import SimRequest, generate
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results" / "routing_realtrial.json"
+PODS = 4
+BLOCKS = 1200
+PROFILE = "h100"
+RATE = 18.0
+DURATION = 60.0
+SEED = 7
+MODEL = "m"
+OFFSET = 700
+ROUTERS = ["kinference", "vllm_router_cache_aware", "vllm_router_round_robin", "direct_round_robin"]
+NAMESPACE, WORKER_SET, POOL = "default", "trial", "trial"
+#: the stack's ports before the offset: make run's bases (no two end in the same two digits)
+STACK_PORTS = {"nats": 4222, "compiler": 8090, "classifier": 8083, "collector": 9091, "router": 8080, "admin": 8081}
+
+MANIFESTS = f"""\
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {{name: {WORKER_SET}, namespace: {NAMESPACE}}}
+spec:
+  model: {{name: {MODEL}, servedName: {MODEL}, contextWindow: 32768}}
+  engine: vLLM
+  selector: {{matchLabels: {{app: trial}}}}
+  port: 8000
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {{name: fastest-local, namespace: {NAMESPACE}}}
+spec:
+  rules:
+    - name: fastest-local
+      route:
+        select:
+          - {{ type: Local, minimize: PredictedTTFT }}
+        tieBreak: [PrefixAffinity, LeastInFlight, Random]
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {{name: {POOL}, namespace: {NAMESPACE}}}
+spec:
+  destinations:
+    - {{kind: InferenceWorkerSet, name: {WORKER_SET}}}
+  policyRef: {{name: fastest-local}}
+"""
+
+
+def arrivals(seed: int = SEED, rate: float = RATE, duration: float = DURATION) -> list[SimRequest]:
+    """The trial's arrivals: the same list for the same seed, rate and duration."""
+    return generate("trial", seed, rate, duration)
+
+
+# ------------------------------------------------------------ measuring
+
+
+def quantile(xs: Sequence[float], p: float) -> float | None:
+    """Nearest-rank quantile (the fleet benchmark's): the smallest value with
+    at least ``p`` of the values at or below it; None for no values."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    # 1e-9: p * n computed as 9.000000000000002 for 0.9 * 10 still ranks 9th
+    i = min(len(s) - 1, max(0, math.ceil(p * len(s) - 1e-9) - 1))
+    return s[i]
+
+
+@dataclass
+class Outcome:
+    """What the client saw of one request."""
+
+    ttft: float | None = None
+    e2e: float | None = None
+    error: str | None = None
+
+
+def summarize(router: str, outcomes: Sequence[Outcome], engine: dict) -> dict:
+    """One result row: client-side quantiles over the requests that streamed
+    a first chunk, errors, and the engines' counters (``engine``: ``queries``,
+    ``hits``, ``preemptions``, ``served`` per pod)."""
+    ttft = [o.ttft for o in outcomes if o.ttft is not None]
+    e2e = [o.e2e for o in outcomes if o.e2e is not None and o.error is None]
+    errors = [o.error for o in outcomes if o.error is not None]
+    q = engine.get("queries", 0.0)
+    return {
+        "router": router, "requests": len(outcomes), "errors": len(errors), "error_samples": sorted(set(errors))[:5],
+        "ttft_p50_s": quantile(ttft, 0.5), "ttft_p90_s": quantile(ttft, 0.9), "ttft_p99_s": quantile(ttft, 0.99),
+        "e2e_p50_s": quantile(e2e, 0.5), "e2e_p99_s": quantile(e2e, 0.99),
+        "prefix_hit_rate": engine.get("hits", 0.0) / q if q else None,
+        "preemptions": int(engine.get("preemptions", 0)), "served_per_pod": [int(s) for s in engine.get("served", [])],
+        # per request, in arrival order (None: no first chunk / failed), for a reader who wants other cuts
+        "ttft_s": [o.ttft for o in outcomes], "e2e_s": [None if o.error else o.e2e for o in outcomes],
+    }
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1000:.0f}"
+
+
+def table(rows: Sequence[dict]) -> str:
+    """The rows as a Markdown table (TTFT and e2e in milliseconds)."""
+    out = ["| router | requests | TTFT p50 ms | p90 ms | p99 ms | e2e p99 ms | hit rate | preemptions | errors |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.3f}"
+        out.append(f"| {r['router']} | {r['requests']} | {_ms(r['ttft_p50_s'])} | {_ms(r['ttft_p90_s'])} | "
+                   f"{_ms(r['ttft_p99_s'])} | {_ms(r['e2e_p99_s'])} | {hit} | {r['preemptions']} | {r['errors']} |")
+    return "\n".join(out)
+
+
+async def replay(urls: Sequence[str], reqs: Sequence[SimRequest], timeout: float = 120.0) -> list[Outcome]:
+    """Send each request at its arrival time (real seconds from the start) as a
+    streaming ``/v1/completions`` to ``urls[i % len(urls)]``; never raises for
+    a failed request, records it."""
+    outcomes = [Outcome() for _ in reqs]
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        t0 = time.perf_counter()
+
+        async def one(i: int) -> None:
+            r, o = reqs[i], outcomes[i]
+            delay = r.time - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            body = {"model": r.model, "prompt": r.text, "max_tokens": r.output_len, "ignore_eos": True,
+                    "stream": True}
+            start = time.perf_counter()
+            try:
+                async with session.post(urls[i % len(urls)], json=body) as resp:
+                    if resp.status != 200:
+                        o.error = f"HTTP {resp.status}"
+                        await resp.read()
+                        return
+                    done = False
+                    async for line in resp.content:
+                        if not line.startswith(b"data:"):
+                            continue
+                        if o.ttft is None:
+                            o.ttft = time.perf_counter() - start
+                        if line.strip() == b"data: [DONE]":
+                            done = True
+                    o.e2e = time.perf_counter() - start
+                    if o.ttft is None:
+                        o.error = "stream without data"
+                    elif not done:
+                        o.error = "stream ended without [DONE]"
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                o.error = f"{type(exc).__name__}: {exc}"[:120]
+        await asyncio.gather(*(one(i) for i in range(len(reqs))))
+    return outcomes
+
+
+def engine_counters(ports: Sequence[int]) -> dict:
+    """Prefix-cache queries and hits, preemptions and requests served, from
+    each simulator's ``/metrics``."""
+    served, queries, hits, preempted = [], 0.0, 0.0, 0.0
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:  # noqa: S310 - localhost
+            page = r.read().decode()
+        served.append(_metric(page, "vllm:request_success_total"))
+        queries += _metric(page, "vllm:prefix_cache_queries_total")
+        hits += _metric(page, "vllm:prefix_cache_hits_total")
+        preempted += _metric(page, "vllm:num_preemptions_total")
+    return {"served": served, "queries": queries, "hits": hits, "preemptions": preempted}
+
+
+# ------------------------------------------------------------ processes
+
+
+def start_simulators(log_dir: Path, tag: str) -> tuple[list[harness.Process], list[int]]:
+    procs: list[harness.Process] = []
+    try:
+        ports = [harness.free_port() for _ in range(PODS)]
+        for i, port in enumerate(ports):
+            procs.append(harness.spawn(f"{tag}-sim-{i}", [
+                sys.executable, "-m", "kinference_simulators.vllm", "--host", "127.0.0.1", "--port", str(port),
+                "--model", MODEL, "--speed-profile", PROFILE, "--kv-blocks", str(BLOCKS), "--time-scale", "1",
+                "--pod-name", f"pod-{i}", "--seed", str(100 + i), "--log-level", "warning"], log_dir))
+        for i, port in enumerate(ports):
+            harness.wait_http(f"http://127.0.0.1:{port}/health", 60, procs[i].proc, f"sim-{i}")
+    except BaseException:
+        for p in reversed(procs):
+            p.stop()
+        raise
+    return procs, ports
+
+
+@dataclass
+class TrialStack(Stack):
+    """Kinference's services as ``make run`` starts them (nats-server with a
+    user per service, compiler, classifier, collector, router), for the trial's
+    one pool over simulators started elsewhere (``sim_ports``)."""
+
+    sim_ports: list[int] = field(default_factory=list)
+
+    def prepare(self) -> None:
+        if self.run_dir.exists():
+            shutil.rmtree(self.run_dir)
+        (self.run_dir / "logs").mkdir(parents=True)
+        (self.run_dir / "manifests").mkdir()
+        (self.run_dir / "manifests" / "trial.yaml").write_text(MANIFESTS)
+        endpoints = [{"namespace": NAMESPACE, "workerSet": WORKER_SET, "pod": f"pod-{i}",
+                      "address": f"127.0.0.1:{port}", "model": MODEL, "ready": True}
+                     for i, port in enumerate(self.sim_ports)]
+        (self.run_dir / "endpoints.yaml").write_text(yaml.safe_dump({"endpoints": endpoints}, sort_keys=False))
+
+    def _ports(self) -> list[int]:
+        return [self.port(p) for p in STACK_PORTS.values()]
+
+    def plan(self, speed_profile: str, time_scale: float) -> list[Proc]:  # noqa: ARG002 - no simulators here
+        py, port = sys.executable, self.port
+        nats_url = f"nats://127.0.0.1:{port(STACK_PORTS['nats'])}"
+        nats_bin = find_binary()
+        if nats_bin is None:
+            raise StackError("realtrial: nats-server not found; run `make install` first")
+        auth = LocalAuth(self.run_dir / "nats-auth")
+        conf = auth.server_config(f"127.0.0.1:{port(STACK_PORTS['nats'])}", str(self.run_dir / "nats"))
+        return [
+            Proc("nats-server", [nats_bin, "-c", str(conf)], ready_port=port(STACK_PORTS["nats"])),
+            Proc("policy-compiler", [py, "-m", "kinference_policy_compiler", "--manifests",
+                                     str(self.run_dir / "manifests"), "--status-dir", str(self.run_dir / "status"),
+                                     "--nats-url", nats_url, *auth.flags("policy-compiler"),
+                                     "--http-port", str(port(STACK_PORTS["compiler"])), "--log-format", "json"],
+                 ready_url=f"http://127.0.0.1:{port(STACK_PORTS['compiler'])}/readyz"),
+            Proc("classifier", [py, "-m", "kinference_classifier", "--nats-url", nats_url, *auth.flags("classifier"),
+                                "--health-host", "127.0.0.1", "--health-port", str(port(STACK_PORTS["classifier"])),
+                                "--log-format", "json"],
+                 ready_url=f"http://127.0.0.1:{port(STACK_PORTS['classifier'])}/readyz"),
+            Proc("telemetry-collector", [
+                py, "-m", "kinference_collector", "--nats-url", nats_url, *auth.flags("telemetry-collector"),
+                "--endpoints-file", str(self.run_dir / "endpoints.yaml"), "--http-host", "127.0.0.1",
+                "--http-port", str(port(STACK_PORTS["collector"])), "--log-format", "json"],
+                ready_url=f"http://127.0.0.1:{port(STACK_PORTS['collector'])}/healthz"),
+            Proc("router", [
+                py, "-m", "kinference_router", "--pool", f"{NAMESPACE}/{POOL}", "--nats-url", nats_url,
+                *auth.flags("router"), "--host", "127.0.0.1", "--port", str(port(STACK_PORTS["router"])),
+                "--admin-port", str(port(STACK_PORTS["admin"])), "--auth", "none", "--log-format", "json",
+                "--log-level", "warning"],
+                ready_url=f"http://127.0.0.1:{port(STACK_PORTS['router'])}/readyz"),
+        ]
+
+
+async def wait_for_endpoints(admin_port: int, pods: int, timeout: float = 60.0) -> None:
+    """Until the router's live snapshot routes to a local pod and knows all
+    ``pods`` endpoints (explain on the admin port: nothing is sent)."""
+    deadline = time.monotonic() + timeout
+    body = {"model": MODEL, "prompt": "warm-up probe", "max_tokens": 1}
+    last = None
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            try:
+                async with http.post(f"http://127.0.0.1:{admin_port}/debug/explain", json=body) as r:
+                    last = await r.text()
+                    trace = json.loads(last) if r.status == 200 else {}
+            except (aiohttp.ClientError, ValueError):
+                trace = {}
+            outcome = trace.get("outcome", {})
+            seen = {f"pod-{i}" for i in range(pods) if f"pod-{i}" in (last or "")}
+            if outcome.get("type") == "Routed" and str(outcome.get("backend", "")).startswith("Local/") \
+                    and len(seen) == pods:
+                return
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"the Kinference router did not see {pods} ready endpoints within {timeout:.0f}s "
+                       f"(last explain: {(last or '')[:300]})")
+
+
+async def _kinference(reqs: Sequence[SimRequest], sim_ports: list[int], log_dir: Path, offset: int) -> list[Outcome]:
+    stack = TrialStack(log_dir / "stack", offset, sim_ports=sim_ports)
+    stack.prepare()
+    await stack.start(PROFILE, 1.0, timeout=90)
+    try:
+        await wait_for_endpoints(stack.port(STACK_PORTS["admin"]), len(sim_ports))
+        return await replay([f"http://127.0.0.1:{stack.port(STACK_PORTS['router'])}/v1/completions"], reqs)
+    finally:
+        await stack.stop()
+
+
+def run_router(router: str, reqs: Sequence[SimRequest], log_dir: Path, offset: int) -> dict:
+    """Fresh simulators, ``router`` in front of them, the arrivals replayed:
+    one result row. Every process started here is stopped before it returns."""
+    sims, ports = start_simulators(log_dir, router)
+    front: harness.Process | None = None
+    try:
+        if router == "kinference":
+            outcomes = asyncio.run(_kinference(reqs, ports, log_dir, offset))
+        elif router.startswith("vllm_router_"):
+            policy = router.removeprefix("vllm_router_")
+            rport = harness.free_port()
+            front = harness.spawn(f"{router}-router", [
+                str(COMPETITORS / "bin" / "vllm-router"), "--worker-urls", *[f"http://127.0.0.1:{p}" for p in ports],
+                "--policy", policy, "--host", "127.0.0.1", "--port", str(rport),
+                "--prometheus-port", str(harness.free_port()), "--worker-startup-check-interval", "1",
+                "--log-level", "warning"], log_dir)
+            harness.wait_http(f"http://127.0.0.1:{rport}/health", 60, front.proc, "vllm-router")
+            outcomes = asyncio.run(replay([f"http://127.0.0.1:{rport}/v1/completions"], reqs))
+        elif router == "direct_round_robin":
+            outcomes = asyncio.run(replay([f"http://127.0.0.1:{p}/v1/completions" for p in ports], reqs))
+        else:
+            raise ValueError(f"unknown router {router!r}; known: {', '.join(ROUTERS)}")
+        return summarize(router, outcomes, engine_counters(ports))
+    finally:
+        if front is not None:
+            front.stop()
+        for p in reversed(sims):
+            p.stop()
+
+
+def _routers(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ROUTERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown router(s) {', '.join(unknown) or '(none)'}; "
+                                         f"known: {', '.join(ROUTERS)}")
+    return names
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return v
+
+
+def _terminate(signum: int, frame: object) -> None:  # noqa: ARG001
+    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: every finally stops its processes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.routing.realtrial", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=_positive, default=DURATION, help="seconds of arrivals (default %(default)s)")
+    ap.add_argument("--rate", type=_positive, default=RATE, help="requests per second (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=SEED, help="workload seed (default %(default)s)")
+    ap.add_argument("--routers", type=_routers, default=ROUTERS,
+                    help=f"comma-separated, in the order run (default {','.join(ROUTERS)})")
+    ap.add_argument("--port-offset", type=int, default=int(os.environ.get("KINFERENCE_PORT_OFFSET", OFFSET)),
+                    help="added to the Kinference stack's ports (env KINFERENCE_PORT_OFFSET, default 700)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="the JSON results file (default %(default)s)")
+    ap.add_argument("--log-dir", type=Path, help="keep every process's log here (default: a temporary directory)")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    if any(r.startswith("vllm_router_") for r in args.routers):
+        why = ensure_competitors()
+        if why is not None:
+            print(f"realtrial not run: {why}", file=sys.stderr)
+            return 1
+    reqs = arrivals(args.seed, args.rate, args.duration)
+    print(f"real-time trial: {len(reqs)} requests over {args.duration:g} s ({args.rate:g}/s, seed {args.seed}), "
+          f"{PODS} x {PROFILE} simulators with {BLOCKS} KV blocks, fresh for each router", flush=True)
+    rows: list[dict] = []
+    failed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="routing-realtrial-") as tmp:
+        log_dir = args.log_dir or Path(tmp)
+        for router in args.routers:
+            started = time.monotonic()
+            try:
+                row = run_router(router, reqs, log_dir / router, args.port_offset)
+            except KeyboardInterrupt:
+                print(f"interrupted during {router}: every process it started is stopped; nothing written",
+                      file=sys.stderr, flush=True)
+                return 130
+            except (RuntimeError, StackError, OSError) as exc:
+                print(f"  {router}: could not run: {exc}", file=sys.stderr, flush=True)
+                failed.append(router)
+                continue
+            rows.append(row)
+            print(f"  {router}: {row['requests']} requests, {row['errors']} errors, TTFT p50/p99 "
+                  f"{_ms(row['ttft_p50_s'])}/{_ms(row['ttft_p99_s'])} ms ({time.monotonic() - started:.0f} s)",
+                  flush=True)
+    print()
+    print(table(rows))
+    for r in rows:
+        if r["errors"]:
+            print(f"{r['router']}: {r['errors']} failed requests, e.g. {r['error_samples']}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "setup": {"pods": PODS, "profile": PROFILE, "kv_blocks": BLOCKS, "rate": args.rate,
+                  "duration_s": args.duration, "seed": args.seed, "workload": "trial", "requests": len(reqs),
+                  "time_scale": 1.0, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        "rows": rows, "not_run": failed}, indent=1) + "\n")
+    print(f"wrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
+    return 1 if failed or any(r["errors"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

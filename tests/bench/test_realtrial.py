@@ -1,0 +1,119 @@
+"""The real-time trial's pure parts and its client (``python -m
+bench.routing.realtrial`` runs the routers themselves; these tests need
+neither them nor the vllm-router binary)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from aiohttp import web
+from kinference_simulators import vllm
+from kinference_simulators.testing import serve
+
+from bench.routing import realtrial
+from bench.routing.realtrial import Outcome
+from kinference_common.compiler import compile_documents
+from kinference_common.manifests import load_text
+
+
+def test_the_arrivals_are_the_same_for_a_seed_and_have_the_trials_shape() -> None:
+    a = realtrial.arrivals(7, 18.0, 20.0)
+    b = realtrial.arrivals(7, 18.0, 20.0)
+    assert [(r.time, r.text, r.output_len) for r in a] == [(r.time, r.text, r.output_len) for r in b]
+    other = realtrial.arrivals(8, 18.0, 20.0)
+    assert [r.time for r in other] != [r.time for r in a]
+    # Poisson at 18/s over 20 s: 360 expected (sd 19)
+    assert 280 < len(a) < 440
+    assert all(0 <= x.time < y.time < 20.0 for x, y in zip(a, a[1:]))
+    assert {r.output_len for r in a} == {32}
+    assert len({r.group for r in a}) == 16
+    # ~2,000-token system prompt + ~200-token question
+    assert all(2100 <= r.prompt_tokens <= 2300 for r in a)
+    # two requests of a group share exactly their system prompt (the question starts with a unique chunk)
+    g = [r for r in a if r.group == a[0].group]
+    other_question = next(r for r in g if r.text != g[0].text)
+    common = len(os.path.commonprefix([g[0].text, other_question.text]))
+    assert 8000 <= common < 8000 + 64  # 2,000 tokens of 4 characters, then each question's own first chunk
+    assert all(r.text[:8000] != a[0].text[:8000] for r in a if r.group != a[0].group)
+
+
+def test_quantile_is_nearest_rank() -> None:
+    xs = [float(i) for i in range(1, 11)]  # 1..10, shuffled order must not matter
+    assert realtrial.quantile(list(reversed(xs)), 0.5) == 5.0
+    assert realtrial.quantile(xs, 0.9) == 9.0  # not 10: 0.9 * 10 is 9.000000000000002 in floats
+    assert realtrial.quantile(xs, 0.99) == 10.0
+    assert realtrial.quantile(xs, 0.0) == 1.0
+    assert realtrial.quantile([], 0.5) is None
+    assert realtrial.quantile([3.0], 0.99) == 3.0
+
+
+def test_summarize_counts_errors_and_keeps_them_out_of_e2e() -> None:
+    outcomes = [Outcome(0.01 * i, 0.1 * i) for i in range(1, 100)] + [Outcome(None, None, "HTTP 503"),
+                                                                     Outcome(0.5, 9.0, "stream ended without [DONE]")]
+    row = realtrial.summarize("x", outcomes, {"queries": 200.0, "hits": 150.0, "preemptions": 3.0,
+                                              "served": [50.0, 51.0]})
+    assert row["requests"] == 101 and row["errors"] == 2
+    assert row["error_samples"] == ["HTTP 503", "stream ended without [DONE]"]
+    assert row["ttft_p50_s"] == pytest.approx(0.50)  # 100 first chunks: the 0.5 of the broken stream counts
+    assert row["e2e_p99_s"] == pytest.approx(9.9)  # 99 e2e values: the broken stream's 9.0 would make it 9.8
+    assert row["ttft_s"][-2:] == [None, 0.5] and row["e2e_s"][-2:] == [None, None]  # per request, in order
+    assert row["prefix_hit_rate"] == 0.75 and row["preemptions"] == 3 and row["served_per_pod"] == [50, 51]
+    empty = realtrial.summarize("y", [], {})
+    assert empty["ttft_p99_s"] is None and empty["prefix_hit_rate"] is None
+
+
+def test_table_has_a_line_per_router_in_milliseconds() -> None:
+    rows = [realtrial.summarize("kinference", [Outcome(0.031, 0.4)], {"queries": 4.0, "hits": 3.0}),
+            realtrial.summarize("nobody", [Outcome(None, None, "HTTP 500")], {})]
+    lines = realtrial.table(rows).splitlines()
+    assert lines[0].startswith("| router | requests | TTFT p50 ms")
+    assert lines[2] == "| kinference | 1 | 31 | 31 | 31 | 400 | 0.750 | 0 | 0 |"
+    assert lines[3] == "| nobody | 1 | - | - | - | - | - | 0 | 1 |"
+
+
+def test_the_trial_policy_compiles_to_one_rule_with_its_tie_break(tmp_path: Path) -> None:
+    res = compile_documents(load_text(realtrial.MANIFESTS, "trial"))
+    assert not res.errors
+    stack = realtrial.TrialStack(tmp_path / "run", 700, sim_ports=[4001, 4002])
+    stack.prepare()
+    assert (tmp_path / "run" / "manifests" / "trial.yaml").read_text() == realtrial.MANIFESTS
+    eps = yaml.safe_load((tmp_path / "run" / "endpoints.yaml").read_text())["endpoints"]
+    assert [(e["workerSet"], e["pod"], e["address"]) for e in eps] == [
+        ("trial", "pod-0", "127.0.0.1:4001"), ("trial", "pod-1", "127.0.0.1:4002")]
+    # the stack's ports are make run's, shifted by the offset
+    assert stack._ports() == [4922, 8790, 8783, 9791, 8780, 8781]
+    policy = next(d for d in yaml.safe_load_all(realtrial.MANIFESTS) if d["kind"] == "InferencePolicy")
+    route = policy["spec"]["rules"][0]["route"]
+    assert len(policy["spec"]["rules"]) == 1
+    assert route["select"] == [{"type": "Local", "minimize": "PredictedTTFT"}]
+    assert route["tieBreak"] == ["PrefixAffinity", "LeastInFlight", "Random"]
+
+
+def test_routers_flag_names_what_it_does_not_know() -> None:
+    assert realtrial._routers("kinference, direct_round_robin") == ["kinference", "direct_round_robin"]
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown router.*nginx.*known: kinference"):
+        realtrial._routers("kinference,nginx")
+
+
+async def test_replay_streams_round_robin_and_records_failures_without_raising() -> None:
+    reqs = realtrial.arrivals(3, 40.0, 0.2)[:4]
+    for r in reqs:
+        r.output_len = 2
+    cfg = vllm.VllmSimConfig(model="m", speed_profile="fast", time_scale=50.0, seed=1)
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": "busy"}, status=503)
+
+    down = web.Application()
+    down.router.add_post("/v1/completions", refuse)
+    async with serve(vllm.make_app(cfg)) as up, serve(down) as busy:
+        urls = [str(up.make_url("/v1/completions")), str(busy.make_url("/v1/completions"))]
+        got = await realtrial.replay(urls, reqs)
+    # even requests went to the simulator, odd ones to the refusing server
+    assert [o.error for o in got] == [None, "HTTP 503", None, "HTTP 503"]
+    assert all(o.ttft is not None and o.e2e is not None and o.e2e >= o.ttft for o in got[::2])
+    assert all(o.ttft is None for o in got[1::2])
