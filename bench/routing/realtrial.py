@@ -70,6 +70,7 @@ from kinference_common.natsserver import find_binary
 from kinference_simulators.stack import Proc, Stack, StackError
 
 from .crosscheck import _metric
+from .kinference import FASTEST_LOCAL
 from .workloads import SimRequest, generate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,16 +98,7 @@ spec:
   selector: {{matchLabels: {{app: trial}}}}
   port: 8000
 ---
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePolicy
-metadata: {{name: fastest-local, namespace: {NAMESPACE}}}
-spec:
-  rules:
-    - name: fastest-local
-      route:
-        select:
-          - {{ type: Local, minimize: PredictedTTFT }}
-        tieBreak: [PrefixAffinity, LeastInFlight, Random]
+{FASTEST_LOCAL.strip()}
 ---
 apiVersion: kinference.buoyant.io/v1alpha1
 kind: InferencePool
