@@ -70,7 +70,8 @@ from kinference_common.natsserver import find_binary
 from kinference_simulators.stack import Proc, Stack, StackError
 
 from .crosscheck import _metric
-from .kinference import FASTEST_LOCAL
+from .fleet import NAMESPACE, PodSpec
+from .kinference import FASTEST_LOCAL, POOL, manifests
 from .workloads import SimRequest, generate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,30 +85,14 @@ SEED = 7
 MODEL = "m"
 OFFSET = 700
 ROUTERS = ["kinference", "vllm_router_cache_aware", "vllm_router_round_robin", "direct_round_robin"]
-NAMESPACE, WORKER_SET, POOL = "default", "trial", "trial"
+WORKER_SET = "trial"
 #: the stack's ports before the offset: make run's bases (no two end in the same two digits)
 STACK_PORTS = {"nats": 4222, "compiler": 8090, "classifier": 8083, "collector": 9091, "router": 8080, "admin": 8081}
 
-MANIFESTS = f"""\
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferenceWorkerSet
-metadata: {{name: {WORKER_SET}, namespace: {NAMESPACE}}}
-spec:
-  model: {{name: {MODEL}, servedName: {MODEL}, contextWindow: 32768}}
-  engine: vLLM
-  selector: {{matchLabels: {{app: trial}}}}
-  port: 8000
----
-{FASTEST_LOCAL.strip()}
----
-apiVersion: kinference.buoyant.io/v1alpha1
-kind: InferencePool
-metadata: {{name: {POOL}, namespace: {NAMESPACE}}}
-spec:
-  destinations:
-    - {{kind: InferenceWorkerSet, name: {WORKER_SET}}}
-  policyRef: {{name: fastest-local}}
-"""
+#: the worker set, the fleet benchmark's policy and a pool, from the fleet
+#: benchmark's own manifest generator (one worker set of the trial's pods)
+MANIFESTS = manifests([PodSpec(f"pod-{i}", WORKER_SET, MODEL, PROFILE, BLOCKS, max_model_len=32768)
+                       for i in range(PODS)], [], FASTEST_LOCAL)
 
 
 def arrivals(seed: int = SEED, rate: float = RATE, duration: float = DURATION) -> list[SimRequest]:
