@@ -68,9 +68,7 @@ def targets(rows: Sequence[dict]) -> str:
            "|---|---:|---|---|"]
     cases = sorted({(r["workload"], r["load"]) for r in rows}, key=lambda c: (list(run.SPECS).index(c[0]), c[1]))
     for w, load in cases:
-        sel = _sel(rows, w, load)
-        k = next((r for r in sel if r["router"] == "kinference"), None)
-        peers = [r for r in sel if r["router"] != "kinference" and r["ttft_p50_s"] is not None]
+        _, k, peers = run.versus(rows, w, load)
         if k is None or not peers:
             continue
         b50 = min(peers, key=lambda r: r["ttft_p50_s"])

@@ -240,6 +240,16 @@ def table(rows: Sequence[dict], keys: Sequence[str] = ("ttft_p50_s", "ttft_p90_s
     return "\n".join(out)
 
 
+def versus(rows: Sequence[dict], workload: str, load: float) -> tuple[list[dict], dict | None, list[dict]]:
+    """One case's rows (one router replica, 0.1 s scrapes, no variant),
+    Kinference's row among them, and the peers' rows that have a TTFT."""
+    sel = [r for r in rows if r["workload"] == workload and abs(r["load"] - load) < 1e-9 and r["replicas"] == 1
+           and r["scrape_interval_s"] == 0.1 and not r.get("variant")]
+    k = next((r for r in sel if r["router"] == "kinference"), None)
+    peers = [r for r in sel if r["router"] != "kinference" and r["ttft_p99_s"] is not None]
+    return sel, k, peers
+
+
 def headline(rows: Sequence[dict], workloads_: Sequence[str] = ("chat", "shared_prefix"),
              loads: Sequence[float] = (0.8, 0.9, 1.0)) -> list[dict]:
     """Per workload and load: Kinference's TTFT p99 and goodput against the
@@ -251,10 +261,7 @@ def headline(rows: Sequence[dict], workloads_: Sequence[str] = ("chat", "shared_
     out = []
     for w in workloads_:
         for load in loads:
-            sel = [r for r in rows if r["workload"] == w and abs(r["load"] - load) < 1e-9 and r["replicas"] == 1
-                   and r["scrape_interval_s"] == 0.1 and not r.get("variant")]
-            k = next((r for r in sel if r["router"] == "kinference"), None)
-            peers = [r for r in sel if r["router"] != "kinference" and r["ttft_p99_s"] is not None]
+            sel, k, peers = versus(rows, w, load)
             if k is None or not peers:
                 continue
             best_p99 = min(peers, key=lambda r: r["ttft_p99_s"])
