@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import nats
 import structlog
+from nats.js.errors import KeyNotFoundError, NoKeysError
 
 log = structlog.get_logger("nats")
 
@@ -108,3 +110,23 @@ async def close(nc: nats.NATS, timeout: float = 2.0) -> None:
         return
     if not await bounded(nc.drain()) and not nc.is_closed:
         await bounded(nc.close())
+
+
+async def kv_items(kv: Any, want: Callable[[str], bool] | None = None) -> AsyncIterator[tuple[str, bytes]]:
+    """Every ``(key, value)`` of a JetStream KV bucket with a value, for the
+    keys ``want`` accepts (all by default): an empty bucket is no items, and
+    a key deleted between the listing and its read, or holding an empty
+    value (a delete marker), is skipped. Other errors propagate."""
+    try:
+        keys = await kv.keys()
+    except NoKeysError:
+        return
+    for key in keys:
+        if want is not None and not want(key):
+            continue
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            continue
+        if entry.value:
+            yield key, entry.value

@@ -28,10 +28,10 @@ import hashlib
 import msgspec
 import nats
 import structlog
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
-from kinference_common import subjects
+from kinference_common import bus, subjects
 from kinference_common.compiled import CompiledPool, decode_pool, encode_pool
 
 log = structlog.get_logger("policy-compiler.publisher")
@@ -86,29 +86,19 @@ class ConfigPublisher:
                             bucket=subjects.CONFIG_BUCKET, pools=len(self._published))
         self._kv = kv
         self._opened_once = True
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            keys = []
         published: dict[tuple[str, str], str] = {}
         sources: dict[str, str] = {}
-        for key in keys:
-            try:
-                entry = await kv.get(key)
-            except KeyNotFoundError:
-                continue
-            if not entry.value:
-                continue
+        async for key, value in bus.kv_items(kv):
             if not subjects.is_pool_key(key):
                 if key.startswith(subjects.CONFIG_SOURCE_PREFIX + "."):
                     try:
-                        rec = _record_decoder.decode(entry.value)
+                        rec = _record_decoder.decode(value)
                         sources[rec.file] = rec.text
                     except msgspec.DecodeError:
                         pass  # unreadable: overwritten or deleted by the next publish
                 continue
             try:
-                pool = decode_pool(entry.value)
+                pool = decode_pool(value)
                 published[(pool.namespace, pool.name)] = pool.revision
             except Exception:  # an unreadable old value: overwrite or delete it
                 published[tuple(key.split(".", 1))] = ""  # type: ignore[assignment]

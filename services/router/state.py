@@ -22,9 +22,9 @@ from typing import Any
 import msgspec
 import nats
 import structlog
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 
-from kinference_common import subjects
+from kinference_common import bus, subjects
 from kinference_common.compiled import CompiledPool, decode_pool
 from kinference_common.engine import InFlightLedger, Snapshot, TTFTModel
 from kinference_common.engine.ttft import DEFAULT_TTFT_MODEL
@@ -362,26 +362,16 @@ class PoolsFollower:
         js = self._nc.jetstream()
         try:
             kv = await js.key_value(subjects.CONFIG_BUCKET)
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                keys = []
             seen: set[PoolKey] = set()
-            for k in keys:
-                if not subjects.is_pool_key(k):  # the compiler's records of last good files
-                    continue
+            # not the compiler's records of last good files
+            async for k, value in bus.kv_items(kv, subjects.is_pool_key):
                 try:
-                    entry = await kv.get(k)
-                except KeyNotFoundError:
+                    pool = decode_pool(value)
+                except msgspec.DecodeError as exc:
+                    log.warning("unreadable compiled pool ignored", key=k, error=str(exc))
                     continue
-                if entry.value:
-                    try:
-                        pool = decode_pool(entry.value)
-                    except msgspec.DecodeError as exc:
-                        log.warning("unreadable compiled pool ignored", key=k, error=str(exc))
-                        continue
-                    seen.add((pool.namespace, pool.name))
-                    self.set_pool((pool.namespace, pool.name), pool)
+                seen.add((pool.namespace, pool.name))
+                self.set_pool((pool.namespace, pool.name), pool)
             for key in [k for k in self.pools if k not in seen]:
                 self.set_pool(key, None)
             self.synced = True
@@ -403,21 +393,11 @@ async def resync_telemetry(js: Any, set_endpoint: Callable[[object], None],
     next reconnect or resync)."""
     try:
         kv = await js.key_value(subjects.TELEMETRY_BUCKET)
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            keys = []
-        for key in keys:
-            try:
-                entry = await kv.get(key)
-            except KeyNotFoundError:
-                continue
-            if not entry.value:
-                continue
+        async for key, value in bus.kv_items(kv):
             if key.startswith("endpoint."):
-                SnapshotKeeper._apply(entry.value, _endpoint_decoder, set_endpoint)
+                SnapshotKeeper._apply(value, _endpoint_decoder, set_endpoint)
             elif key.startswith("provider."):
-                SnapshotKeeper._apply(entry.value, _provider_decoder, set_provider)
+                SnapshotKeeper._apply(value, _provider_decoder, set_provider)
     except BucketNotFoundError:
         pass
     except Exception as exc:
