@@ -72,15 +72,21 @@ def _not_json(data: bytes, exc: Exception) -> str:
     return f"body is not JSON: {exc}"
 
 
-def decode(data: bytes) -> Any:
-    """JSON text decoded; BadRequest when it is not JSON or nests more than
-    :data:`MAX_DEPTH` levels."""
+def _load(data: bytes) -> Any:
+    """JSON text decoded, or BadRequest saying why it is not JSON (the depth
+    beyond msgspec's own limit is the caller's check)."""
     try:
-        raw = _decoder.decode(data)
+        return _decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise BadRequest(_not_json(data, exc)) from None
     except RecursionError:  # msgspec gives up near Python's recursion limit
         raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep") from None
+
+
+def decode(data: bytes) -> Any:
+    """JSON text decoded; BadRequest when it is not JSON or nests more than
+    :data:`MAX_DEPTH` levels."""
+    raw = _load(data)
     # more brackets than the limit is the only way to nest deeper than it
     if (data.count(b"[") + data.count(b"{") > MAX_DEPTH and isinstance(raw, (dict, list))
             and _too_deep(raw)):
@@ -89,12 +95,7 @@ def decode(data: bytes) -> Any:
 
 
 def parse(data: bytes, *, chat: bool) -> ParsedBody:
-    try:
-        raw = _decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise BadRequest(_not_json(data, exc)) from None
-    except RecursionError:  # msgspec gives up near Python's recursion limit
-        raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep") from None
+    raw = _load(data)
     if not isinstance(raw, dict):
         raise BadRequest("body must be a JSON object")
     if "model" not in raw:
