@@ -54,7 +54,11 @@ _STRUCT_RULES: dict[type, list[dict[str, str]]] = {
                     "message": "a tier takes at most one of minimize and order"}],
     r.PoolDestination: [{"rule": "!(has(self.name) && has(self.selector))",
                          "message": "give name or selector, not both"}],
+    r.EndpointPickerRef: [{"rule": "self.kind != 'Service' || has(self.port)",
+                           "message": "port is required when kind is 'Service' or unspecified (defaults to 'Service')"}],
 }
+_FIELD_RULES[(r.GieInferencePoolSpec, "targetPorts")] = [{
+    "rule": "self.all(p1, self.exists_one(p2, p1.number==p2.number))", "message": "port number must be unique"}]
 _STRING_OR_LIST_RULE = [{"rule": "type(self) == string || type(self) == list",
                          "message": "a string or a list of strings"}]
 _DURATION_FIELDS = {
@@ -97,9 +101,14 @@ def schema_of(t: msgspec.inspect.Type, owner: type | None = None, name: str = ""
             out["minItems"] = t.min_length
         if t.max_length is not None:
             out["maxItems"] = t.max_length
+        rules = _FIELD_RULES.get((owner, name)) if owner else None  # type: ignore[arg-type]
+        if rules:
+            out["x-kubernetes-validations"] = rules
         return out
     if isinstance(t, i.DictType):
         out = {"type": "object", "additionalProperties": schema_of(t.value_type, owner, name)}
+        if t.min_length is not None:
+            out["minProperties"] = t.min_length
         if t.max_length is not None:
             out["maxProperties"] = t.max_length
         return out
@@ -113,6 +122,8 @@ def schema_of(t: msgspec.inspect.Type, owner: type | None = None, name: str = ""
             out["maxLength"] = t.max_length
         if (owner, name) in _DURATION_FIELDS:
             out["pattern"] = DURATION_PATTERN
+        elif t.pattern is not None:
+            out["pattern"] = t.pattern
         return out
     if isinstance(t, i.BoolType):
         return {"type": "boolean"}
@@ -180,6 +191,15 @@ KINDS: list[dict[str, Any]] = [
         ],
     },
     {
+        # The Inference Extension's pool, for clusters that do not have its CRD
+        # yet (the upstream CRD serves the same schema). No short name: `infpool`
+        # stays Kinference's pool.
+        "kind": "InferencePool", "plural": "inferencepools", "singular": "inferencepool",
+        "group": r.GIE_POOL_GROUP, "version": r.GIE_POOL_VERSION, "short": [], "categories": [],
+        "spec": r.GieInferencePoolSpec, "status": st.GiePoolStatus, "columns": [], "spec_required": True,
+        "file": f"inferencepools.{r.GIE_POOL_GROUP}.yaml",
+    },
+    {
         "kind": "InferenceProvider", "plural": "inferenceproviders", "singular": "inferenceprovider",
         "short": ["infprov"], "spec": r.InferenceProviderSpec, "status": st.ProviderStatus,
         "columns": [
@@ -195,34 +215,46 @@ KINDS: list[dict[str, Any]] = [
 def crd(entry: dict[str, Any]) -> dict[str, Any]:
     spec_schema = schema_of(msgspec.inspect.type_info(entry["spec"]))
     status_schema = schema_of(msgspec.inspect.type_info(entry["status"]))
+    group = entry.get("group", API_GROUP)
+    names: dict[str, Any] = {
+        "kind": entry["kind"], "listKind": f"{entry['kind']}List", "plural": entry["plural"],
+        "singular": entry["singular"],
+    }
+    if entry["short"]:
+        names["shortNames"] = entry["short"]
+    categories = entry.get("categories", ["kinference"])
+    if categories:
+        names["categories"] = categories
+    version: dict[str, Any] = {
+        "name": entry.get("version", API_VERSION),
+        "served": True,
+        "storage": True,
+        "subresources": {"status": {}},
+    }
+    if entry["columns"]:
+        version["additionalPrinterColumns"] = entry["columns"]
+    root: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    if entry.get("spec_required"):
+        root["required"] = ["spec"]
+    version["schema"] = {"openAPIV3Schema": root}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{entry['plural']}.{API_GROUP}"},
+        "metadata": {"name": f"{entry['plural']}.{group}"},
         "spec": {
-            "group": API_GROUP,
+            "group": group,
             "scope": "Namespaced",
-            "names": {
-                "kind": entry["kind"], "listKind": f"{entry['kind']}List", "plural": entry["plural"],
-                "singular": entry["singular"], "shortNames": entry["short"], "categories": ["kinference"],
-            },
-            "versions": [{
-                "name": API_VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": entry["columns"],
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "spec": spec_schema,
-                        "status": status_schema,
-                    },
-                }},
-            }],
+            "names": names,
+            "versions": [version],
         },
     }
 
@@ -247,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args[0] if args else "deploy/k8s/crds")
     out.mkdir(parents=True, exist_ok=True)
     for entry in KINDS:
-        path = out / f"{entry['plural']}.yaml"
+        path = out / entry.get("file", f"{entry['plural']}.yaml")
         path.write_text(render(entry), encoding="utf-8")
         print(path)
     return 0

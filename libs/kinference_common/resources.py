@@ -27,6 +27,12 @@ from kinference_common import API_GROUP
 
 GIE_GROUPS = ("inference.networking.x-k8s.io", "llm-d.ai")
 GATEWAY_GROUP = "gateway.networking.k8s.io"
+#: the Inference Extension's own InferencePool (v1)
+GIE_POOL_GROUP = "inference.networking.k8s.io"
+GIE_POOL_VERSION = "v1"
+#: annotations that make a GIE InferencePool Kinference's (docs/kubernetes.md)
+POLICY_ANNOTATION = f"{API_GROUP}/policy"
+DESTINATIONS_ANNOTATION = f"{API_GROUP}/destinations"
 
 Name = Annotated[str, Meta(min_length=1, max_length=253)]
 LabelMap = Annotated[dict[str, str], Meta(max_length=64)]
@@ -407,6 +413,106 @@ class InferenceModelRewrite(_Model, kw_only=True):
     spec: InferenceModelRewriteSpec
 
 
+# ------------------------- Inference Extension InferencePool (inference.networking.k8s.io/v1)
+# The fields of GIE api/v1/inferencepool_types.go and shared_types.go, with
+# their validation; the CRD in deploy/k8s/crds is generated from these.
+
+PortNumber = Annotated[int, Meta(ge=1, le=65535)]
+GieGroup = Annotated[str, Meta(max_length=253, pattern=r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
+GieKind = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$")]
+GieNamespace = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+GieControllerName = Annotated[str, Meta(min_length=1, max_length=253, pattern=(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/[A-Za-z0-9\/\-._~%!$&'()*+,;=:]+$"))]
+
+
+class GiePort(_Model, kw_only=True):
+    number: PortNumber
+
+
+class GieLabelSelector(_Model, kw_only=True):
+    match_labels: Annotated[dict[str, str], Meta(min_length=1, max_length=64)]
+
+
+class EndpointPickerRef(_Model, kw_only=True):
+    group: GieGroup = ""
+    kind: GieKind = "Service"
+    name: Name
+    port: GiePort | None = None
+    failure_mode: Literal["FailOpen", "FailClose"] = "FailClose"
+
+
+class GieInferencePoolSpec(_Model, kw_only=True):
+    selector: GieLabelSelector
+    target_ports: Annotated[list[GiePort], Meta(min_length=1, max_length=8)]
+    app_protocol: Literal["http", "kubernetes.io/h2c"] = "http"
+    endpoint_picker_ref: EndpointPickerRef | None = None
+
+
+class GieInferencePool(_Model, kw_only=True):
+    """The Inference Extension's InferencePool. Kinference serves it when it
+    carries the ``kinference.buoyant.io/policy`` annotation (docs/kubernetes.md)."""
+
+    api_version: str
+    kind: Literal["InferencePool"]
+    metadata: ObjectMeta
+    spec: GieInferencePoolSpec
+
+
+def is_kinference_gie_pool(pool: GieInferencePool) -> bool:
+    """A GIE pool is Kinference's when it names a Kinference policy; any other
+    is another picker's and left alone."""
+    return POLICY_ANNOTATION in pool.metadata.annotations
+
+
+# ------------------------------------------- Gateway API: Gateway, GatewayClass
+
+
+class GatewaySpec(_Model, kw_only=True):
+    gateway_class_name: Name
+
+
+class Gateway(_Model, kw_only=True):
+    api_version: str
+    kind: Literal["Gateway"]
+    metadata: ObjectMeta
+    spec: GatewaySpec
+
+
+class GatewayClassSpec(_Model, kw_only=True):
+    controller_name: str
+
+
+class GatewayClass(_Model, kw_only=True):
+    """Cluster-scoped; its ``metadata.namespace`` is ignored."""
+
+    api_version: str
+    kind: Literal["GatewayClass"]
+    metadata: ObjectMeta
+    spec: GatewayClassSpec
+
+
+# -------------------------------------------- core: Service (an EPP reference)
+
+
+class ServicePort(_Model, kw_only=True):
+    name: str | None = None
+    port: int
+
+
+class ServiceSpec(_Model, kw_only=True):
+    type: str = "ClusterIP"
+    ports: list[ServicePort] = []
+
+
+class Service(_Model, kw_only=True):
+    """Only what resolving an ``endpointPickerRef`` needs."""
+
+    api_version: str
+    kind: Literal["Service"]
+    metadata: ObjectMeta
+    spec: ServiceSpec = msgspec.field(default_factory=ServiceSpec)
+
+
 Resource = Union[
     InferencePolicy,
     InferencePool,
@@ -416,6 +522,10 @@ Resource = Union[
     HTTPRoute,
     InferenceObjective,
     InferenceModelRewrite,
+    GieInferencePool,
+    Gateway,
+    GatewayClass,
+    Service,
 ]
 
 #: (apiVersion group, kind) -> Struct. The Inference Extension kinds are read
@@ -429,6 +539,10 @@ KINDS: dict[tuple[str, str], type[Resource]] = {
     (GATEWAY_GROUP, "HTTPRoute"): HTTPRoute,
     **{(g, "InferenceObjective"): InferenceObjective for g in GIE_GROUPS},
     **{(g, "InferenceModelRewrite"): InferenceModelRewrite for g in GIE_GROUPS},
+    (GIE_POOL_GROUP, "InferencePool"): GieInferencePool,
+    (GATEWAY_GROUP, "Gateway"): Gateway,
+    (GATEWAY_GROUP, "GatewayClass"): GatewayClass,
+    ("", "Service"): Service,
 }
 
 #: Printer-column short names (seeds; RESOURCES.md).

@@ -322,10 +322,33 @@ spec:
   parentRefs: [{name: gw}]
   rules: [{backendRefs: [{group: kinference.buoyant.io, kind: InferencePool, name: pool}]}]
 """
+    # no Gateway gw: no parents[] entry (nothing accepted the pool there), and a warning says so
     res = compile_text(FLEET, route, pool("    - {kind: InferenceWorkerSet, name: gemma-4-12b}\n"))
+    assert res.pool_status[("default", "pool")].parents == []
+    [w] = [w for w in res.document_warnings if w.code == "ParentNotFound"]
+    assert "Gateway default/gw, which does not exist" in w.message
+    # a Gateway of a class the router implements: its entry, under the router's controllerName
+    gateway = """
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: kinference}
+spec: {controllerName: kinference.buoyant.io/router}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw}
+spec: {gatewayClassName: kinference}
+"""
+    res = compile_text(FLEET, route, gateway, pool("    - {kind: InferenceWorkerSet, name: gemma-4-12b}\n"))
     [parent] = res.pool_status[("default", "pool")].parents
     assert parent.parent_ref.name == "gw" and parent.parent_ref.namespace == "default"
+    assert parent.controller_name == "kinference.buoyant.io/router"
     assert {c.type for c in parent.conditions} == {"Accepted", "ResolvedRefs"}
+    # a Gateway another implementation serves cannot reach a Kinference pool: no entry, a warning
+    other = gateway.replace("kinference.buoyant.io/router", "gateway.envoyproxy.io/gatewayclass-controller")
+    res = compile_text(FLEET, route, other, pool("    - {kind: InferenceWorkerSet, name: gemma-4-12b}\n"))
+    assert res.pool_status[("default", "pool")].parents == []
+    assert any(w.code == "ParentNotServed" and "gateway.envoyproxy.io" in w.message for w in res.document_warnings)
 
 
 def test_compile_never_touches_input_order_dependence() -> None:

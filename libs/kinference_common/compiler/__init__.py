@@ -34,6 +34,13 @@ from kinference_common.compiled import (
     RoutePath,
 )
 from kinference_common.compiler import validate
+from kinference_common.compiler.gateways import (
+    GIE_POOL_KEY,
+    PICKER_CONTROLLER,
+    ROUTER_CONTROLLER,
+    as_kinference_pool,
+    outside_pool,
+)
 from kinference_common.compiler.policy import (
     POOL_DEPENDENT,
     PoolContext,
@@ -44,6 +51,9 @@ from kinference_common.compiler.pools import Inventory, provider_missing, resolv
 from kinference_common.compiler.status import (
     AcceptedStatus,
     DocumentWarning,
+    GieParentReference,
+    GieParentStatus,
+    GiePoolStatus,
     ParentReference,
     ParentStatus,
     PolicyStatus,
@@ -64,8 +74,6 @@ from kinference_common.manifests import (
 
 __all__ = ["CompileResult", "compile_documents", "compile_paths", "ROUTER_CONTROLLER"]
 
-ROUTER_CONTROLLER = "kinference.buoyant.io/router"
-
 Key = tuple[str, str]  # (namespace, name)
 
 
@@ -74,6 +82,9 @@ class CompileResult:
     pools: dict[Key, CompiledPool] = field(default_factory=dict)
     policy_status: dict[Key, PolicyStatus] = field(default_factory=dict)
     pool_status: dict[Key, PoolStatus] = field(default_factory=dict)
+    #: the Inference Extension pools Kinference serves: their parents[] entries
+    #: (only Kinference's controllers'; others' entries are left as they are)
+    gie_pool_status: dict[Key, GiePoolStatus] = field(default_factory=dict)
     provider_status: dict[Key, ProviderStatus] = field(default_factory=dict)
     #: (group, namespace, name) -> status, for InferenceObjective / InferenceModelRewrite
     objective_status: dict[tuple[str, str, str], AcceptedStatus] = field(default_factory=dict)
@@ -107,6 +118,7 @@ def compile_documents(
     now: str | None = None,
     watched_namespaces: Collection[str] | None = None,
     in_process_classifiers: Collection[str] = (),
+    services_visible: bool = False,
 ) -> CompileResult:
     """Compile everything in ``loaded``. Never raises on bad input.
 
@@ -114,7 +126,10 @@ def compile_documents(
     time); ``watched_namespaces`` limits what pools may refer to across
     namespaces (the router's scope; None = every namespace);
     ``in_process_classifiers``: classifiers routers run in their own process
-    (compiled into each policy; its status shows that path and deadline).
+    (compiled into each policy; its status shows that path and deadline);
+    ``services_visible``: the input holds every Service of the namespaces in
+    scope (Kubernetes mode), so an Inference Extension pool's
+    ``endpointPickerRef`` is checked against them.
     """
     now = now or _now()
     res = CompileResult()
@@ -125,6 +140,7 @@ def compile_documents(
         loaded = [
             item for item in loaded
             if not isinstance(item, LoadedObject) or item.obj.metadata.namespace in watched
+            or isinstance(item.obj, r.GatewayClass)  # cluster-scoped
         ]
     _index(res, loaded)
     inv = Inventory(watched_namespaces=watched_namespaces)
@@ -138,14 +154,37 @@ def compile_documents(
     _document_unknown_fields(res)
     _provider_statuses(res, now)
     objectives, rewrites = _gie(res, now)
-    parents = _route_parents(res)
-    routes = _route_matches(res)
+    parents = _route_parents(res, API_GROUP)
+    routes = _route_matches(res, API_GROUP)
+    gie_parents = _route_parents(res, r.GIE_POOL_GROUP)
+    gie_routes = _route_matches(res, r.GIE_POOL_GROUP)
+
+    # Every pool to compile: Kinference's, then the Inference Extension's that
+    # name a Kinference policy (docs/kubernetes.md), as Kinference pools.
+    entries: list[tuple[Key, LoadedObject, r.InferencePool, r.GieInferencePool | None]] = [
+        (key, lo, lo.obj, None) for key, lo in sorted(res.objects["InferencePool"].items())  # type: ignore[misc]
+    ]
+    for key, lo in sorted(res.objects[GIE_POOL_KEY].items()):
+        gpool: r.GieInferencePool = lo.obj  # type: ignore[assignment]
+        if not r.is_kinference_gie_pool(gpool):
+            continue  # another picker's pool: left alone
+        if key in res.objects["InferencePool"]:
+            res.document_warnings.append(_doc_warning(
+                lo, "PoolNameTaken", "metadata.name",
+                f"a {API_GROUP} InferencePool {key[0]}/{key[1]} exists too and is the one compiled and "
+                "published; rename one of them. Nothing is written to this pool's status.",
+                kind=GIE_POOL_KIND,
+            ))
+            continue
+        tr = as_kinference_pool(gpool)
+        for path, message in tr.problems:
+            res.document_warnings.append(_doc_warning(lo, "InvalidAnnotation", path, message, kind=GIE_POOL_KIND))
+        entries.append((key, lo, tr.pool, gpool))
 
     # Which pools reference which policy (valid group/kind only).
     referenced_by: dict[Key, list[str]] = defaultdict(list)
     pool_refs: dict[Key, r.PolicyRef | None] = {}
-    for key, lo in sorted(res.objects["InferencePool"].items()):
-        pool: r.InferencePool = lo.obj  # type: ignore[assignment]
+    for key, lo, pool, _gie_pool in entries:
         ref = pool.spec.policy_ref
         if isinstance(ref, list):
             if ref:
@@ -166,9 +205,11 @@ def compile_documents(
         alone[key] = compile_policy(lo.obj, lo.raw, in_process=in_process_classifiers)  # type: ignore[arg-type]
     pool_warnings: dict[Key, list[PolicyWarning]] = defaultdict(list)
 
-    for key, lo in sorted(res.objects["InferencePool"].items()):
-        pool = lo.obj  # type: ignore[assignment]
-        resolved = resolve_pool(pool, inv)
+    for key, lo, pool, gie_pool in entries:
+        resolved = resolve_pool(pool, inv, reach=(lambda ws, g=gie_pool: outside_pool(g, ws)) if gie_pool else None)
+        for message in resolved.outside:
+            res.document_warnings.append(_doc_warning(lo, "OutsidePoolSelector", "spec.selector", message,
+                                                      kind=GIE_POOL_KIND))
         for message in resolved.alias_conflicts:
             res.document_warnings.append(_doc_warning(lo, "AliasConflict", "spec.destinations", message))
         for provider, name, canonical in resolved.divergent_names:
@@ -247,17 +288,39 @@ def compile_documents(
             now, generation,
         )
         conditions = [accepted, resolved_refs]
-        res.pool_status[key] = PoolStatus(
-            destination_count=len(resolved.destinations),
-            models=resolved.models,
-            unresolved_destinations=resolved.unresolved,
-            parents=[
-                ParentStatus(parent_ref=p, controller_name=ROUTER_CONTROLLER, conditions=conditions)
-                for p in parents.get(key, [])
-            ],
-            conditions=conditions,
-            state=state,
-        )
+        if gie_pool is None:
+            served = _served_parents(res, lo, parents.get(key, []), picker=False)
+            res.pool_status[key] = PoolStatus(
+                destination_count=len(resolved.destinations),
+                models=resolved.models,
+                unresolved_destinations=resolved.unresolved,
+                parents=[
+                    ParentStatus(parent_ref=p, controller_name=controller, conditions=conditions)
+                    for p, controller in served
+                ],
+                conditions=conditions,
+                state=state,
+            )
+        else:
+            # no status field of its own says this: warnings (kinfctl lint, Events)
+            if "PolicyNotFound" in qualifiers:
+                res.document_warnings.append(_doc_warning(
+                    lo, "PolicyNotFound", f"metadata.annotations[{r.POLICY_ANNOTATION}]",
+                    f"names {ref.name!r}, which is no InferencePolicy in {key[0]}; the default policy "  # type: ignore[union-attr]
+                    "is used (it never reaches a Provider)", kind=GIE_POOL_KIND))
+            for u in resolved.unresolved:
+                res.document_warnings.append(_doc_warning(
+                    lo, "UnresolvedDestination", f"metadata.annotations[{r.DESTINATIONS_ANNOTATION}]",
+                    f"{u.kind}/{u.name}: {u.reason}: {u.message}", kind=GIE_POOL_KIND))
+            served = _served_parents(res, lo, gie_parents.get(key, []), picker=True)
+            gie_conditions = _gie_conditions(res, gie_pool, len(resolved.destinations), now, generation,
+                                             services_visible)
+            res.gie_pool_status[key] = GiePoolStatus(parents=[
+                GieParentStatus(
+                    parent_ref=GieParentReference(group=p.group, kind=p.kind, name=p.name, namespace=p.namespace),
+                    controller_name=controller, conditions=gie_conditions)
+                for p, controller in served
+            ])
 
         flow = pool.spec.flow_control
         compiled = CompiledPool(
@@ -272,7 +335,7 @@ def compile_documents(
             flow_control=CompiledFlowControl(
                 max_queue_wait_seconds=parse_duration(flow.max_queue_wait), max_queued=flow.max_queued
             ) if flow else None,
-            routes=routes.get(key, []),
+            routes=(routes if gie_pool is None else gie_routes).get(key, []),
         )
         digest = hashlib.sha256(msgspec.json.encode(compiled)).hexdigest()[:16]
         res.pools[key] = msgspec.structs.replace(compiled, revision=digest)
@@ -330,7 +393,11 @@ def _index(res: CompileResult, loaded: Iterable[Loaded]) -> None:
             key_kind = f"{kind}/{item.group}"
         else:
             key_kind = kind
+        if kind == "InferencePool" and item.group == r.GIE_POOL_GROUP:
+            key_kind = GIE_POOL_KEY
         key = (obj.metadata.namespace, obj.metadata.name)
+        if isinstance(obj, r.GatewayClass):
+            key = ("", obj.metadata.name)  # cluster-scoped
         table = res.objects[key_kind]
         if key in table:
             first = table[key].document
@@ -342,9 +409,13 @@ def _index(res: CompileResult, loaded: Iterable[Loaded]) -> None:
         table[key] = item
 
 
-def _doc_warning(lo: LoadedObject, code: str, path: str, message: str) -> DocumentWarning:
+#: how warnings name an Inference Extension pool (``kinfctl lint``, Events)
+GIE_POOL_KIND = f"InferencePool.{r.GIE_POOL_GROUP}"
+
+
+def _doc_warning(lo: LoadedObject, code: str, path: str, message: str, *, kind: str | None = None) -> DocumentWarning:
     return DocumentWarning(
-        code=code, kind=lo.obj.kind, namespace=lo.obj.metadata.namespace, name=lo.obj.metadata.name,
+        code=code, kind=kind or lo.obj.kind, namespace=lo.obj.metadata.namespace, name=lo.obj.metadata.name,
         path=path, message=message, source=str(lo.document.source) + f"#{lo.document.index}",
     )
 
@@ -353,7 +424,8 @@ def _document_unknown_fields(res: CompileResult) -> None:
     """Unknown fields in documents other than policies (whose go to the
     policy's own status as UnknownField)."""
     for kind, table in list(res.objects.items()):
-        if kind == "InferencePolicy":
+        # a Service or Gateway is read for a few fields only: the rest is not ours to judge
+        if kind in ("InferencePolicy", "Service", "Gateway", "GatewayClass"):
             continue
         for lo in table.values():
             for path in unknown_fields(lo.raw, type(lo.obj)):
@@ -373,8 +445,8 @@ def _provider_statuses(res: CompileResult, now: str) -> None:
         )])
 
 
-def _route_parents(res: CompileResult) -> dict[Key, list[ParentReference]]:
-    """HTTPRoutes whose backendRefs name a pool: one parents[] entry per parentRef."""
+def _route_parents(res: CompileResult, group: str) -> dict[Key, list[ParentReference]]:
+    """HTTPRoutes whose backendRefs name a pool of ``group``: each route's parentRefs."""
     out: dict[Key, list[ParentReference]] = defaultdict(list)
     for (ns, _), lo in sorted(res.objects["HTTPRoute"].items()):
         route: r.HTTPRoute = lo.obj  # type: ignore[assignment]
@@ -382,7 +454,7 @@ def _route_parents(res: CompileResult) -> dict[Key, list[ParentReference]]:
             (b.namespace or ns, b.name)
             for rule in route.spec.rules
             for b in rule.backend_refs
-            if b.group == API_GROUP and b.kind == "InferencePool"
+            if b.group == group and b.kind == "InferencePool"
         }
         for pool_key in sorted(pools):
             for p in route.spec.parent_refs:
@@ -395,10 +467,91 @@ def _route_parents(res: CompileResult) -> dict[Key, list[ParentReference]]:
     return out
 
 
+def _served_parents(
+    res: CompileResult, lo: LoadedObject, refs: list[ParentReference], *, picker: bool
+) -> list[tuple[ParentReference, str]]:
+    """The parents among ``refs`` Kinference writes an entry for, each with
+    the controllerName it writes under: a Gateway that exists and whose
+    GatewayClass names :data:`ROUTER_CONTROLLER` (the router implements it);
+    with ``picker`` (an Inference Extension pool Kinference picks for) also
+    any other existing Gateway, under :data:`PICKER_CONTROLLER`. A parent
+    Kinference does not serve gets a warning on the pool saying why."""
+    kind = GIE_POOL_KIND if picker else None
+    out: list[tuple[ParentReference, str]] = []
+    for p in refs:
+        where = f"parent {p.kind} {p.namespace}/{p.name}"
+        if p.group != r.GATEWAY_GROUP or p.kind != "Gateway":
+            res.document_warnings.append(_doc_warning(
+                lo, "ParentNotServed", "status.parents",
+                f"{where}: only a {r.GATEWAY_GROUP} Gateway can be a parent; no entry is written", kind=kind))
+            continue
+        gw_lo = res.objects["Gateway"].get((p.namespace, p.name))
+        if gw_lo is None:
+            res.document_warnings.append(_doc_warning(
+                lo, "ParentNotFound", "status.parents",
+                f"an HTTPRoute names Gateway {p.namespace}/{p.name}, which does not exist: nothing accepted "
+                "this pool there and no parents[] entry is written", kind=kind))
+            continue
+        gw: r.Gateway = gw_lo.obj  # type: ignore[assignment]
+        cls_lo = res.objects["GatewayClass"].get(("", gw.spec.gateway_class_name))
+        controller = cls_lo.obj.spec.controller_name if cls_lo is not None else None  # type: ignore[union-attr]
+        if controller == ROUTER_CONTROLLER:
+            out.append((p, ROUTER_CONTROLLER))
+        elif picker:
+            out.append((p, PICKER_CONTROLLER))
+        else:
+            res.document_warnings.append(_doc_warning(
+                lo, "ParentNotServed", "status.parents",
+                f"Gateway {p.namespace}/{p.name} is implemented by "
+                f"{controller or f'GatewayClass {gw.spec.gateway_class_name} (not found)'}, which cannot send "
+                f"to a {API_GROUP} InferencePool: no parents[] entry is written. Use an "
+                f"{r.GIE_POOL_GROUP} InferencePool with Kinference's endpoint picker, or the router's "
+                "Service as the route's backend (docs/kubernetes.md)"))
+    return out
+
+
+def _gie_conditions(
+    res: CompileResult, pool: r.GieInferencePool, destinations: int, now: str, generation: int | None,
+    services_visible: bool,
+) -> list[Any]:
+    """``Accepted`` and ``ResolvedRefs`` of an Inference Extension pool's
+    parents[] entry, with the reasons that API defines."""
+    ref = pool.spec.endpoint_picker_ref
+    ns = pool.metadata.namespace
+    if ref is None:
+        accepted = condition(
+            "Accepted", False, "EndpointPickerRefMissing",
+            "spec.endpointPickerRef is not set: a gateway has no endpoint picker to call; point it at "
+            "Kinference's endpoint picker Service", now, generation)
+    else:
+        accepted = condition(
+            "Accepted", True, "Accepted",
+            f"Kinference's endpoint picker serves this pool ({destinations} destination(s)"
+            + ("; every request is answered 503" if not destinations else "") + ")", now, generation)
+    problem = None
+    if ref is not None:
+        if ref.group != "" or ref.kind != "Service":
+            problem = f"endpointPickerRef names {ref.group or 'core'}/{ref.kind}; only a Service is supported"
+        elif services_visible:
+            svc_lo = res.objects["Service"].get((ns, ref.name))
+            svc: r.Service | None = svc_lo.obj if svc_lo is not None else None  # type: ignore[assignment]
+            if svc is None:
+                problem = f"Service {ns}/{ref.name} named by endpointPickerRef does not exist"
+            elif svc.spec.type == "ExternalName":
+                problem = f"Service {ns}/{ref.name} is of type ExternalName, which an endpoint picker may not be"
+            elif ref.port is not None and ref.port.number not in [p.port for p in svc.spec.ports]:
+                problem = f"Service {ns}/{ref.name} has no port {ref.port.number}"
+    resolved = condition(
+        "ResolvedRefs", problem is None, "InvalidExtensionRef" if problem else "ResolvedRefs",
+        problem or ("every reference resolved" if ref is not None else "no endpointPickerRef to resolve"),
+        now, generation)
+    return [accepted, resolved]
+
+
 _PATH_TYPES = ("Exact", "PathPrefix", "RegularExpression")
 
 
-def _route_matches(res: CompileResult) -> dict[Key, list[CompiledRoute]]:
+def _route_matches(res: CompileResult, group: str) -> dict[Key, list[CompiledRoute]]:
     """For each pool, the HTTPRoutes whose rules name it as a backendRef,
     with their hostnames and the path matches of those rules (a router
     serving several pools picks the pool by them)."""
@@ -408,7 +561,7 @@ def _route_matches(res: CompileResult) -> dict[Key, list[CompiledRoute]]:
         paths: dict[Key, list[RoutePath]] = defaultdict(list)
         for rule in route.spec.rules:
             pools = {(b.namespace or ns, b.name) for b in rule.backend_refs
-                     if b.group == API_GROUP and b.kind == "InferencePool"}
+                     if b.group == group and b.kind == "InferencePool"}
             if not pools:
                 continue
             # a match of a path type Gateway API does not define matches nothing
@@ -438,6 +591,8 @@ def _gie(
     objectives: dict[Key, dict[str, int]] = defaultdict(dict)
     rewrites: dict[Key, list[tuple[tuple[Any, ...], CompiledRewrite]]] = defaultdict(list)
     pools = res.objects["InferencePool"]
+    gie_pools = {k for k, lo in res.objects[GIE_POOL_KEY].items()
+                 if r.is_kinference_gie_pool(lo.obj) and k not in pools}  # type: ignore[arg-type]
 
     for kind, status_table in (("InferenceObjective", res.objective_status),
                                ("InferenceModelRewrite", res.rewrite_status)):
@@ -449,18 +604,20 @@ def _gie(
             for group, lo in sorted(variants.items()):
                 obj = lo.obj
                 ref = obj.spec.pool_ref  # type: ignore[union-attr]
-                if ref.group != API_GROUP:
+                gie_ref = ref.group == r.GIE_POOL_GROUP and ref.kind == "InferencePool" and \
+                    (key[0], ref.name) in gie_pools
+                if ref.group != API_GROUP and not gie_ref:
                     continue  # another implementation's object: left alone
                 gen = obj.metadata.generation
                 skey = (group, key[0], key[1])
                 if group != "llm-d.ai" and "llm-d.ai" in variants and \
-                        variants["llm-d.ai"].obj.spec.pool_ref.group == API_GROUP:  # type: ignore[union-attr]
+                        variants["llm-d.ai"].obj.spec.pool_ref.group in (API_GROUP, r.GIE_POOL_GROUP):  # type: ignore[union-attr]
                     status_table[skey] = AcceptedStatus(conditions=[condition(
                         "Accepted", False, "Superseded",
                         f"{kind} {key[0]}/{key[1]} also exists in llm-d.ai, which is used", now, gen)])
                     continue
                 pool_key = (key[0], ref.name)
-                if ref.kind != "InferencePool" or pool_key not in pools:
+                if not gie_ref and (ref.kind != "InferencePool" or pool_key not in pools):
                     status_table[skey] = AcceptedStatus(conditions=[condition(
                         "Accepted", False, "PoolNotFound",
                         f"poolRef names {ref.kind} {ref.name}, which is no InferencePool in {key[0]}",

@@ -23,7 +23,7 @@ pool's namespace and no provider.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from kinference_common import API_GROUP
@@ -84,6 +84,9 @@ class ResolvedPool:
     #: worker set's alias instead of its canonical name (seed 002 diagnosis:
     #: "A model shows one servedBy entry, not two")
     divergent_names: list[tuple[str, str, str]]
+    #: worker sets left out because the pool could not reach their pods
+    #: (an Inference Extension pool's selector/targetPorts), each with why
+    outside: list[str] = field(default_factory=list)
 
 
 def provider_missing(p: r.InferenceProvider) -> list[str]:
@@ -140,7 +143,12 @@ def _destination(obj: r.InferenceWorkerSet | r.InferenceProvider) -> Destination
     )
 
 
-def resolve_pool(pool: r.InferencePool, inv: Inventory) -> ResolvedPool:
+def resolve_pool(
+    pool: r.InferencePool, inv: Inventory,
+    reach: Callable[[r.InferenceWorkerSet], str | None] | None = None,
+) -> ResolvedPool:
+    """``reach``: why a worker set's pods are out of the pool's reach (None:
+    in reach); such a worker set is left out (see :attr:`ResolvedPool.outside`)."""
     ns = pool.metadata.namespace
     found: list[tuple[str, r.InferenceWorkerSet | r.InferenceProvider]] = []
     unresolved: list[UnresolvedDestination] = []
@@ -212,6 +220,17 @@ def resolve_pool(pool: r.InferencePool, inv: Inventory) -> ResolvedPool:
                         continue
                 found.append((d.kind, obj))
 
+    outside: list[str] = []
+    if reach is not None:
+        kept = []
+        for kind, obj in found:
+            why = reach(obj) if isinstance(obj, r.InferenceWorkerSet) else None
+            if why is None:
+                kept.append((kind, obj))
+            elif why not in outside:
+                outside.append(why)
+        found = kept
+
     # Deduplicate (the same object listed twice), then find clashing names.
     unique: dict[tuple[str, str, str], r.InferenceWorkerSet | r.InferenceProvider] = {}
     for kind, obj in found:
@@ -231,7 +250,7 @@ def resolve_pool(pool: r.InferencePool, inv: Inventory) -> ResolvedPool:
         destinations.append(_destination(obj))
 
     models, aliases, conflicts, divergent = _models(destinations)
-    return ResolvedPool(destinations, unresolved, models, aliases, conflicts, divergent)
+    return ResolvedPool(destinations, unresolved, models, aliases, conflicts, divergent, outside)
 
 
 def _models(

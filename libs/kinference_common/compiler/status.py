@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Struct
@@ -83,6 +83,28 @@ class ParentStatus(_S, kw_only=True):
     parent_ref: ParentReference
     controller_name: str
     conditions: list[Condition] = msgspec.field(default_factory=list)
+
+
+class GieParentReference(_S, kw_only=True):
+    """``status.parents[].parentRef`` of an Inference Extension pool (v1)."""
+
+    group: str = "gateway.networking.k8s.io"
+    kind: str = "Gateway"
+    name: str
+    namespace: str | None = None
+
+
+class GieParentStatus(_S, kw_only=True):
+    parent_ref: GieParentReference
+    controller_name: str | None = None
+    conditions: Annotated[list[Condition], msgspec.Meta(max_length=8)] = msgspec.field(default_factory=list)
+
+
+class GiePoolStatus(_S, kw_only=True):
+    """The Inference Extension pool's status (v1): only ``parents[]``. Each
+    controller owns the entries carrying its ``controllerName``."""
+
+    parents: Annotated[list[GieParentStatus], msgspec.Meta(max_length=32)] = msgspec.field(default_factory=list)
 
 
 class PoolStatus(_S, kw_only=True, omit_defaults=False):
