@@ -3,9 +3,10 @@ informers' caches, so the cluster is compiled by the same code path as a
 directory.
 
 Every kind the compiler reads (InferencePolicy, InferencePool,
-InferenceWorkerSet, InferenceProvider; HTTPRoute and ReferenceGrant; the
-Inference Extension's InferenceObjective and InferenceModelRewrite in both of
-their groups) is listed and watched in the namespaces in scope (all when
+InferenceWorkerSet, InferenceProvider; HTTPRoute, ReferenceGrant, Gateway and
+GatewayClass; the Inference Extension's InferenceObjective and
+InferenceModelRewrite in both of their groups and its InferencePool (v1);
+Services, for endpointPickerRef) is listed and watched in the namespaces in scope (all when
 none is given). A change of any cache only marks the source dirty;
 :meth:`poll` reports it and the service recompiles everything from the
 caches (level-triggered). Until every informer has listed once,
@@ -67,14 +68,16 @@ class KubernetesSource:
         #: called whenever a cache changes (the service's wake)
         self.on_change: Callable[[], None] = lambda: None
         self.informers: dict[Kind, Informer] = {
-            k: Informer(rc, k, namespaces=self.namespaces, on_change=self._changed, watch_timeout=watch_timeout,
-                        backoff_base=backoff_base, backoff_cap=backoff_cap)
+            k: Informer(rc, k, namespaces=self.namespaces if k.namespaced else None, on_change=self._changed,
+                        watch_timeout=watch_timeout, backoff_base=backoff_base, backoff_cap=backoff_cap)
             for k in WATCHED
         }
         #: (kind, namespace, name) -> the last decode of that object
         self._decoded: dict[tuple[Kind, str, str], _Decoded] = {}
         #: (kind, namespace, name) -> (uid, last good Loaded)
         self._good: dict[tuple[Kind, str, str], tuple[str, LoadedObject]] = {}
+        #: every Service in scope is watched, so an endpointPickerRef can be checked
+        self.services_visible = True
 
     # -------------------------------------------------------------- lifecycle
 

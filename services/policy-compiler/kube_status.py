@@ -5,8 +5,13 @@ What the compiler writes, through each kind's status subresource:
 
 - InferencePolicy: the whole status (``ruleCount``, ``referencedBy``,
   ``rules``, ``warnings``, ``conditions``, ``state``);
-- InferencePool: the whole status, ``parents[]`` from the HTTPRoutes that
-  name the pool included;
+- InferencePool: the whole status; in ``parents[]`` only the entries of
+  Kinference's controllers (``kinference.buoyant.io/router`` for a Gateway
+  whose class the router implements), other controllers' entries kept;
+- the Inference Extension's InferencePool (v1) that Kinference serves:
+  ``parents[]`` entries under ``kinference.buoyant.io/endpoint-picker`` (or
+  the router's), one per existing Gateway an HTTPRoute attaches it to, with
+  ``Accepted`` and ``ResolvedRefs``; other controllers' entries kept;
 - InferenceObjective / InferenceModelRewrite (both groups), for those whose
   ``poolRef`` names one of our pools: ``conditions`` (``Accepted``).
 
@@ -39,6 +44,7 @@ import structlog
 
 from kinference_common import API_GROUP
 from kinference_common.compiler import CompileResult
+from kinference_common.compiler.gateways import OWN_CONTROLLERS
 from kinference_common.kube import kinds
 from kinference_common.kube.backoff import Backoff
 from kinference_common.kube.client import ApiException, ResourceClient
@@ -68,6 +74,8 @@ def desired_statuses(res: CompileResult) -> dict[tuple[Kind, str, str], dict[str
         out[(kinds.INFERENCE_POLICY, ns, name)] = msgspec.to_builtins(st)
     for (ns, name), st in res.pool_status.items():
         out[(kinds.INFERENCE_POOL, ns, name)] = msgspec.to_builtins(st)
+    for (ns, name), gst in res.gie_pool_status.items():
+        out[(kinds.GIE_INFERENCE_POOL, ns, name)] = msgspec.to_builtins(gst)
     for kind_name, table in (("InferenceObjective", res.objective_status),
                              ("InferenceModelRewrite", res.rewrite_status)):
         for (group, ns, name), st in table.items():
@@ -76,7 +84,10 @@ def desired_statuses(res: CompileResult) -> dict[tuple[Kind, str, str], dict[str
 
 
 def _kinds_for(kind: str | None, group: str | None = None) -> list[Kind]:
-    """The watched kinds of that name (both groups of the Inference Extension's when no group is given)."""
+    """The watched kinds of that name (both groups of the Inference Extension's when no group is given);
+    ``Kind.group`` names one group."""
+    if kind and "." in kind:
+        kind, group = kind.split(".", 1)
     return [k for k in kinds.COMPILER_INPUTS if k.kind == kind and (group is None or k.group == group)]
 
 
@@ -89,7 +100,7 @@ class KubernetesStatusSink:
         self.source = source
         #: checked before every write and every Event: a replica that lost the Lease stops mid-pass
         self.is_leader = is_leader
-        self.writer = StatusWriter(rc)
+        self.writer = StatusWriter(rc, own_controllers=OWN_CONTROLLERS)
         self.recorder = EventRecorder(rc, CONTROLLER, identity, min_interval=event_interval)
         self.passes = 0
         self._backoff = Backoff(0.2, backoff_cap)
@@ -102,7 +113,16 @@ class KubernetesStatusSink:
             return False
         ok = True
         changed = 0
-        for (kind, ns, name), status in sorted(desired_statuses(res).items(),
+        desired = desired_statuses(res)
+        # An Inference Extension pool Kinference no longer serves (its annotation
+        # removed, a name taken): Kinference's parents[] entries go, others' stay.
+        for (ns, name), obj in self.source.informers[kinds.GIE_INFERENCE_POOL].items().items():
+            key = (kinds.GIE_INFERENCE_POOL, ns, name)
+            if key not in desired and any(
+                    isinstance(p, dict) and p.get("controllerName") in OWN_CONTROLLERS
+                    for p in (obj.get("status") or {}).get("parents") or []):
+                desired[key] = {"parents": []}
+        for (kind, ns, name), status in sorted(desired.items(),
                                                key=lambda kv: (kv[0][0].plural, kv[0][0].group, kv[0][1], kv[0][2])):
             if not self.is_leader():
                 return False
@@ -164,6 +184,10 @@ class KubernetesStatusSink:
             for c in pst.conditions:
                 if c.status != "True":
                     await self._emit(kinds.INFERENCE_POOL, ns, name, "Warning", c.reason, c.message)
+        for (ns, name), gst in sorted(res.gie_pool_status.items()):
+            for c in {(c.reason, c.message): c for p in gst.parents for c in p.conditions}.values():
+                if c.status != "True":
+                    await self._emit(kinds.GIE_INFERENCE_POOL, ns, name, "Warning", c.reason, c.message)
         for kind_name, table in (("InferenceObjective", res.objective_status),
                                  ("InferenceModelRewrite", res.rewrite_status)):
             for (group, ns, name), ast in sorted(table.items()):
@@ -175,6 +199,8 @@ class KubernetesStatusSink:
             group = None
             if d.kind in ("InferenceObjective", "InferenceModelRewrite"):
                 group = d.source.split("/", 1)[0]
+            elif d.kind == "InferencePool" and d.source.startswith(f"{kinds.GIE_INFERENCE_POOL.group}/"):
+                group = kinds.GIE_INFERENCE_POOL.group
             elif d.kind in ("InferencePolicy", "InferencePool", "InferenceWorkerSet", "InferenceProvider"):
                 group = API_GROUP
             await self._emit(_kinds_for(d.kind, group), d.namespace, d.name, "Warning", "InvalidManifest",

@@ -199,7 +199,8 @@ class PolicyCompilerService:
         """Compile the documents in force and write statuses (no NATS)."""
         started = time.perf_counter()
         res = compile_documents(self.source.documents(), watched_namespaces=self.settings.watched_namespaces,
-                               in_process_classifiers=self.settings.in_process_classifiers)
+                               in_process_classifiers=self.settings.in_process_classifiers,
+                               services_visible=getattr(self.source, "services_visible", False))
         errors = [*self.source.errors(), *res.errors]
         self.last_errors = errors
         self._sink_pending = self.status_sink is not None

@@ -145,6 +145,11 @@ BUILTIN_TYPES: list[ResourceType] = [
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})),
     _builtin("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute", status_subresource=True,
              categories=("gateway-api",)),
+    _builtin("gateway.networking.k8s.io", "v1", "gateways", "Gateway", short_names=("gtw",),
+             status_subresource=True, categories=("gateway-api",)),
+    _builtin("gateway.networking.k8s.io", "v1", "gatewayclasses", "GatewayClass", namespaced=False,
+             short_names=("gc",), status_subresource=True, categories=("gateway-api",)),
+    _builtin("", "v1", "services", "Service", short_names=("svc",)),
     _builtin("gateway.networking.k8s.io", "v1beta1", "referencegrants", "ReferenceGrant",
              short_names=("refgrant",), categories=("gateway-api",)),
     *[_builtin(g, "v1alpha2", "inferenceobjectives", "InferenceObjective", status_subresource=True)

@@ -22,13 +22,14 @@ def load_crds() -> dict[str, dict[str, Any]]:
     out = {}
     for path in CRD_DIR.glob("*.yaml"):
         doc = yaml.safe_load(path.read_text())
-        out[doc["spec"]["names"]["kind"]] = doc
+        kind = doc["spec"]["names"]["kind"]
+        out[kind if doc["spec"]["group"] == "kinference.buoyant.io" else f"{kind}.{doc['spec']['group']}"] = doc
     return out
 
 
 def test_committed_crds_equal_a_fresh_generation() -> None:
     for entry in crds.KINDS:
-        committed = (CRD_DIR / f"{entry['plural']}.yaml").read_text()
+        committed = (CRD_DIR / entry.get("file", f"{entry['plural']}.yaml")).read_text()
         assert committed == crds.render(entry), f"regenerate: python -m kinference_common.crds {CRD_DIR}"
 
 
@@ -91,3 +92,39 @@ def test_schema_rejects_what_the_compiler_rejects() -> None:
 def test_the_unmatched_column_has_a_default_to_show() -> None:
     spec = load_crds()["InferencePolicy"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec["properties"]["unmatched"]["default"] == "ServeLocal"
+
+
+GIE_POOL = "InferencePool.inference.networking.k8s.io"
+
+
+def test_the_inference_extension_pool_crd_has_the_v1_api_fields() -> None:
+    crd = load_crds()[GIE_POOL]
+    assert crd["metadata"]["name"] == "inferencepools.inference.networking.k8s.io"
+    [version] = crd["spec"]["versions"]
+    assert version["name"] == "v1" and version["subresources"] == {"status": {}}
+    root = version["schema"]["openAPIV3Schema"]
+    assert walk(root, "") == []
+    spec = root["properties"]["spec"]
+    assert set(spec["properties"]) == {"selector", "targetPorts", "appProtocol", "endpointPickerRef"}
+    assert spec["required"] == ["selector", "targetPorts"]
+    epp = spec["properties"]["endpointPickerRef"]
+    assert epp["properties"]["failureMode"]["default"] == "FailClose"
+    assert epp["properties"]["kind"]["default"] == "Service"
+    parents = root["properties"]["status"]["properties"]["parents"]
+    assert parents["maxItems"] == 32 and parents["items"]["properties"]["conditions"]["maxItems"] == 8
+    # `kubectl get infpool` stays Kinference's pool
+    assert "shortNames" not in crd["spec"]["names"]
+
+
+def test_the_inference_extension_pool_schema_checks_a_pool() -> None:
+    v = jsonschema.Draft7Validator(load_crds()[GIE_POOL]["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    good = {"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool", "metadata": {"name": "x"},
+            "spec": {"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}],
+                     "endpointPickerRef": {"name": "epp", "port": {"number": 9002}, "failureMode": "FailOpen"}}}
+    assert list(v.iter_errors(good)) == []
+    for bad in ({"selector": {"matchLabels": {}}, "targetPorts": [{"number": 8000}]},
+                {"selector": {"matchLabels": {"a": "b"}}, "targetPorts": []},
+                {"selector": {"matchLabels": {"a": "b"}}, "targetPorts": [{"number": 70000}]},
+                {"selector": {"matchLabels": {"a": "b"}}, "targetPorts": [{"number": 1}],
+                 "endpointPickerRef": {"name": "e", "failureMode": "Sometimes"}}):
+        assert list(v.iter_errors({**good, "spec": bad})), bad

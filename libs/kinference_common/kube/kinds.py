@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kinference_common import API_GROUP, API_VERSION
-from kinference_common.resources import GATEWAY_GROUP, GIE_GROUPS
+from kinference_common.resources import GATEWAY_GROUP, GIE_GROUPS, GIE_POOL_GROUP, GIE_POOL_VERSION
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,10 @@ INFERENCE_POLICY = Kind(API_GROUP, API_VERSION, "inferencepolicies", "InferenceP
 INFERENCE_POOL = Kind(API_GROUP, API_VERSION, "inferencepools", "InferencePool")
 INFERENCE_WORKER_SET = Kind(API_GROUP, API_VERSION, "inferenceworkersets", "InferenceWorkerSet")
 INFERENCE_PROVIDER = Kind(API_GROUP, API_VERSION, "inferenceproviders", "InferenceProvider")
+GIE_INFERENCE_POOL = Kind(GIE_POOL_GROUP, GIE_POOL_VERSION, "inferencepools", "InferencePool")
+GATEWAY = Kind(GATEWAY_GROUP, "v1", "gateways", "Gateway")
+GATEWAY_CLASS = Kind(GATEWAY_GROUP, "v1", "gatewayclasses", "GatewayClass", namespaced=False)
+SERVICE = Kind("", "v1", "services", "Service")
 HTTP_ROUTE = Kind(GATEWAY_GROUP, "v1", "httproutes", "HTTPRoute")
 REFERENCE_GRANT = Kind(GATEWAY_GROUP, "v1beta1", "referencegrants", "ReferenceGrant")
 INFERENCE_OBJECTIVES = tuple(Kind(g, "v1alpha2", "inferenceobjectives", "InferenceObjective") for g in GIE_GROUPS)
@@ -42,6 +46,7 @@ LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease")
 COMPILER_INPUTS: tuple[Kind, ...] = (
     INFERENCE_POLICY, INFERENCE_POOL, INFERENCE_WORKER_SET, INFERENCE_PROVIDER, HTTP_ROUTE, REFERENCE_GRANT,
     *INFERENCE_OBJECTIVES, *INFERENCE_MODEL_REWRITES,
+    GIE_INFERENCE_POOL, GATEWAY, GATEWAY_CLASS, SERVICE,
 )
 
 

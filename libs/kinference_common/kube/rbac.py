@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kinference_common import API_GROUP
-from kinference_common.resources import GATEWAY_GROUP, GIE_GROUPS
+from kinference_common.resources import GATEWAY_GROUP, GIE_GROUPS, GIE_POOL_GROUP
 
 READ = ("get", "list", "watch")
 
@@ -39,8 +39,12 @@ SERVICE_RULES: dict[str, list[Rule]] = {
         Rule((API_GROUP,), ("inferencepolicies", "inferencepools", "inferenceworkersets", "inferenceproviders"),
              READ),
         Rule((API_GROUP,), ("inferencepolicies/status", "inferencepools/status"), ("patch",)),
-        Rule((GATEWAY_GROUP,), ("httproutes", "referencegrants"), READ),
+        Rule((GATEWAY_GROUP,), ("httproutes", "referencegrants", "gateways", "gatewayclasses"), READ),
         Rule(GIE_GROUPS, ("inferenceobjectives", "inferencemodelrewrites"), READ),
+        # the Inference Extension's InferencePool (v1) and the Services its endpointPickerRef names
+        Rule((GIE_POOL_GROUP,), ("inferencepools",), READ),
+        Rule((GIE_POOL_GROUP,), ("inferencepools/status",), ("patch",)),
+        Rule(("",), ("services",), READ),
         Rule(GIE_GROUPS, ("inferenceobjectives/status", "inferencemodelrewrites/status"), ("patch",)),
         Rule(("events.k8s.io",), ("events",), ("create", "get", "patch")),
         Rule(("coordination.k8s.io",), ("leases",), ("create", "get", "update")),

@@ -17,6 +17,13 @@ cache) and the status the controller wants, and
   the new spec and the next reconcile recomputes); otherwise (someone else
   wrote status or metadata) it retries on the fresh version;
 - an object deleted meanwhile (404) is skipped.
+
+``parents[]`` is shared with other controllers (Gateway API, Inference
+Extension): a writer constructed with ``own_controllers`` treats only the
+entries whose ``controllerName`` is one of them as its own. The desired
+``parents`` lists those; every other controller's entry observed on the
+object is kept as it is, in its place, and the writer's own entries follow
+(so one it no longer wants is removed, and nobody else's is ever touched).
 """
 
 from __future__ import annotations
@@ -60,6 +67,16 @@ def carry_transition_times(observed: Obj | None, desired: Obj) -> Obj:
     return out
 
 
+def merge_parents(observed: Obj | None, desired: Obj, own: frozenset[str]) -> Obj:
+    """``desired`` whose ``parents`` keeps the observed entries of controllers
+    not in ``own`` ahead of the desired (own) ones."""
+    if not own or not isinstance(desired.get("parents"), list):
+        return desired
+    others = [p for p in (observed or {}).get("parents") or []
+              if isinstance(p, dict) and p.get("controllerName") not in own]
+    return {**desired, "parents": [*others, *desired["parents"]]}
+
+
 def _freeze(v: Any) -> Any:
     if isinstance(v, dict):
         return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
@@ -91,8 +108,10 @@ def differs(observed_status: Obj | None, desired: Obj) -> bool:
 
 
 class StatusWriter:
-    def __init__(self, rc: ResourceClient, retries: int = 4) -> None:
+    def __init__(self, rc: ResourceClient, retries: int = 4, own_controllers: frozenset[str] = frozenset()) -> None:
         self.rc = rc
+        #: the controllerNames whose parents[] entries are this writer's
+        self.own_controllers = own_controllers
         self.retries = retries
         self.writes = 0
         self.conflicts = 0
@@ -105,7 +124,8 @@ class StatusWriter:
         generation = meta.get("generation")
         obj = observed
         for _attempt in range(self.retries):
-            want = carry_transition_times(obj.get("status"), desired)
+            want = carry_transition_times(obj.get("status"),
+                                          merge_parents(obj.get("status"), desired, self.own_controllers))
             if not differs(obj.get("status"), want):
                 return False
             patch = {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
