@@ -28,6 +28,8 @@ def _statuses(res: CompileResult) -> dict[tuple[str, str, str], Any]:
         out[("InferencePolicy", ns, name)] = st
     for (ns, name), st in res.pool_status.items():
         out[("InferencePool", ns, name)] = st
+    for (ns, name), gst in res.gie_pool_status.items():
+        out[("InferencePool.inference.networking.k8s.io", ns, name)] = gst
     for (ns, name), st in res.provider_status.items():
         out[("InferenceProvider", ns, name)] = st
     for (group, ns, name), st in res.objective_status.items():

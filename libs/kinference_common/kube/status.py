@@ -56,10 +56,12 @@ def carry_transition_times(observed: Obj | None, desired: Obj) -> Obj:
     if isinstance(desired.get("conditions"), list):
         out["conditions"] = _carry_conditions(observed.get("conditions"), desired["conditions"])
     if isinstance(desired.get("parents"), list):
-        old_parents = {_freeze(p.get("parentRef")): p for p in observed.get("parents") or [] if isinstance(p, dict)}
+        # an entry is one controller's for one parent: several controllers may report the same Gateway
+        old_parents = {(_freeze(p.get("parentRef")), p.get("controllerName")): p
+                       for p in observed.get("parents") or [] if isinstance(p, dict)}
         parents = []
         for p in desired["parents"]:
-            prev = old_parents.get(_freeze(p.get("parentRef")))
+            prev = old_parents.get((_freeze(p.get("parentRef")), p.get("controllerName")))
             if prev is not None and isinstance(p.get("conditions"), list):
                 p = {**p, "conditions": _carry_conditions(prev.get("conditions"), p["conditions"])}
             parents.append(p)
