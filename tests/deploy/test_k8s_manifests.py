@@ -17,7 +17,8 @@ import yaml
 
 from .k8s import EXAMPLE, K8S, KUBE_VERSIONS, REPO, SERVICES, build, container, of_kind
 
-BUILT = {"base": K8S, "example": EXAMPLE}
+GATEWAY = K8S / "overlays" / "gateway"
+BUILT = {"base": K8S, "example": EXAMPLE, "gateway": GATEWAY}
 
 
 def crd_validators() -> dict[tuple[str, str], jsonschema.Draft7Validator]:
@@ -44,8 +45,8 @@ def test_every_document_is_valid_for_the_claimed_kubernetes_versions(which: str,
         if key in crds:
             errors = [e.message for e in crds[key].iter_errors(doc)]
             assert errors == [], where
-        elif key == ("gateway.networking.k8s.io", "HTTPRoute"):
-            continue  # the Gateway API's own CRD: checked in test_example_httproute_targets_the_pool
+        elif key in (("gateway.networking.k8s.io", "HTTPRoute"), ("gateway.networking.k8s.io", "ReferenceGrant")):
+            continue  # the Gateway API's own CRDs: checked in test_example_httproute_targets_the_pool
         else:
             try:
                 kubernetes_validate.validate(doc, version, strict=True)
@@ -59,7 +60,8 @@ def test_the_base_has_every_piece() -> None:
     docs = build(K8S)
     assert set(of_kind(docs, "CustomResourceDefinition")) == {
         "inferencepolicies.kinference.buoyant.io", "inferencepools.kinference.buoyant.io",
-        "inferenceworkersets.kinference.buoyant.io", "inferenceproviders.kinference.buoyant.io"}
+        "inferenceworkersets.kinference.buoyant.io", "inferenceproviders.kinference.buoyant.io",
+        "inferencepools.inference.networking.k8s.io"}
     deployments = of_kind(docs, "Deployment")
     assert set(deployments) == set(SERVICES)
     assert deployments["router"]["spec"]["replicas"] == 2
@@ -305,14 +307,61 @@ def test_example_overlay_is_the_repository_examples() -> None:
 
 
 def test_example_httproute_targets_the_pool() -> None:
+    """The router's route table names the pool and attaches to no Gateway (no
+    Gateway can send to a kinference.buoyant.io pool); the Gateway's route
+    sends the same requests to the router's Service, granted across namespaces."""
     docs = build(EXAMPLE)
-    (route,) = of_kind(docs, "HTTPRoute").values()
-    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    routes = of_kind(docs, "HTTPRoute")
+    table, gateway = routes["inference-all"], routes["inference-gateway"]
+    assert table["apiVersion"] == gateway["apiVersion"] == "gateway.networking.k8s.io/v1"
     pools = of_kind(docs, "InferencePool")
-    refs = [b for rule in route["spec"]["rules"] for b in rule["backendRefs"]]
+    refs = [b for rule in table["spec"]["rules"] for b in rule["backendRefs"]]
     assert refs == [{"group": "kinference.buoyant.io", "kind": "InferencePool", "name": "inference-all"}]
-    assert pools["inference-all"]["metadata"]["namespace"] == route["metadata"]["namespace"]
-    assert route["spec"]["parentRefs"] and route["spec"]["hostnames"]
+    assert pools["inference-all"]["metadata"]["namespace"] == table["metadata"]["namespace"]
+    assert "parentRefs" not in table["spec"] and table["spec"]["hostnames"]
+    [ref] = [b for rule in gateway["spec"]["rules"] for b in rule["backendRefs"]]
+    router = of_kind(docs, "Service")["router"]
+    assert (ref["kind"], ref["name"], ref["namespace"], ref["port"]) == (
+        "Service", "router", router["metadata"]["namespace"], router["spec"]["ports"][0]["port"])
+    assert gateway["spec"]["hostnames"] == table["spec"]["hostnames"] and gateway["spec"]["parentRefs"]
+    [grant] = of_kind(docs, "ReferenceGrant").values()
+    assert grant["metadata"]["namespace"] == "kinference-system"
+    assert grant["spec"]["to"] == [{"group": "", "kind": "Service", "name": "router"}]
+
+
+def test_gateway_overlay_wires_the_endpoint_picker_to_an_inference_extension_pool(tmp_path) -> None:
+    from kinference_common.compiler import compile_documents
+    from kinference_common.manifests import load_text
+
+    docs = build(GATEWAY)
+    epp = of_kind(docs, "Deployment")["kinference-epp"]
+    c = container(epp)
+    args = c["args"]
+    assert args[args.index("--epp-port") + 1] == "9002" and args[args.index("--egress-port") + 1] == "8082"
+    assert args[args.index("--epp-host") + 1] == "0.0.0.0"
+    assert {e["name"]: e.get("valueFrom") for e in c["env"]}["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert c["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
+    svc = of_kind(docs, "Service")["kinference-epp"]
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["grpc"]["port"] == 9002 and ports["grpc"]["appProtocol"] == "kubernetes.io/h2c"
+    assert ports["egress"]["port"] == 8082
+    [pool] = [d for d in docs if d["apiVersion"] == "inference.networking.k8s.io/v1"]
+    ref = pool["spec"]["endpointPickerRef"]
+    assert (ref["name"], ref["port"]["number"], ref["failureMode"]) == ("kinference-epp", 9002, "FailClose")
+    assert pool["metadata"]["namespace"] == svc["metadata"]["namespace"] == epp["metadata"]["namespace"]
+    assert args[args.index("--pool") + 1] == f"{pool['metadata']['namespace']}/{pool['metadata']['name']}"
+    route = of_kind(docs, "HTTPRoute")["qwen"]
+    assert [b["group"] for rule in route["spec"]["rules"] for b in rule["backendRefs"]] == [
+        "inference.networking.k8s.io"]
+    # the pool compiles with its policy and the worker set its selector covers; the EPP Service resolves
+    res = compile_documents(load_text(yaml.safe_dump_all(
+        [d for d in docs if d["kind"] not in ("CustomResourceDefinition",)]), "gateway.yaml"),
+        services_visible=True)
+    compiled = res.pools[("default", "qwen")]
+    assert compiled.policy.name == "burst-unless-pii"
+    assert sorted(d.name for d in compiled.destinations) == ["databricks", "qwen-2-5-32b"]
+    # the only warning: the Gateway is yours, not in the overlay
+    assert [w.code for w in res.document_warnings if w.name == "qwen"] == ["ParentNotFound"]
 
 
 def test_the_example_compiles_without_errors(tmp_path) -> None:
