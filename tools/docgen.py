@@ -250,6 +250,12 @@ PAGES["warnings.md"] = warnings_page
 
 # --------------------------------------------------------------------- CRDs
 
+GIE_POOL_INTRO = ("The Gateway API Inference Extension's own pool, which Inference Extension gateways send "
+                  "to through its endpoint picker. Kinference serves one annotated "
+                  "`kinference.buoyant.io/policy` (see [Running on a cluster](../kubernetes.md#inference-extension-pools)); "
+                  "its CRD is generated from the API's fields. `kubectl get inferencepools.inference.networking.k8s.io` "
+                  "(no short name: `infpool` stays Kinference's pool).")
+
 INTRO = {
     "InferencePolicy": "How a pool's requests are routed: ordered rules of matches, candidates, "
                        "exclusions and select tiers (see [Policies](policies.md)).",
@@ -334,7 +340,7 @@ def _fields(schema: dict[str, Any], prefix: str, required: bool, out: list[tuple
     if "enum" in schema:
         notes.append("one of " + ", ".join(f"`{v}`" for v in schema["enum"]))
     if "default" in schema:
-        notes.append(f"default `{schema['default']}`")
+        notes.append(f"default `{schema['default']}`" if schema["default"] != "" else 'default `""`')
     for k, word in (("minimum", "≥"), ("maximum", "≤"), ("minLength", "length ≥"), ("minItems", "items ≥"),
                     ("maxItems", "items ≤")):
         if k in schema:
@@ -387,6 +393,12 @@ def crds_page() -> str:
         version = doc["spec"]["versions"][0]
         schema = version["schema"]["openAPIV3Schema"]["properties"]
         kind = entry["kind"]
+        if "group" in entry:  # the Inference Extension's InferencePool (v1)
+            lines += [f"## {kind} ({entry['group']}/{entry['version']})", "", GIE_POOL_INTRO, "",
+                      "### spec", ""]
+            lines += _table(schema["spec"], "spec") + ["", "### status", ""]
+            lines += _table(schema["status"], "status") + [""]
+            continue
         cols = ", ".join(f"`{c['name'].upper()}` (`{c['jsonPath']}`)" for c in version["additionalPrinterColumns"])
         lines += [f"## {kind}", "", INTRO[kind], "",
                   f"`kubectl get {entry['plural']}` (short name `{entry['short'][0]}`) prints `NAME`, {cols}.", "",
