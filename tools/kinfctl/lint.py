@@ -81,6 +81,8 @@ def lint_json(res: CompileResult) -> dict[str, Any]:
     return {
         "policies": entries(res.policy_status),
         "pools": entries(res.pool_status),
+        # Inference Extension pools Kinference serves: Kinference's parents[] entries
+        "giePools": entries(res.gie_pool_status),
         "errors": [e.to_dict() for e in res.errors],
         "warnings": msgspec.to_builtins(res.document_warnings),
         "notes": msgspec.to_builtins(res.notes),
@@ -130,6 +132,16 @@ def print_text(res: CompileResult, out: TextIO) -> None:
         for c in st.conditions:
             if c.status != "True":
                 out.write(f"  condition {c.type}=False ({c.reason}): {c.message}\n")
+    for (ns, name), gst in sorted(res.gie_pool_status.items()):
+        compiled = res.pools[(ns, name)]
+        out.write(f"InferencePool.inference.networking.k8s.io {ns}/{name}: {len(compiled.destinations)} "
+                  f"destination(s), policy {compiled.policy.name or '(default)'}\n")
+        for m in compiled.models:
+            out.write(f"  model {m.name}: served by {', '.join(m.served_by)}\n")
+        for parent in gst.parents:
+            conds = ", ".join(f"{c.type}={c.status} ({c.reason})" for c in parent.conditions)
+            out.write(f"  parent {parent.parent_ref.kind} {parent.parent_ref.namespace}/{parent.parent_ref.name} "
+                      f"({parent.controller_name}): {conds}\n")
     for table, kind in ((res.objective_status, "InferenceObjective"), (res.rewrite_status, "InferenceModelRewrite")):
         for (group, ns, name), st in sorted(table.items()):
             for c in st.conditions:
@@ -141,7 +153,7 @@ def print_text(res: CompileResult, out: TextIO) -> None:
         out.write(f"note {w.code}: {w.kind} {w.namespace}/{w.name}: {w.message}\n")
     for e in res.errors:
         out.write(f"error: {e}\n")
-    n_pol, n_pool = len(res.policy_status), len(res.pool_status)
+    n_pol, n_pool = len(res.policy_status), len(res.pool_status) + len(res.gie_pool_status)
     out.write(
         f"{n_pol} polic{'y' if n_pol == 1 else 'ies'}, {n_pool} pool(s): "
         f"{len(res.errors)} error(s), {res.warning_count} warning(s)\n"
