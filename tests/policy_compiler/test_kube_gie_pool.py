@@ -93,3 +93,28 @@ async def test_gie_pool_published_and_its_parents_told_truthfully(kube_api, kube
     kube_api._patch(kube_api.rtype(GIE, "InferencePool"), "default", "llm",
                     {"metadata": {"annotations": {"kinference.buoyant.io/policy": None}}}, status=False)
     await eventually(lambda: parents() == [OTHER], what="only the other controller's entry left")
+
+
+@pytest.mark.nats
+async def test_a_kinference_pool_loses_the_entry_of_a_gateway_that_does_not_exist(kube_api, kube_compiler):
+    """The reported symptom: parents[] said Accepted for Gateway inference-gateway, which does not
+    exist. The compiler removes its own stale entry and keeps another controller's."""
+    g = "kinference.buoyant.io"
+    kube_api.apply(OBJECTS[0])
+    kube_api.apply({"apiVersion": f"{g}/v1alpha1", "kind": "InferencePool",
+                    "metadata": {"name": "all", "namespace": "default"}, "spec": {}})
+    kube_api.apply({"apiVersion": f"{GW}/v1", "kind": "HTTPRoute", "metadata": {"name": "all", "namespace": "default"},
+                    "spec": {"parentRefs": [{"name": "inference-gateway"}],
+                             "rules": [{"backendRefs": [{"group": g, "kind": "InferencePool", "name": "all"}]}]}})
+    stale = {"parentRef": {"group": GW, "kind": "Gateway", "name": "inference-gateway", "namespace": "default"},
+             "controllerName": "kinference.buoyant.io/router",
+             "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": ""}]}
+    kube_api._patch(kube_api.rtype(g, "InferencePool"), "default", "all",
+                    {"status": {"parents": [OTHER, stale]}}, status=True)
+    await kube_compiler()
+
+    def status() -> dict[str, Any]:
+        return kube_api.get(g, "InferencePool", "default", "all").get("status") or {}
+
+    await eventually(lambda: status().get("state") == "Accepted" and status().get("parents") == [OTHER],
+                     what="the stale entry removed, the other kept")
