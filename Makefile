@@ -108,3 +108,7 @@ lint: install  ## lint the example manifests with kinfctl
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .hypothesis build site *.egg-info
+
+.PHONY: bench-epp
+bench-epp: install  ## Envoy + Kinference's Endpoint Picker vs the router, Envoy alone, vllm-router -> bench/results/epp.json, docs/benchmarks.md
+	$(BIN)/python -m bench.epp $(BENCH_EPP_ARGS)

@@ -99,6 +99,8 @@ class EnvoyConfig:
     listen_address: str = "127.0.0.1"
     #: worker threads (bench-epp: 1, one core)
     concurrency: int | None = None
+    #: False: no ext_proc filter at all, Envoy straight to the pool (bench-epp's baseline)
+    ext_proc: bool = True
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -125,6 +127,8 @@ def render(cfg: EnvoyConfig) -> dict:
             {"metadata_namespace": SUBSET_NAMESPACE, "value": {SUBSET_KEY: list(cfg.subset)}}]
     else:
         hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.set_metadata"]
+    if not cfg.ext_proc:
+        hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"]
 
     clusters = boot["static_resources"]["clusters"]
     by_name = {c["name"]: c for c in clusters}
