@@ -85,6 +85,12 @@ class Pool:
     fail_open: bool = False
     prefix: str = "/"
     name: str = "pool"
+    #: the route rule also matches these request headers (exact values)
+    headers: dict[str, str] = field(default_factory=dict)
+    #: the router's provider egress (``--egress-port``), which the EPP names for
+    #: a Provider decision: the override_host cluster must know it as a host; at
+    #: priority 1, so that FailOpen's round robin never picks it
+    egress: str | None = None
 
 
 @dataclass
@@ -136,8 +142,8 @@ def render(cfg: EnvoyConfig) -> dict:
     base_routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
     # longer prefixes first, the catch-all last; the catch-all pool (else the
     # first) is the filter's own EPP and failure mode, others get per-route overrides
-    pools = sorted(cfg.pools, key=lambda p: -len(p.prefix))
-    default = next((p for p in pools if p.prefix == "/"), pools[0])
+    pools = sorted(cfg.pools, key=lambda p: (not p.headers, -len(p.prefix)))
+    default = next((p for p in pools if p.prefix == "/" and not p.headers), pools[0])
     ext_proc["failure_mode_allow"] = default.fail_open
     out_clusters = [c for c in clusters if c["name"] not in ("epp", "pool")]
     routes: list[dict] = []
@@ -150,9 +156,15 @@ def render(cfg: EnvoyConfig) -> dict:
         pool_c["name"] = pool_c["load_assignment"]["cluster_name"] = _cluster_name("pool", n)
         pool_c["load_assignment"]["endpoints"] = [
             {"lb_endpoints": [{"endpoint": {"address": _addr(ep)}} for ep in pool.endpoints]}]
+        if pool.egress and cfg.fallback:
+            pool_c["load_assignment"]["endpoints"].append(
+                {"priority": 1, "lb_endpoints": [{"endpoint": {"address": _addr(pool.egress)}}]})
         out_clusters += [epp_c, pool_c]
         for r in copy.deepcopy(base_routes):
             r["match"]["prefix"] = pool.prefix
+            if pool.headers:
+                r["match"]["headers"] = [*r["match"].get("headers", []), *(
+                    {"name": k, "string_match": {"exact": v}} for k, v in pool.headers.items())]
             if r["route"]["cluster"] == "pool":
                 r["route"]["cluster"] = pool_c["name"]
             if n != 0:
@@ -161,8 +173,6 @@ def render(cfg: EnvoyConfig) -> dict:
                     "overrides": {"grpc_service": {"envoy_grpc": {"cluster_name": epp_c["name"]}, "timeout": "10s"},
                                   "failure_mode_allow": pool.fail_open}}}
             routes.append(r)
-    if cfg.fallback and len(pools) > 1:
-        raise EnvoyError("envoy: the fallback bootstrap serves one pool")
     hcm["route_config"]["virtual_hosts"][0]["routes"] = routes
     boot["static_resources"]["clusters"] = out_clusters
     return boot

@@ -20,7 +20,7 @@ envoy (``--envoy``)   Envoy in front of the router's Endpoint       8088 (admin 
 ====================  ============================================  ===========
 
 ``--envoy`` (``make run-envoy``) also runs the router's Endpoint Picker and
-provider egress and a real Envoy (``deploy/envoy/envoy.yaml``, rendered by
+provider egress and a real Envoy (``deploy/envoy/envoy-fallback.yaml``, rendered by
 :mod:`kinference_simulators.envoy`) in front of it: requests to the Envoy
 port take the gateway path, the router's own port still works.
 
@@ -190,9 +190,10 @@ class Stack:
 
         return envoy.EnvoyConfig(
             port=self.port(ENVOY_PORTS["envoy"]), admin_port=self.port(ENVOY_PORTS["envoy-admin"]),
+            fallback=True,  # the Endpoint Picker names fallback lists: override_host walks them
             pools=[envoy.Pool(epp=f"127.0.0.1:{self.port(ENVOY_PORTS['epp'])}",
                               endpoints=[f"127.0.0.1:{self.port(port)}" for _ws, _pod, port in PODS],
-                              fail_open=self.fail_open)])
+                              egress=f"127.0.0.1:{self.port(ENVOY_PORTS['egress'])}", fail_open=self.fail_open)])
 
     def _envoy_proc(self) -> Proc:
         from kinference_simulators import envoy
