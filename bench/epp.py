@@ -253,13 +253,14 @@ async def amain(args: argparse.Namespace) -> int:
         print(f"\npy-spy, {who}, {mode} c=64 (share of samples, inclusive):")
         for k, share in top:
             print(f"  {share * 100:5.1f}%  {k}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "profile": [
+    results = Path(args.results)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps({"rows": rows, "profile": [
         {"mode": m, "process": w, "top": [{"function": k, "share": round(s, 4)} for k, s in t]}
         for m, w, t in profiled]}, indent=2) + "\n")
     if not args.no_page:
         PAGE.write_text(rewrite(PAGE.read_text(), rows, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
-    print(f"\nwrote {RESULTS.relative_to(harness.REPO)}{'' if args.no_page else ' and docs/benchmarks.md'} in "
+    print(f"\nwrote {results}{'' if args.no_page else ' and docs/benchmarks.md'} in "
           f"{time.monotonic() - started:.0f}s (a shared machine: compare ratios within one run)")
     return 0
 
@@ -292,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-competitors", action="store_true", help="without vllm-router")
     p.add_argument("--profile", action="store_true", help="py-spy the EPP at c=64 and print what costs what")
     p.add_argument("--no-page", action="store_true", help="do not rewrite docs/benchmarks.md")
+    p.add_argument("--results", default=str(RESULTS), help="where the JSON goes (default bench/results/epp.json)")
     return asyncio.run(amain(p.parse_args(argv)))
 
 

@@ -344,7 +344,7 @@ async def test_epp_unavailable_fail_open_and_fail_close(rig: Rig) -> None:
     unreachable and a FailOpen pool still answers 200 from a pod (the suite's
     requests have no body; Envoy 1.40 cannot fail open once a request body
     streamed in FULL_DUPLEX_STREAMED mode: it answers 500, see
-    docs/gateway.md); FailClose answers 5xx."""
+    docs/envoy.md); FailClose answers 5xx."""
     dead = f"127.0.0.1:{rig.port()}"
     pinned = rig.extra_envoy(envoy.EnvoyConfig(port=rig.port(), admin_port=rig.port(), fallback=True,
                                                pools=[rig.pool(fail_open=True)]), "envoy-failopen-live")
