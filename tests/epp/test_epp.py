@@ -172,11 +172,13 @@ async def test_subset_hint_restricts_the_pick(start_epp: Any, classifier: Any) -
 async def test_fallback_list_is_the_next_best_of_the_same_decision(start_epp: Any, classifier: Any) -> None:
     epp: Epp = await start_epp(fallbacks=2)
     env = epp.env
-    rq = await epp.client.exchange(CHAT, {}, chat_body())
+    s = epp.client.stream()
+    rq = await s.request("POST", CHAT, {}, chat_body())
     endpoints = rq.destination.split(",")
     pods = {p.address for p in env.pods.values()}
     assert len(endpoints) == 3 and len(set(endpoints)) == 3 and set(endpoints) <= pods
     assert inflight(env) == 1  # the pick's send only; the fallbacks are not sends
+    await s.close()
     # each fallback is what the engine picks with the ones before it avoided
     snap = env.router.keeper.snapshot
     keys = {c.state.address: c.ledger_key for c in snap.candidates if c.is_local}
