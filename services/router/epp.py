@@ -456,7 +456,16 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         stream = PickStream(self)
         try:
             async for msg in request_iterator:
-                for resp in await stream.on(msg):
+                try:
+                    out = await stream.on(msg)
+                except Exception as exc:  # a bug must not leave the gateway waiting: answer in the envelope
+                    log.exception("endpoint picker failed", error=type(exc).__name__)
+                    if stream.decision is not None:
+                        raise  # the request was sent on: only the stream can end
+                    yield _error(ApiError(500, "internal_error", "the endpoint picker failed on this request"),
+                                 stream.decision_id or new_decision_id())
+                    return
+                for resp in out:
                     yield resp
                 if stream.closed:
                     return
@@ -482,9 +491,12 @@ class EppServer:
                                                ("grpc.max_send_message_length", limit)])
         pb_grpc.add_ExternalProcessorServicer_to_server(Picker(self.router, self.settings), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:  # grpcio's "Failed to bind"
+            self.port = 0
         if not self.port:
-            raise OSError(f"cannot listen on {host}:{port}")
+            raise OSError(f"cannot listen on {host}:{port} (in use, or not an address of this host)")
         for name in ("", "liveness"):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         await self._set_ready(self.router.ready())

@@ -186,9 +186,14 @@ class EppClient:
         return Stream(self.stub)
 
     async def exchange(self, path: str, headers: dict[str, str], body: bytes | None, **kw: Any) -> RequestPhase:
+        """The request phase; a routed request then gets an empty 200 answer,
+        so that the EPP has finished its send when this returns."""
         s = self.stream()
         try:
-            return await s.request("POST" if body is not None else "GET", path, headers, body, **kw)
+            rq = await s.request("POST" if body is not None else "GET", path, headers, body, **kw)
+            if rq.immediate is None:
+                await s.response(200, {"content-type": "application/json"}, [])
+            return rq
         finally:
             await s.close()
 

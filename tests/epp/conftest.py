@@ -14,7 +14,7 @@ import pytest
 from kinference_router.egress import Egress, EgressTokens
 from kinference_router.epp import EppServer, EppSettings
 from tests.epp.client import EppClient
-from tests.router.conftest import serve  # noqa: F401 - fixture
+from tests.router.conftest import serve, start_pool  # noqa: F401 - fixtures
 from tests.router.test_router import Env, classifier, env  # noqa: F401 - fixtures
 
 
