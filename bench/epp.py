@@ -108,36 +108,38 @@ class GatewayTarget(router.Target):
 
 
 def profile(pid: int, seconds: int, out_dir: Path) -> list[tuple[str, float]]:
-    """py-spy (bench/.venv-competitors) samples ``pid`` for ``seconds``; the
-    share of samples (inclusive) per function of the router's own code."""
+    """py-spy (bench/.venv-competitors) samples ``pid`` for ``seconds`` (with
+    native frames: the gRPC runtime is Cython/C). Returns, as shares of all
+    samples: the functions that hold the most samples inclusively (without
+    the event loop's own roots, which hold nearly all), then ``self: ...``
+    rows for the leaf frames (where the time is spent)."""
     spy = router.COMPETITORS / "bin" / "py-spy"
     if not spy.exists():
         return []
     raw = out_dir / f"py-spy-{pid}.txt"
-    subprocess.run([str(spy), "record", "-p", str(pid), "-d", str(seconds), "-r", "250", "-f", "raw",
+    subprocess.run([str(spy), "record", "-p", str(pid), "-d", str(seconds), "-r", "200", "-f", "raw",
                     "-o", str(raw), "--nonblocking"], capture_output=True, timeout=seconds + 30, check=False)
     if not raw.exists():
         return []
     total = 0
     inclusive: collections.Counter[str] = collections.Counter()
+    leaf: collections.Counter[str] = collections.Counter()
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
-        if not n.isdigit():
+        if not n.isdigit() or not stack:
             continue
         total += int(n)
-        seen = set()
+        names = []
         for frame in stack.split(";"):
-            m = re.match(r"(\S+) \((\S+?):\d+\)", frame)
-            if m is None:
-                continue
-            func, path = m.groups()
-            if "kinference" not in path and "/router/" not in path and "grpc" not in path:
-                continue
-            key = f"{func} ({Path(path).name})"
-            if key not in seen:
-                seen.add(key)
-                inclusive[key] += int(n)
-    return [(k, v / total) for k, v in inclusive.most_common(25)] if total else []
+            m = re.match(r"(.+?) \((.+?)(?::\d+)?\)$", frame.strip())
+            names.append(f"{m.group(1)} ({Path(m.group(2)).name})" if m else frame.strip())
+        for key in set(names):
+            inclusive[key] += int(n)
+        leaf[names[-1]] += int(n)
+    if not total:
+        return []
+    inc = [(k, v / total) for k, v in inclusive.most_common() if v / total < 0.9][:18]
+    return inc + [(f"self: {k}", v / total) for k, v in leaf.most_common(10)]
 
 
 # ------------------------------------------------------------------ report

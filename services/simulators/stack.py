@@ -185,6 +185,10 @@ class Stack:
             return []
         return ["--epp-port", str(self.port(ENVOY_PORTS["epp"])), "--egress-port", str(self.port(ENVOY_PORTS["egress"]))]
 
+    def pool_endpoints(self) -> list[str]:
+        """The pool's pods as a gateway lists them (``--envoy``)."""
+        return [f"127.0.0.1:{self.port(port)}" for _ws, _pod, port in PODS]
+
     def envoy_config(self):  # type: ignore[no-untyped-def]
         from kinference_simulators import envoy
 
@@ -192,7 +196,7 @@ class Stack:
             port=self.port(ENVOY_PORTS["envoy"]), admin_port=self.port(ENVOY_PORTS["envoy-admin"]),
             fallback=True,  # the Endpoint Picker names fallback lists: override_host walks them
             pools=[envoy.Pool(epp=f"127.0.0.1:{self.port(ENVOY_PORTS['epp'])}",
-                              endpoints=[f"127.0.0.1:{self.port(port)}" for _ws, _pod, port in PODS],
+                              endpoints=self.pool_endpoints(),
                               egress=f"127.0.0.1:{self.port(ENVOY_PORTS['egress'])}", fail_open=self.fail_open)])
 
     def _envoy_proc(self) -> Proc:
