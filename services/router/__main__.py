@@ -95,9 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epp-host", default="127.0.0.1", help="Endpoint Picker address (default 127.0.0.1)")
     p.add_argument("--epp-conformance-hooks", action="store_true",
                    help="honour the Inference Extension conformance suite's test headers (off by default)")
-    p.add_argument("--epp-fallbacks", type=int, default=2, metavar="N",
+    p.add_argument("--epp-fallbacks", type=int, default=0, metavar="N",
                    help="endpoints named after the pick in x-gateway-destination-endpoint, which a gateway's "
-                        "retries walk (default 2; 0: the pick alone)")
+                        "retries walk (default 0: the pick alone, what an ORIGINAL_DST cluster accepts; a list "
+                        "needs the gateway's override_host load balancing)")
     p.add_argument("--egress-port", type=int, metavar="N",
                    help="serve the provider egress on N (HTTP): carries out the Endpoint Picker's Provider "
                         "decisions, only with their token (default: off; needs --pool)")

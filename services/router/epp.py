@@ -74,8 +74,9 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 class EppSettings:
     #: honour GIE's conformance test hooks
     conformance_hooks: bool = False
-    #: endpoints after the pick in the destination list (retries walk it), at most
-    fallbacks: int = 2
+    #: endpoints after the pick in the destination list (retries walk it), at most; 0 by default:
+    #: Envoy's ORIGINAL_DST cluster takes one ip:port only (a list needs override_host)
+    fallbacks: int = 0
     #: the egress's ``ip:port`` (what a Provider pick names); None: no egress, a Provider pick is a 503
     egress_address: str | None = None
     #: the egress tokens' key (with ``egress_address``)
