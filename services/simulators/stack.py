@@ -183,7 +183,9 @@ class Stack:
     def _gateway_flags(self) -> list[str]:
         if not self.envoy:
             return []
-        return ["--epp-port", str(self.port(ENVOY_PORTS["epp"])), "--egress-port", str(self.port(ENVOY_PORTS["egress"]))]
+        # Envoy's override_host bootstrap walks a list: the pick and two fallbacks
+        return ["--epp-port", str(self.port(ENVOY_PORTS["epp"])), "--egress-port", str(self.port(ENVOY_PORTS["egress"])),
+                "--epp-fallbacks", "2"]
 
     def pool_endpoints(self) -> list[str]:
         """The pool's pods as a gateway lists them (``--envoy``)."""

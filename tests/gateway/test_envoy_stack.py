@@ -402,30 +402,30 @@ async def test_pii_in_any_field_under_saturation_never_reaches_the_provider(rig:
 async def test_dead_first_endpoint_falls_to_the_next_of_the_list(rig: Rig) -> None:
     """override_host: the EPP names pick,fallback,...; the pick refuses
     connections; Envoy's retry takes the next one. The collector is frozen so
-    that the EPP still believes in the dead pod, which it picks again for the
-    same prompt (idle pods, its prefix cache)."""
+    that the EPP still believes in the dead pod: the pod killed is the one the
+    router's explain (a dry run on the same snapshot) says it would pick."""
     stack = rig.stack
     prompt = chat("Tell me about lighthouses, in one line.")
-    status, h, _ = await post(rig.envoy_url, prompt)
-    first = (await rig.event(h["x-kinference-decision-id"]))["outcome"]["endpoint"]
     collector = stack.proc("telemetry-collector").process
-    pod = stack.proc(f"vllm-{first}")
     assert collector is not None
     collector.send_signal(signal.SIGSTOP)
-    pod.held = True
+    pod = None
     try:
+        await asyncio.sleep(0.3)  # the last scrape published
+        async with aiohttp.ClientSession() as http, \
+                http.post(f"http://127.0.0.1:{stack.port(8081)}/debug/explain", json=prompt) as r:
+            first = (await r.json())["outcome"]["endpoint"]
+        pod = stack.proc(f"vllm-{first}")
+        pod.held = True
         await stack.kill(f"vllm-{first}")
-        picks, served = [], []
-        for _ in range(3):
-            status, h, body = await post(rig.envoy_url, prompt)
-            assert status == 200, body
-            picks.append((await rig.event(h["x-kinference-decision-id"]))["outcome"]["endpoint"])
-            served.append(h[SERVED])
-        assert first in picks, f"the EPP never picked the dead pod: {picks}"
-        assert rig.pods[first] not in served and set(served) <= set(rig.pods.values())
+        status, h, body = await post(rig.envoy_url, prompt)
+        assert status == 200, body
+        assert (await rig.event(h["x-kinference-decision-id"]))["outcome"]["endpoint"] == first  # the dead pod
+        assert h[SERVED] != rig.pods[first] and h[SERVED] in rig.pods.values()  # served by the next one
     finally:
         collector.send_signal(signal.SIGCONT)
-        pod.held = False
+        if pod is not None:
+            pod.held = False
     for _ in range(100):  # the supervisor restarts it
         if pod.process is not None and pod.process.returncode is None:
             break
