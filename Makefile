@@ -51,6 +51,10 @@ test: install  ## install, then run the whole test suite
 run: install  ## start the whole stack locally with simulated GPUs (Ctrl-C stops it)
 	$(BIN)/python -m kinference_simulators.stack
 
+.PHONY: run-envoy
+run-envoy: install  ## the same stack behind a real Envoy and the router's Endpoint Picker (prints Envoy's address)
+	$(BIN)/python -m kinference_simulators.stack --envoy $(RUN_ENVOY_ARGS)
+
 bench: bench-decision bench-collector bench-classifier  ## every benchmark that runs in-process
 
 bench-decision: install  ## decision engine latency table -> bench/results/decision.json
@@ -104,3 +108,7 @@ lint: install  ## lint the example manifests with kinfctl
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .hypothesis build site *.egg-info
+
+.PHONY: bench-epp
+bench-epp: install  ## Envoy + Kinference's Endpoint Picker vs the router, Envoy alone, vllm-router -> bench/results/epp.json, docs/benchmarks.md
+	$(BIN)/python -m bench.epp $(BENCH_EPP_ARGS)

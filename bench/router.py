@@ -240,11 +240,21 @@ class Target:
     def tail(self) -> str:
         return "\n".join(p.tail() for p in self.procs)
 
+    def cpu_pids(self) -> list[int]:
+        """The processes whose CPU time is the target's (bench.epp: Envoy and the EPP)."""
+        return [self.pid] if self.pid else []
+
+    def cpu_seconds(self) -> float | None:
+        got = [harness.cpu_seconds(pid) for pid in self.cpu_pids()]
+        return None if not got or None in got else sum(got)  # type: ignore[arg-type]
+
 
 async def measure_target(name: str, args: argparse.Namespace, load: Load, stub_port: int, log_dir: Path,
-                         rows: list[dict[str, Any]]) -> None:
+                         rows: list[dict[str, Any]], target_cls: type[Target] | None = None) -> None:
+    """Start ``name`` (a :class:`Target`, or ``target_cls``: bench.epp's
+    gateway targets), smoke it, measure every mode and concurrency."""
     cases = [(m, c) for m in MODES for c in args.concurrency]
-    target = Target(name, args, stub_port, log_dir)
+    target = (target_cls or Target)(name, args, stub_port, log_dir)
     try:
         await target.start()
         for stream in (False, True):
@@ -262,9 +272,9 @@ async def measure_target(name: str, args: argparse.Namespace, load: Load, stub_p
         for mode, conc in cases:
             try:
                 await asyncio.to_thread(load.run, target.url, mode, conc, args.warmup)
-                cpu0 = harness.cpu_seconds(target.pid) if target.pid else None
+                cpu0 = target.cpu_seconds()
                 r = await asyncio.to_thread(load.run, target.url, mode, conc, args.duration)
-                cpu1 = harness.cpu_seconds(target.pid) if target.pid else None
+                cpu1 = target.cpu_seconds()
             except Exception as exc:  # noqa: BLE001 - reported in the results, the bench goes on
                 rows.append({"target": name, "mode": mode, "concurrency": conc, "error": f"load failed: {exc}"})
                 print(f"  {name:<24} {mode:<6} c={conc:<3} ERROR {exc}", flush=True)

@@ -26,6 +26,10 @@ For each router under test, in turn:
        never a product dependency) with ``--policy cache_aware`` (its
        default thresholds) or ``--policy round_robin``. The simulators serve
        ``/tokenize``, so ``cache_aware`` really matches prefixes.
+   ``kinference_envoy``
+       the same services, the router also serving its Endpoint Picker, and
+       a real Envoy in front (``make run-envoy``'s bootstrap): the client
+       calls Envoy, the gateway path.
    ``direct_round_robin``
        no router: the client itself sends request *i* to simulator *i mod 4*.
 
@@ -84,7 +88,8 @@ DURATION = 60.0
 SEED = 7
 MODEL = "m"
 OFFSET = 700
-ROUTERS = ["kinference", "vllm_router_cache_aware", "vllm_router_round_robin", "direct_round_robin"]
+ROUTERS = ["kinference", "kinference_envoy", "vllm_router_cache_aware", "vllm_router_round_robin",
+           "direct_round_robin"]
 WORKER_SET = "trial"
 #: the stack's ports before the offset: make run's bases (no two end in the same two digits)
 STACK_PORTS = {"nats": 4222, "compiler": 8090, "classifier": 8083, "collector": 9091, "router": 8080, "admin": 8081}
@@ -254,7 +259,12 @@ class TrialStack(Stack):
         (self.run_dir / "endpoints.yaml").write_text(yaml.safe_dump({"endpoints": endpoints}, sort_keys=False))
 
     def _ports(self) -> list[int]:
-        return [self.port(p) for p in STACK_PORTS.values()]
+        from kinference_simulators.stack import ENVOY_PORTS
+
+        return [self.port(p) for p in (STACK_PORTS | (ENVOY_PORTS if self.envoy else {})).values()]
+
+    def pool_endpoints(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.sim_ports]
 
     def plan(self, speed_profile: str, time_scale: float) -> list[Proc]:  # noqa: ARG002 - no simulators here
         py, port = sys.executable, self.port
@@ -284,8 +294,9 @@ class TrialStack(Stack):
                 py, "-m", "kinference_router", "--pool", f"{NAMESPACE}/{POOL}", "--nats-url", nats_url,
                 *auth.flags("router"), "--host", "127.0.0.1", "--port", str(port(STACK_PORTS["router"])),
                 "--admin-port", str(port(STACK_PORTS["admin"])), "--auth", "none", "--log-format", "json",
-                "--log-level", "warning"],
+                "--log-level", "warning", *self._gateway_flags()],
                 ready_url=f"http://127.0.0.1:{port(STACK_PORTS['router'])}/readyz"),
+            *([self._envoy_proc()] if self.envoy else []),
         ]
 
 
@@ -313,13 +324,17 @@ async def wait_for_endpoints(admin_port: int, pods: int, timeout: float = 60.0) 
                        f"(last explain: {(last or '')[:300]})")
 
 
-async def _kinference(reqs: Sequence[SimRequest], sim_ports: list[int], log_dir: Path, offset: int) -> list[Outcome]:
-    stack = TrialStack(log_dir / "stack", offset, sim_ports=sim_ports)
+async def _kinference(reqs: Sequence[SimRequest], sim_ports: list[int], log_dir: Path, offset: int,
+                      envoy: bool = False) -> list[Outcome]:
+    from kinference_simulators.stack import ENVOY_PORTS
+
+    stack = TrialStack(log_dir / ("stack-envoy" if envoy else "stack"), offset, sim_ports=sim_ports, envoy=envoy)
     stack.prepare()
     await stack.start(PROFILE, 1.0, timeout=90)
     try:
         await wait_for_endpoints(stack.port(STACK_PORTS["admin"]), len(sim_ports))
-        return await replay([f"http://127.0.0.1:{stack.port(STACK_PORTS['router'])}/v1/completions"], reqs)
+        front = stack.port(ENVOY_PORTS["envoy"] if envoy else STACK_PORTS["router"])
+        return await replay([f"http://127.0.0.1:{front}/v1/completions"], reqs)
     finally:
         await stack.stop()
 
@@ -330,8 +345,8 @@ def run_router(router: str, reqs: Sequence[SimRequest], log_dir: Path, offset: i
     sims, ports = start_simulators(log_dir, router)
     front: harness.Process | None = None
     try:
-        if router == "kinference":
-            outcomes = asyncio.run(_kinference(reqs, ports, log_dir, offset))
+        if router in ("kinference", "kinference_envoy"):
+            outcomes = asyncio.run(_kinference(reqs, ports, log_dir, offset, envoy=router == "kinference_envoy"))
         elif router.startswith("vllm_router_"):
             policy = router.removeprefix("vllm_router_")
             rport = harness.free_port()

@@ -89,6 +89,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-replica-sync", dest="replica_sync", action="store_false",
                    help="do not share in-flight sends and prefix picks with the other router replicas over NATS "
                         "(kinference.router.<ns>.<pool>.sync; on by default)")
+    p.add_argument("--epp-port", type=int, metavar="N",
+                   help="also serve the Endpoint Picker (Envoy ext_proc gRPC, plaintext HTTP/2) on N for a "
+                        "gateway of the Gateway API Inference Extension (default: off; needs --pool)")
+    p.add_argument("--epp-host", default="127.0.0.1", help="Endpoint Picker address (default 127.0.0.1)")
+    p.add_argument("--epp-conformance-hooks", action="store_true",
+                   help="honour the Inference Extension conformance suite's test headers (off by default)")
+    p.add_argument("--epp-fallbacks", type=int, default=0, metavar="N",
+                   help="endpoints named after the pick in x-gateway-destination-endpoint, which a gateway's "
+                        "retries walk (default 0: the pick alone, what an ORIGINAL_DST cluster accepts; a list "
+                        "needs the gateway's override_host load balancing)")
+    p.add_argument("--egress-port", type=int, metavar="N",
+                   help="serve the provider egress on N (HTTP): carries out the Endpoint Picker's Provider "
+                        "decisions, only with their token (default: off; needs --pool)")
+    p.add_argument("--egress-host", default=None,
+                   help="egress listener address (default: --epp-host's)")
+    p.add_argument("--egress-address", metavar="IP:PORT",
+                   help="what the Endpoint Picker names as destination of a Provider decision (default "
+                        "$POD_IP:<egress-port>, else 127.0.0.1:<egress-port>)")
+    p.add_argument("--egress-key-file", type=Path,
+                   help="the egress tokens' key, the same file on every replica (default: derived from the "
+                        "router's NATS password)")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
     natsauth.add_arguments(p, default_user=natsauth.ROUTER)
     p.add_argument("--no-classify-batching", dest="classify_batching", action="store_false",
@@ -160,6 +181,10 @@ async def run(args: argparse.Namespace) -> int:
         limits(args)
     except ValueError as exc:
         print(f"kinference-router: {exc}", file=sys.stderr)
+        return 1
+    if (args.epp_port is not None or args.egress_port is not None) and not pool:
+        print("kinference-router: --epp-port and --egress-port need --pool NS/NAME (an Endpoint Picker "
+              "serves exactly one pool)", file=sys.stderr)
         return 1
     mode = args.auth or ("apiKey" if kube else "none")
     secrets: Any = SecretFiles(args.secrets_dir)
@@ -259,6 +284,17 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
         await router.stop()
         await nc.close()
         return 1
+    try:
+        async for server, what in gateway_servers(args, router, nats_options.get("password")):
+            servers.append(server)
+            print(f"kinference-router: {what}", file=sys.stderr, flush=True)
+    except (OSError, ValueError) as exc:
+        print(f"kinference-router: cannot serve the Endpoint Picker or egress: {exc}", file=sys.stderr)
+        for server in servers:
+            await server.close()
+        await router.stop()
+        await nc.close()
+        return 1
     print(f"kinference-router: serving {namespace + '/' + pool if pool else 'every pool, by route'} on http://{args.host}:{args.port} "
           f"(admin http://{args.admin_host}:{args.admin_port})", file=sys.stderr, flush=True)
     await stop.wait()
@@ -267,6 +303,45 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
     await router.stop()
     await bus.close(nc)  # bounded: NATS may be gone too (Ctrl-C on make run)
     return 0
+
+
+class _Started:
+    """A started server (HttpServer or the EPP's gRPC server) behind HttpServer's ``close(grace)``."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    async def close(self, grace: float = 5.0) -> None:
+        await self.server.close(grace)
+
+
+async def gateway_servers(args: argparse.Namespace, router: Any, nats_password: str | None) -> Any:
+    """Start the Endpoint Picker and the egress the flags ask for, yielding
+    (server, what it serves) as each listens."""
+    import os
+
+    from kinference_router import egress
+    from kinference_router.epp import EppServer, EppSettings
+
+    if args.epp_port is None and args.egress_port is None:
+        return
+    key = egress.key_from_file(args.egress_key_file) if args.egress_key_file else egress.derive_key(nats_password)
+    tokens = egress.EgressTokens(key)
+    address = None
+    if args.egress_port is not None:
+        address = args.egress_address or f"{os.environ.get('POD_IP') or '127.0.0.1'}:{args.egress_port}"
+        host = args.egress_host or args.epp_host
+        server = egress.Egress(router, tokens, address).server()
+        await server.start(host, args.egress_port)
+        yield server, f"provider egress on http://{host}:{args.egress_port} (named {address})"
+    elif args.egress_address:
+        address = args.egress_address  # another replica's egress (same key)
+    if args.epp_port is not None:
+        settings = EppSettings(conformance_hooks=args.epp_conformance_hooks, fallbacks=args.epp_fallbacks,
+                               egress_address=address, egress=tokens if address else None)
+        epp = EppServer(router, settings)
+        await epp.start(args.epp_host, args.epp_port)
+        yield _Started(epp), f"Endpoint Picker (ext_proc gRPC) on {args.epp_host}:{epp.port}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,18 +32,15 @@ import nats
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kinference_common import subjects
-from kinference_common.compiled import CompiledFlowControl
 from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
-from kinference_common.engine.request import apply_rewrite
-from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
-from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
-from kinference_common.messages import Observation, encode
+from kinference_common.engine.trace import build_trace, encode_trace
 from kinference_router import models_api, provider_request, replica_sync, retry, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.classification import Classification, RequestTags
+from kinference_router.director import (FAIRNESS_HEADER, OBJECTIVE_HEADERS, ApiError, Director, Routing,
+                                        engine_request, flow_control_rejection, new_decision_id)
 from kinference_router.events import EventPublisher
-from kinference_router.flow import FlowQueue, QueueTimeout, Shed
+from kinference_router.flow import FlowQueue
 from kinference_router.metrics import RouterMetrics
 from kinference_router.http_server import HttpLimits, HttpServer, Request as HttpRequest, Response
 from kinference_router.state import SnapshotKeeper
@@ -54,9 +51,8 @@ from kinference_router.upstream_http import (ConnectFailed, SentNotAnswered, Ups
 
 log = structlog.get_logger("router")
 
-OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
-#: names a flow for flow control's fairness (RESOURCES.md); absent = the tenant
-FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+__all__ = ["FAIRNESS_HEADER", "OBJECTIVE_HEADERS", "ApiError", "Router", "RouterSettings", "engine_request",
+           "error_response", "flow_control_rejection", "new_decision_id", "server_error"]
 #: hop-by-hop and client-specific headers never forwarded upstream
 _DROP_HEADERS = frozenset({
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
@@ -91,57 +87,6 @@ class RouterSettings:
     def __post_init__(self) -> None:
         if self.replica_sync and self.prefix_key is None:  # replicas' hashes must agree
             self.prefix_key = replica_sync.hash_key(None)
-
-
-def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
-                   rng: random.Random, prefix_key: bytes | None = None) -> Request:
-    """The engine's view of one request (pure): the model after any
-    InferenceModelRewrite, the objective's priority (0 when the pool has no
-    such objective), the prompt-token estimate, the prompt's block hashes and
-    the headers, whose names are lower-cased already (as the router's HTTP
-    server gives them, and explain passes them)."""
-    rewritten = apply_rewrite(snap.pool, body.model, rng) or body.model
-    objective = next((headers[h] for h in OBJECTIVE_HEADERS if h in headers), None)
-    priority = snap.pool.objectives.get(objective, 0) if objective is not None else 0
-    return Request(
-        model=rewritten,
-        requested_model=body.model,
-        tenant=tenant,
-        objective=objective,
-        priority=priority,
-        prompt_tokens=estimate_prompt_tokens(body.texts),
-        max_tokens=body.max_tokens,
-        headers=dict(headers),
-        block_hashes=block_hashes("\n".join(body.texts), key=prefix_key),
-    )
-
-
-class ApiError(Exception):
-    """An answer in OpenAI's error envelope; ``rule`` labels it in ``kinference_requests_total``."""
-
-    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None,
-                 rule: str = "") -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
-        self.rule = rule
-        #: the decision its event should show (set by flow control's 429 and 503)
-        self.decision: Decision | None = None
-
-
-def flow_control_rejection(d: Decision, err: ApiError) -> Decision:
-    """The decision event of a request flow control gave up on (shed, or
-    ``maxQueueWait``): its last decision with the outcome it really had. That
-    decision may have routed (a newcomer queued behind earlier waiters, the
-    capacity went to them); the event then still shows which rules and tiers
-    applied, but names no backend the request never reached."""
-    out = copy.copy(d)
-    out.routed, out.candidate, out.code, out.reason = False, None, err.code, err.message
-    return out
-
-
-def new_decision_id() -> str:
-    """128 random bits, as 32 hex digits."""
-    return os.urandom(16).hex()
 
 
 def error_response(err: ApiError, decision_id: str) -> Response:
@@ -194,8 +139,6 @@ class Router:
         self.events = EventPublisher(self.nc, self.metrics.dropped_events)
         #: the pool's metrics label, formatted once
         self.pool_label = f"{self.settings.namespace}/{self.settings.pool}"
-        self._decisions_subject = subjects.decisions_subject(self.settings.namespace, self.settings.pool)
-        self._observations_subject = subjects.observations_subject(self.settings.namespace, self.settings.pool)
         self.upstream: UpstreamClient | None = None
         self.flow = FlowQueue(on_depth=self._queue_depth)
         self.keeper.on_rebuild = self.flow.capacity_changed
@@ -203,6 +146,11 @@ class Router:
         # one per process (routers of several pools share metrics, hence this)
         self.classification = Classification.shared(self.metrics, self.nc)
         self.classification.watch(self.keeper)  # loads in-process classifiers when a policy asks for them
+        #: the decision path and the accounting of sends, shared with the Endpoint Picker (epp.py)
+        self.director = Director(
+            settings=self.settings, auth=lambda: self.auth, keeper=self.keeper, ledger=self.ledger,
+            prefix=self.prefix, metrics=self.metrics, flow=self.flow, classification=self.classification,
+            events=self.events, limiter=self.limiter, calibration=self.calibration, rng=self.rng)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -254,7 +202,7 @@ class Router:
 
     async def readyz(self, _: HttpRequest) -> Response:
         # and, when the policy runs a classifier in process, once it is loaded
-        ready = self.keeper.snapshot is not None and self.classification.ready(self.keeper.snapshot)
+        ready = self.ready()
         return Response(200 if ready else 503, b"ready\n" if ready else b"no configuration yet\n",
                         content_type="text/plain; charset=utf-8")
 
@@ -281,52 +229,30 @@ class Router:
 
     # ------------------------------------------------------------ the path
 
-    def _read(self, request: HttpRequest, chat: bool) -> ParsedBody:
-        if request.body_too_large:
-            raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes")
-        try:
-            parsed = parse(request.body, chat=chat)
-            validate.check_body(parsed)
-            return parsed
-        except BadRequest as exc:
-            raise ApiError(400, "bad_request", str(exc)) from None
-
     def _engine_request(self, headers: Mapping[str, str], body: ParsedBody, tenant: str) -> Request:
-        snap = self.keeper.snapshot
-        assert snap is not None
-        req = engine_request(snap, headers, body, tenant, self.rng, self.settings.prefix_key)
-        if req.objective is not None and req.objective not in snap.pool.objectives:
-            self.metrics.unknown_objectives.inc()
-        return req
+        return self.director.engine_request(headers, body, tenant)
+
+    def ready(self) -> bool:
+        """A snapshot, and, when the policy runs a classifier in process, once it is loaded."""
+        return self.keeper.snapshot is not None and self.classification.ready(self.keeper.snapshot)
 
     async def _handle(self, request: HttpRequest, chat: bool) -> Response | None:
         decision_id = new_decision_id()
         bound = structlog.contextvars.bind_contextvars(decision_id=decision_id)
         try:
-            tenant = self.auth.tenant(request.headers)
-            if tenant is None:
-                raise ApiError(401, "unauthorized", "missing or unknown API key")
-            body = self._read(request, chat)
-            if self.keeper.snapshot is None:
-                raise ApiError(503, "no_capacity", "the router has no configuration yet", retry_after=1)
-            req = self._engine_request(request.headers, body, tenant)
-            # classified lazily: only when a classifier's answer can change the decision
-            tags = self.classification.start(req, body, decision_id)
-            return await self._route(request, chat, body, tags, decision_id)
+            tags = self.director.admit(request.headers, request.body, request.body_too_large, chat, decision_id)
+            return await self._route(request, chat, tags.body, tags, decision_id)
         except ApiError as err:  # counted once, here
-            self.metrics.child(self.metrics.requests, self.pool_label, err.rule, err.code, "").inc()
+            self.director.count(err.rule, err.code, "")
             return error_response(err, decision_id)
         except (asyncio.CancelledError, ConnectionResetError):  # the client went away before its answer ended
-            self.metrics.child(self.metrics.requests, self.pool_label, "", "abandoned", "").inc()
+            self.director.count("", "abandoned", "")
             raise
         finally:
             structlog.contextvars.reset_contextvars(**bound)
 
     def _decide(self, req: Request, snap: Snapshot, avoid: set[str]) -> Decision:
-        started = time.perf_counter()
-        d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=self.rng, avoid=avoid)
-        self.metrics.decision.observe(time.perf_counter() - started)
-        return d
+        return self.director.decide(req, snap, avoid)
 
     def _calibration(self) -> float:
         c = self.calibration.value
@@ -336,100 +262,39 @@ class Router:
     def _queue_depth(self, priority: int, n: int) -> None:
         self.metrics.child(self.metrics.queue_depth, self.pool_label, str(priority)).set(n)
 
-    async def _wait_for_capacity(self, req: Request, settings: CompiledFlowControl, avoid: set[str],
-                                 deadline: float, first: Decision, tags: RequestTags | None = None) -> Decision:
-        """Flow control (:mod:`kinference_router.flow`): wait in the pool's
-        queue until a decision on a newer state routes (or rejects for
-        another reason); 429 when shed, 503 at ``maxQueueWait``. ``first`` is
-        the decision that sent the request here (a routed one: it queues
-        behind earlier waiters). A 429 or 503 of its own carries, in
-        ``decision``, what the decision event should say."""
-        last = first
-
-        def attempt() -> Decision:
-            nonlocal last
-            snap = self.keeper.snapshot
-            if snap is None:
-                raise ApiError(503, "no_capacity", "the router lost its configuration", retry_after=1)
-            # a newer policy may require a classifier not asked: its failure tag
-            last = self._decide(tags.fail_closed(snap) if tags is not None else req, snap, avoid)
-            return last
-
-        flow = req.headers.get(FAIRNESS_HEADER) or req.tenant
-        try:
-            return await self.flow.wait(req.priority, flow, settings, attempt, deadline,
-                                        capacity_seen=first.routed, model=first.canonical_model)
-        except (Shed, QueueTimeout) as exc:
-            if isinstance(exc, Shed):
-                err = ApiError(429, "rate_limited", "shed by flow control: the pool's queue is full", retry_after=1)
-            else:
-                err = ApiError(503, "no_capacity", f"no capacity came back within the pool's maxQueueWait "
-                               f"({settings.max_queue_wait_seconds:g}s)", retry_after=1)
-            err.decision = last if not last.routed and last.code == err.code else flow_control_rejection(last, err)
-            raise err from None
-
-    def _publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace]) -> None:
-        try:
-            data = encode_trace(build_trace(d, decision_id=decision_id, classifiers=traces, scores=False))
-        except Exception as exc:  # a trace must never fail a request
-            log.warning("decision event not built", error=str(exc))
-            return
-        self.events.publish(self._decisions_subject, data)
-
     async def _route(self, request: HttpRequest, chat: bool, body: ParsedBody, tags: RequestTags,
                      decision_id: str) -> Response | None:
-        tried: set[str] = set()
-        #: when flow control gives up on this request (set when it first queues)
-        queue_deadline: float | None = None
+        routing = self.director.routing(tags, decision_id, decide_fn=self._decide)
         for attempt in range(self.settings.max_attempts):
-            snap = self.keeper.snapshot
-            if snap is None:
+            d = await routing.next()
+            if d is None:
                 break
-            # after a refused connection, decide again without what failed
-            d = await tags.decide(snap, tried, self._decide, ledger=self.ledger, prefix=self.prefix, rng=self.rng,
-                                  observe=self.metrics.decision.observe, latest=lambda: self.keeper.snapshot)
-            req, traces, snap = tags.req, tags.traces, d.snapshot
-            flow_control = snap.pool.flow_control
-            if flow_control is not None and (
-                    (not d.routed and d.code == "no_capacity")
-                    # no cutting in line: earlier waiters get the capacity first (flow.py)
-                    or (d.routed and not tried and self.flow.waiting_at_or_above(req.priority, d.canonical_model))):
-                if queue_deadline is None:
-                    queue_deadline = asyncio.get_running_loop().time() + flow_control.max_queue_wait_seconds
-                # it is decided again while waiting, without awaiting: every tag first
-                req, traces = await tags.complete(snap), tags.traces
-                if d.request is not req:  # decided without some tags: again with them, for the event
-                    again = self._decide(req, snap, tried)
-                    d = again if (again.routed, again.code) == (d.routed, d.code) else d
-                try:
-                    d = await self._wait_for_capacity(req, flow_control, tried, queue_deadline, d, tags)
-                except ApiError as err:
-                    d = err.decision or d
-                    self._publish_decision(d, decision_id, traces)
-                    err.rule = d.rule or ""
-                    raise
-                snap = d.snapshot  # the state it was decided on
-            d = validate.interpret(d)  # every candidate's context window too small: a 400
-            # built and published in a later turn of the event loop: while the
-            # upstream works on the request, not before it is sent
-            asyncio.get_running_loop().call_soon(self._publish_decision, d, decision_id, traces)
-            rule = d.rule or ""
-            if not d.routed:
-                code = d.code or "policy_rejected"
-                status = {"model_not_found": 404, "no_capacity": 503, "context_length_exceeded": 400}.get(code, 403)
-                raise ApiError(status, code, d.reason or code, retry_after=1 if code == "no_capacity" else None,
-                               rule=rule)
             cand = d.candidate
-            tried.add(cand.ledger_key)
+            routing.tried.add(cand.ledger_key)
             try:
-                result = await self._send(request, chat, body, req, d, snap, decision_id)
+                result = await self._send(request, chat, body, tags.req, d, d.snapshot, decision_id)
             except ApiError as err:
                 if err.decision is not None:
-                    self._publish_decision(err.decision, decision_id, traces)
+                    self.director.publish_decision(err.decision, decision_id, tags.traces)
                 raise
             if result is not _NOT_SENT:
                 return result  # type: ignore[return-value]
         raise ApiError(502, "upstream_error", "every candidate tried refused the connection")
+
+    def provider_target(self, dest: Any, headers: Mapping[str, str], stream: bool, decision_id: str,
+                        chat: bool) -> tuple[str, list[tuple[str, str]]]:
+        """A Provider pick's URL and headers, its API key included (ApiError
+        502 naming what is missing when the key cannot be read)."""
+        provider = dest.provider
+        assert provider is not None
+        out = provider_request.headers(headers, stream=stream, request_id=decision_id,
+                                       allow=self.settings.provider_headers)
+        try:
+            out.append(("Authorization", f"Bearer {self.secrets.read(dest.namespace, provider.secret_ref)}"))
+        except Exception as exc:  # SecretError says what is missing; others never show the file's contents
+            why = str(exc) if isinstance(exc, SecretError) else f"its API key could not be read ({type(exc).__name__})"
+            raise ApiError(502, "upstream_error", f"provider {dest.name}: {why}") from None
+        return provider.url.rstrip("/") + ("/chat/completions" if chat else "/completions"), out
 
     async def _send(self, request: HttpRequest, chat: bool, body: ParsedBody, req: Request, d: Decision,
                     snap: Snapshot, decision_id: str) -> Response | None | object:
@@ -439,52 +304,27 @@ class Router:
         assert self.upstream is not None
         cand = d.candidate
         dest = next(x for x in snap.pool.destinations if x.name == cand.dest_name and x.type == cand.type)
-        headers = [(k, v) for k, v in request.raw_headers if k.lower() not in _DROP_HEADERS]
-        headers.append(("Content-Type", "application/json"))
-        path = "/chat/completions" if chat else "/completions"
         connect_timeout, first_byte = self.settings.connect_timeout, self.settings.first_byte_timeout
+        send = self.director.begin(d, snap, decision_id, provider=dest.provider)  # 429 at a provider's limit
         if cand.is_local:
-            state = cand.state
-            url = f"http://{state.address}/v1{path}"  # type: ignore[union-attr]
+            headers = [(k, v) for k, v in request.raw_headers if k.lower() not in _DROP_HEADERS]
+            headers.append(("Content-Type", "application/json"))
+            url = f"http://{cand.state.address}/v1{'/chat/completions' if chat else '/completions'}"  # type: ignore[union-attr]
+            data = body.encode(cand.served_name)
         else:
-            provider = dest.provider
-            assert provider is not None
-            headers = provider_request.headers(request.headers, stream=body.stream, request_id=decision_id,
-                                               allow=self.settings.provider_headers)
-            if not self.limiter.acquire(cand.ledger_key, provider):
-                raise ApiError(429, "rate_limited", f"provider {dest.name} is at its configured limit",
-                               retry_after=1)
             try:
-                headers.append(("Authorization",
-                                f"Bearer {self.secrets.read(dest.namespace, provider.secret_ref)}"))
-            except Exception as exc:  # SecretError says what is missing; others never show the file's contents
-                self.limiter.release(cand.ledger_key)
-                why = str(exc) if isinstance(exc, SecretError) else \
-                    f"its API key could not be read ({type(exc).__name__})"
-                raise ApiError(502, "upstream_error", f"provider {dest.name}: {why}") from None
-            url = provider.url.rstrip("/") + path
-            connect_timeout = provider.connect_timeout_seconds or connect_timeout
-            first_byte = provider.first_token_timeout_seconds or first_byte
-        data = body.encode(cand.served_name) if cand.is_local else provider_request.body(body.raw, cand.served_name)
+                url, headers = self.provider_target(dest, request.headers, body.stream, decision_id, chat)
+            except ApiError:
+                send.finish("not_sent")
+                raise
+            connect_timeout = dest.provider.connect_timeout_seconds or connect_timeout
+            first_byte = dest.provider.first_token_timeout_seconds or first_byte
+            data = provider_request.body(body.raw, cand.served_name)
         route_headers = [("x-kinference-decision-id", decision_id), ("x-kinference-rule", d.rule or "unmatched"),
                          ("x-kinference-backend", cand.backend)]
-        # PredictedTTFT of the pick without calibration, before this send joins the
-        # ledger: what the observed TTFT is compared with to learn the calibration
-        predicted = None
-        if cand.is_local:
-            p = d.context.predicted_ttft(cand)
-            predicted = p / snap.ttft_model.calibration if p else None
-        # the prefill work this adds: the prompt minus what the endpoint likely has cached
-        send = self.ledger.sent(cand.ledger_key, d.prefill_tokens, time.time())
-        if req.block_hashes and cand.is_local:
-            self.prefix.record(cand.ledger_key, req.block_hashes, cand.cache_blocks)
         backend_type = cand.type
-        inflight = self.metrics.inflight
-        inflight[cand.backend] = inflight.get(cand.backend, 0) + 1
-        obs = Observation(decision_id=decision_id, namespace=self.settings.namespace, pool=self.settings.pool,
-                          backend_type=backend_type, backend_name=cand.dest_name, endpoint=cand.endpoint,
-                          model=cand.served_name, at=time.time())
-        started = time.perf_counter()
+        obs = send.obs
+        send.started = time.perf_counter()
         outcome = "error"
         try:
             try:
@@ -536,8 +376,7 @@ class Router:
                         async for chunk in upstream.chunks():
                             if first:
                                 first = False
-                                self._first_token(send, obs, started, cand.backend, predicted)
-                                self.metrics.first_token(self.pool_label, cand.dest_name, cand.endpoint, obs.ttft_seconds)
+                                send.first_token(streamed=True)
                             await request.write(chunk)
                             tail = (tail + chunk)[-4096:]
                     except UpstreamError as exc:
@@ -546,13 +385,12 @@ class Router:
                         # so that a cut completion does not look finished
                         outcome = "timeout" if isinstance(exc, UpstreamTimeout) else "error"
                         obs.timeout_seconds = first_byte if outcome == "timeout" else None
-                        self.metrics.child(self.metrics.requests, self.pool_label, d.rule or "unmatched",
-                                                  "upstream_error", backend_type).inc()
+                        self.director.count(d.rule or "unmatched", "upstream_error", backend_type)
                         log.info("upstream stream cut", backend=cand.backend, error=str(exc))
                         request.abort()
                         return None
                     request.end_stream()
-                    self._usage_from_stream(tail, obs)
+                    Director.usage_from_stream(tail, obs)
                     resp = None
                 else:
                     try:
@@ -564,11 +402,11 @@ class Router:
                     except UpstreamError as exc:
                         raise ApiError(502, "upstream_error", f"{cand.backend}: {exc}") from None
                     # a whole answer's first byte comes after its last token: not a TTFT to learn from
-                    self._first_token(send, obs, started, cand.backend, None)
-                    self._usage(payload, obs)
+                    send.first_token(streamed=False)
+                    Director.usage(payload, obs)
                     resp = Response(upstream.status, payload, route_headers, content_type=ctype)
                 outcome = "ok" if upstream.status < 400 else "error"
-                self.metrics.child(self.metrics.requests, self.pool_label, d.rule or "unmatched", "routed", backend_type).inc()
+                self.director.count(d.rule or "unmatched", "routed", backend_type)
                 return resp
         except asyncio.CancelledError:
             outcome = "cancelled"  # the client went away: leaving `async with` closes the upstream
@@ -577,49 +415,7 @@ class Router:
             outcome = "cancelled"
             raise
         finally:
-            self.ledger.finished(send, time.time())
-            self.flow.slot_freed()
-            inflight[cand.backend] -= 1
-            if not cand.is_local:
-                self.limiter.release(cand.ledger_key)
-            if outcome != "not_sent":  # nothing reached the upstream: nothing to observe
-                obs.outcome = outcome  # type: ignore[assignment]
-                self.metrics.sent(self.pool_label, cand.backend, cand.dest_name, cand.endpoint, cand.is_local,
-                                  outcome, obs.prompt_tokens, obs.completion_tokens)
-                # encoded and published after the response is on its way
-                asyncio.get_running_loop().call_soon(self._publish_observation, obs)
-
-    def _publish_observation(self, obs: Observation) -> None:
-        self.events.publish(self._observations_subject, encode(obs))
-
-    def _first_token(self, send: Any, obs: Observation, started: float, backend: str,
-                     predicted: float | None) -> None:
-        ttft = time.perf_counter() - started
-        self.ledger.first_token(send, time.time())
-        obs.ttft_seconds = ttft
-        self.metrics.child(self.metrics.ttft, backend).observe(ttft)
-        if predicted is not None:
-            self.calibration.observe(ttft, predicted)
-
-    @staticmethod
-    def _usage(payload: bytes, obs: Observation) -> None:
-        try:
-            usage = _usage_decoder.decode(payload).usage
-        except msgspec.DecodeError:  # not JSON, or not shaped like a completion
-            return
-        if usage is not None:
-            obs.prompt_tokens = usage.prompt_tokens
-            obs.completion_tokens = usage.completion_tokens
-
-    @classmethod
-    def _usage_from_stream(cls, tail: bytes, obs: Observation) -> None:
-        idx = tail.rfind(b'"usage"')
-        if idx < 0:
-            return
-        start = tail.rfind(b"data: ", 0, idx)
-        end = tail.find(b"\n", idx)
-        if start >= 0:
-            cls._usage(tail[start + 6:end if end > 0 else None], obs)
+            send.finish(outcome)
 
     # ---------------------------------------------------------------- admin
 
@@ -657,17 +453,3 @@ def _explain_error(status: int, message: str) -> Response:
 
 #: what _send returns when nothing reached the upstream (the caller tries the next candidate)
 _NOT_SENT = object()
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
-class _WithUsage(msgspec.Struct):
-    """What the router reads of a completion: its ``usage`` (the rest is skipped)."""
-
-    usage: _Usage | None = None
-
-
-_usage_decoder = msgspec.json.Decoder(_WithUsage)

@@ -47,6 +47,9 @@ class RouterMetrics:
                                  ["pool"], registry=r)
         self.dropped_events = Counter("kinference_events_dropped_total",
                                       "Decision events and observations not published", registry=r)
+        self.egress_refused = Counter("kinference_egress_refused_total",
+                                      "Requests the provider egress refused (403 egress_forbidden), by reason",
+                                      ["reason"], registry=r)
         self.unknown_objectives = Counter("kinference_unknown_objectives_total",
                                           "Requests naming an InferenceObjective the pool does not have",
                                           registry=r)

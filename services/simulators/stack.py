@@ -15,7 +15,14 @@ dcgm sim              GPUs of the three pods                        9410
 provider sim          stands in for Databricks (API key checked)    8300
 telemetry-collector   scrapes the sims, publishes state             9091
 router                the OpenAI-compatible endpoint                8080 (admin 8081)
+envoy (``--envoy``)   Envoy in front of the router's Endpoint       8088 (admin 9907)
+                      Picker (EPP 9012, egress 8082)
 ====================  ============================================  ===========
+
+``--envoy`` (``make run-envoy``) also runs the router's Endpoint Picker and
+provider egress and a real Envoy (``deploy/envoy/envoy-fallback.yaml``, rendered by
+:mod:`kinference_simulators.envoy`) in front of it: requests to the Envoy
+port take the gateway path, the router's own port still works.
 
 ``--port-offset N`` shifts every port (to run two stacks, or in tests). No
 two of these ports end in the same two digits, so stacks whose offsets are
@@ -71,6 +78,9 @@ PORTS = {
     "nats": 4222, "compiler": 8090, "classifier": 8083, **{pod: port for _ws, pod, port in PODS},
     "dcgm": 9410, "provider": 8300, "collector": 9091, "router": 8080, "admin": 8081,
 }
+#: the gateway path's ports (``--envoy``), same rule
+ENVOY_PORTS = {"envoy": 8088, "envoy-admin": 9907, "epp": 9012, "egress": 8082}
+POOL = "default/inference-all"
 
 
 class StackError(RuntimeError):
@@ -100,6 +110,12 @@ class Stack:
     procs: list[Proc] = field(default_factory=list)
     #: extra arguments for every vLLM simulator (the chaos suite makes the pods small)
     vllm_args: list[str] = field(default_factory=list)
+    #: Envoy in front of the router's Endpoint Picker (make run-envoy)
+    envoy: bool = False
+    #: the pool's failureMode as Envoy's failure_mode_allow (--envoy)
+    fail_open: bool = False
+    #: extra router flags (tests: --epp-conformance-hooks)
+    router_args: list[str] = field(default_factory=list)
 
     def port(self, base: int) -> int:
         return base + self.offset
@@ -158,9 +174,39 @@ class Stack:
             py, "-m", "kinference_router", "--pool", "default/inference-all", "--nats-url", nats_url,
             *auth.flags("router"),
             "--port", str(self.port(8080)), "--admin-port", str(self.port(8081)), "--auth", "none",
-            "--secrets-dir", str(secrets), "--log-format", "json",
+            "--secrets-dir", str(secrets), "--log-format", "json", *self._gateway_flags(), *self.router_args,
         ], ready_url=f"http://127.0.0.1:{self.port(8080)}/readyz"))
+        if self.envoy:
+            procs.append(self._envoy_proc())
         return procs
+
+    def _gateway_flags(self) -> list[str]:
+        if not self.envoy:
+            return []
+        # Envoy's override_host bootstrap walks a list: the pick and two fallbacks
+        return ["--epp-port", str(self.port(ENVOY_PORTS["epp"])), "--egress-port", str(self.port(ENVOY_PORTS["egress"])),
+                "--epp-fallbacks", "2"]
+
+    def pool_endpoints(self) -> list[str]:
+        """The pool's pods as a gateway lists them (``--envoy``)."""
+        return [f"127.0.0.1:{self.port(port)}" for _ws, _pod, port in PODS]
+
+    def envoy_config(self):  # type: ignore[no-untyped-def]
+        from kinference_simulators import envoy
+
+        return envoy.EnvoyConfig(
+            port=self.port(ENVOY_PORTS["envoy"]), admin_port=self.port(ENVOY_PORTS["envoy-admin"]),
+            fallback=True,  # the Endpoint Picker names fallback lists: override_host walks them
+            pools=[envoy.Pool(epp=f"127.0.0.1:{self.port(ENVOY_PORTS['epp'])}",
+                              endpoints=self.pool_endpoints(),
+                              egress=f"127.0.0.1:{self.port(ENVOY_PORTS['egress'])}", fail_open=self.fail_open)])
+
+    def _envoy_proc(self) -> Proc:
+        from kinference_simulators import envoy
+
+        cfg = self.envoy_config()
+        path = envoy.write(cfg, self.run_dir)
+        return Proc("envoy", envoy.argv(path, cfg), ready_url=f"http://127.0.0.1:{cfg.admin_port}/ready")
 
     def prepare(self) -> None:
         """Fresh run directory: manifests (the examples, with ports shifted),
@@ -203,7 +249,7 @@ class Stack:
             print(f"  started {proc.name:<22} pid {proc.process.pid}", flush=True)
 
     def _ports(self) -> list[int]:
-        return [self.port(p) for p in PORTS.values()]
+        return [self.port(p) for p in (PORTS | (ENVOY_PORTS if self.envoy else {})).values()]
 
     # ---------------------------------------------------------- supervision
 
@@ -330,10 +376,17 @@ def smoke_request(port: int) -> dict[str, object]:
 
 def banner(stack: Stack) -> str:
     port, admin, nats_port = stack.port(8080), stack.port(8081), stack.port(4222)
+    gateway = ""
+    if stack.envoy:
+        gateway = (f"  Envoy (gateway path)  http://127.0.0.1:{stack.port(ENVOY_PORTS['envoy'])}/v1        through the "
+                   f"Endpoint Picker on 127.0.0.1:{stack.port(ENVOY_PORTS['epp'])} "
+                   f"(Fail{'Open' if stack.fail_open else 'Close'}), egress :{stack.port(ENVOY_PORTS['egress'])}\n"
+                   f"  Envoy admin           http://127.0.0.1:{stack.port(ENVOY_PORTS['envoy-admin'])}/stats\n")
+        port = stack.port(ENVOY_PORTS["envoy"])
     return f"""
 Kinference is running.
 
-  Router (OpenAI API)   http://127.0.0.1:{port}/v1        pool default/inference-all, auth off (tenant anonymous)
+{gateway}  Router (OpenAI API)   http://127.0.0.1:{stack.port(8080)}/v1        pool default/inference-all, auth off (tenant anonymous)
   Admin (explain)       http://127.0.0.1:{admin}/debug/explain
   Statuses              {stack.run_dir / 'status'}
   Logs                  {stack.run_dir / 'logs'}/
@@ -352,7 +405,7 @@ Press Ctrl-C to stop everything.
 
 
 async def amain(args: argparse.Namespace) -> int:
-    stack = Stack(Path(args.run_dir).resolve(), args.port_offset)
+    stack = Stack(Path(args.run_dir).resolve(), args.port_offset, envoy=args.envoy, fail_open=args.fail_open)
     stack.prepare()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -370,7 +423,7 @@ async def amain(args: argparse.Namespace) -> int:
         stopping.cancel()
         starting.result()
         if args.smoke:
-            result = await asyncio.to_thread(smoke_request, stack.port(8080))
+            result = await asyncio.to_thread(smoke_request, stack.port(ENVOY_PORTS["envoy"] if args.envoy else 8080))
             print(json.dumps(result, indent=2), flush=True)
             return 0 if result["status"] == 200 else 1
         print(banner(stack), flush=True)
@@ -396,6 +449,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speed-profile", default="h100", help="GPU speed profile of the engine simulators")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per real second")
     p.add_argument("--smoke", action="store_true", help="start, send one request, stop")
+    p.add_argument("--envoy", action="store_true",
+                   help="also the router's Endpoint Picker and egress, behind a real Envoy (make run-envoy)")
+    p.add_argument("--fail-open", action="store_true",
+                   help="with --envoy: Envoy serves from any pod while the Endpoint Picker is down (FailOpen)")
     args = p.parse_args(argv)
     if args.run_dir is None:
         args.run_dir = str(REPO / (f".run-{args.port_offset}" if args.port_offset else ".run"))

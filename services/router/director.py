@@ -1,0 +1,427 @@
+"""The decision path and the accounting of a send, apart from any transport.
+
+The router's two front doors, the HTTP data port (:mod:`kinference_router.app`)
+and the Endpoint Picker (:mod:`kinference_router.epp`), turn what arrives into
+the same calls here:
+
+- :meth:`Director.admit`: authenticate -> tenant, read and check the body,
+  the engine's view of the request (rewrite, objective, tokens, block
+  hashes), classification started (lazily);
+- :meth:`Director.routing` then :meth:`Routing.next`: decide on the
+  snapshot, with flow control and the candidates to avoid, interpret it
+  (validate.interpret), publish the decision event; a rejection is an
+  :class:`ApiError`;
+- :meth:`Director.begin`: the accounting of one send (provider limiter,
+  in-flight ledger, prefix index, in-flight metric, the Observation), which
+  :class:`Send` carries to its end (first token, usage, finished).
+
+Nothing here knows HTTP or gRPC; both doors answer an :class:`ApiError` in
+the same OpenAI error envelope (``app.error_response``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+import structlog
+
+from kinference_common import subjects
+from kinference_common.compiled import CompiledFlowControl
+from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
+from kinference_common.engine.candidates import Candidate
+from kinference_common.engine.request import apply_rewrite
+from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
+from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
+from kinference_common.messages import Observation, encode
+from kinference_router import validate
+from kinference_router.body import BadRequest, ParsedBody, parse
+from kinference_router.classification import Classification, RequestTags
+from kinference_router.events import EventPublisher
+from kinference_router.flow import FlowQueue, QueueTimeout, Shed
+from kinference_router.metrics import RouterMetrics
+from kinference_router.state import SnapshotKeeper
+from kinference_router.tenants import Authenticator
+from kinference_router.upstream import ProviderLimiter
+
+log = structlog.get_logger("router")
+
+OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
+#: names a flow for flow control's fairness (RESOURCES.md); absent = the tenant
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+
+
+def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
+                   rng: random.Random, prefix_key: bytes | None = None) -> Request:
+    """The engine's view of one request (pure): the model after any
+    InferenceModelRewrite, the objective's priority (0 when the pool has no
+    such objective), the prompt-token estimate, the prompt's block hashes and
+    the headers, whose names are lower-cased already (as the router's HTTP
+    server gives them, and explain passes them)."""
+    rewritten = apply_rewrite(snap.pool, body.model, rng) or body.model
+    objective = next((headers[h] for h in OBJECTIVE_HEADERS if h in headers), None)
+    priority = snap.pool.objectives.get(objective, 0) if objective is not None else 0
+    return Request(
+        model=rewritten,
+        requested_model=body.model,
+        tenant=tenant,
+        objective=objective,
+        priority=priority,
+        prompt_tokens=estimate_prompt_tokens(body.texts),
+        max_tokens=body.max_tokens,
+        headers=dict(headers),
+        block_hashes=block_hashes("\n".join(body.texts), key=prefix_key),
+    )
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error envelope; ``rule`` labels it in ``kinference_requests_total``."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None,
+                 rule: str = "") -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.retry_after = status, code, message, retry_after
+        self.rule = rule
+        #: the decision its event should show (set by flow control's 429 and 503)
+        self.decision: Decision | None = None
+
+
+def flow_control_rejection(d: Decision, err: ApiError) -> Decision:
+    """The decision event of a request flow control gave up on (shed, or
+    ``maxQueueWait``): its last decision with the outcome it really had. That
+    decision may have routed (a newcomer queued behind earlier waiters, the
+    capacity went to them); the event then still shows which rules and tiers
+    applied, but names no backend the request never reached."""
+    out = copy.copy(d)
+    out.routed, out.candidate, out.code, out.reason = False, None, err.code, err.message
+    return out
+
+
+def new_decision_id() -> str:
+    """128 random bits, as 32 hex digits."""
+    return os.urandom(16).hex()
+
+
+#: a rejection's status by the engine's code
+_REJECTION_STATUS = {"model_not_found": 404, "no_capacity": 503, "context_length_exceeded": 400}
+
+
+class Director:
+    """The decision path of one pool and the accounting of its sends (see
+    the module docstring). Built by the Router from its own parts."""
+
+    def __init__(self, *, settings: Any,
+                 auth: Callable[[], Authenticator], keeper: SnapshotKeeper, ledger: InFlightLedger, prefix: PrefixIndex,
+                 metrics: RouterMetrics, flow: FlowQueue, classification: Classification,
+                 events: EventPublisher, limiter: ProviderLimiter, calibration: Calibration,
+                 rng: random.Random) -> None:
+        #: the router's RouterSettings (namespace, pool, max_body_bytes, prefix_key)
+        self.settings = settings
+        namespace, pool = self.namespace, self.pool = settings.namespace, settings.pool
+        #: the authenticator in use (the router's; tests and reloads may replace it)
+        self._auth = auth
+        self.keeper, self.ledger, self.prefix = keeper, ledger, prefix
+        self.metrics, self.flow, self.classification, self.events = metrics, flow, classification, events
+        self.limiter, self.calibration, self.rng = limiter, calibration, rng
+        self.pool_label = f"{namespace}/{pool}"
+        self._decisions_subject = subjects.decisions_subject(namespace, pool)
+        self._observations_subject = subjects.observations_subject(namespace, pool)
+
+    # ------------------------------------------------------------ admission
+
+    def admit(self, headers: Mapping[str, str], body: bytes, too_large: bool, chat: bool,
+              decision_id: str) -> RequestTags:
+        """Authenticate, read the body, the engine's request, classification
+        started: the request's tags (``tags.body``, ``tags.req``). ``headers``
+        have lower-cased names. ApiError 401, 413, 400, 503."""
+        tenant = self._auth().tenant(headers)
+        if tenant is None:
+            raise ApiError(401, "unauthorized", "missing or unknown API key")
+        parsed = self.read(body, too_large, chat)
+        if self.keeper.snapshot is None:
+            raise ApiError(503, "no_capacity", "the router has no configuration yet", retry_after=1)
+        req = self.engine_request(headers, parsed, tenant)
+        # classified lazily: only when a classifier's answer can change the decision
+        return self.classification.start(req, parsed, decision_id)
+
+    def read(self, body: bytes, too_large: bool, chat: bool) -> ParsedBody:
+        if too_large:
+            raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes")
+        try:
+            parsed = parse(body, chat=chat)
+            validate.check_body(parsed)
+            return parsed
+        except BadRequest as exc:
+            raise ApiError(400, "bad_request", str(exc)) from None
+
+    def engine_request(self, headers: Mapping[str, str], body: ParsedBody, tenant: str) -> Request:
+        snap = self.keeper.snapshot
+        assert snap is not None
+        req = engine_request(snap, headers, body, tenant, self.rng, self.settings.prefix_key)
+        if req.objective is not None and req.objective not in snap.pool.objectives:
+            self.metrics.unknown_objectives.inc()
+        return req
+
+    # ------------------------------------------------------------- deciding
+
+    def decide(self, req: Request, snap: Snapshot, avoid: set[str] | frozenset[str]) -> Decision:
+        """The engine's decision, timed (no classifier, no event)."""
+        started = time.perf_counter()
+        d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=self.rng, avoid=avoid)
+        self.metrics.decision.observe(time.perf_counter() - started)
+        return d
+
+    def routing(self, tags: RequestTags, decision_id: str, *, avoid: frozenset[str] = frozenset(),
+                decide_fn: Callable[[Request, Snapshot, Any], Decision] | None = None) -> Routing:
+        """The decisions of one request: :meth:`Routing.next` for the first
+        and after each candidate that refused the connection. ``avoid``:
+        candidates (ledger keys) never to pick (a gateway's subset hint)."""
+        return Routing(self, tags, decision_id, avoid, decide_fn or self.decide)
+
+    async def wait_for_capacity(self, req: Request, settings: CompiledFlowControl, avoid: set[str] | frozenset[str],
+                                deadline: float, first: Decision, tags: RequestTags | None = None,
+                                decide_fn: Callable[[Request, Snapshot, Any], Decision] | None = None) -> Decision:
+        """Flow control (:mod:`kinference_router.flow`): wait in the pool's
+        queue until a decision on a newer state routes (or rejects for
+        another reason); 429 when shed, 503 at ``maxQueueWait``. ``first`` is
+        the decision that sent the request here (a routed one: it queues
+        behind earlier waiters). A 429 or 503 of its own carries, in
+        ``decision``, what the decision event should say."""
+        last = first
+        decide_fn = decide_fn or self.decide
+
+        def attempt() -> Decision:
+            nonlocal last
+            snap = self.keeper.snapshot
+            if snap is None:
+                raise ApiError(503, "no_capacity", "the router lost its configuration", retry_after=1)
+            # a newer policy may require a classifier not asked: its failure tag
+            last = decide_fn(tags.fail_closed(snap) if tags is not None else req, snap, avoid)
+            return last
+
+        flow = req.headers.get(FAIRNESS_HEADER) or req.tenant
+        try:
+            return await self.flow.wait(req.priority, flow, settings, attempt, deadline,
+                                        capacity_seen=first.routed, model=first.canonical_model)
+        except (Shed, QueueTimeout) as exc:
+            if isinstance(exc, Shed):
+                err = ApiError(429, "rate_limited", "shed by flow control: the pool's queue is full", retry_after=1)
+            else:
+                err = ApiError(503, "no_capacity", f"no capacity came back within the pool's maxQueueWait "
+                               f"({settings.max_queue_wait_seconds:g}s)", retry_after=1)
+            err.decision = last if not last.routed and last.code == err.code else flow_control_rejection(last, err)
+            raise err from None
+
+    def publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace]) -> None:
+        try:
+            data = encode_trace(build_trace(d, decision_id=decision_id, classifiers=traces, scores=False))
+        except Exception as exc:  # a trace must never fail a request
+            log.warning("decision event not built", error=str(exc))
+            return
+        self.events.publish(self._decisions_subject, data)
+
+    def count(self, rule: str, code: str, backend_type: str) -> None:
+        """One answer in ``kinference_requests_total``."""
+        self.metrics.child(self.metrics.requests, self.pool_label, rule, code, backend_type).inc()
+
+    # -------------------------------------------------------------- sending
+
+    def begin(self, d: Decision, snap: Snapshot, decision_id: str, *, provider: Any = None) -> Send:
+        """The accounting of sending ``d``'s pick: the provider's limiter
+        (ApiError 429 at its limit; ``provider``: the pick's Provider spec),
+        the in-flight ledger, the prefix index, the in-flight metric and the
+        Observation. :meth:`Send.finish` ends it, once."""
+        cand = d.candidate
+        assert cand is not None
+        if not cand.is_local and not self.limiter.acquire(cand.ledger_key, provider):
+            raise ApiError(429, "rate_limited", f"provider {cand.dest_name} is at its configured limit",
+                           retry_after=1)
+        return Send(self, d, snap, decision_id)
+
+    def publish_observation(self, obs: Observation) -> None:
+        self.events.publish(self._observations_subject, encode(obs))
+
+    @staticmethod
+    def usage(payload: bytes, obs: Observation) -> None:
+        try:
+            usage = _usage_decoder.decode(payload).usage
+        except msgspec.DecodeError:  # not JSON, or not shaped like a completion
+            return
+        if usage is not None:
+            obs.prompt_tokens = usage.prompt_tokens
+            obs.completion_tokens = usage.completion_tokens
+
+    @classmethod
+    def usage_from_stream(cls, tail: bytes, obs: Observation) -> None:
+        idx = tail.rfind(b'"usage"')
+        if idx < 0:
+            return
+        start = tail.rfind(b"data: ", 0, idx)
+        end = tail.find(b"\n", idx)
+        if start >= 0:
+            cls.usage(tail[start + 6:end if end > 0 else None], obs)
+
+
+class Routing:
+    """One request's decisions (see :meth:`Director.routing`)."""
+
+    def __init__(self, director: Director, tags: RequestTags, decision_id: str, avoid: frozenset[str],
+                 decide_fn: Callable[[Request, Snapshot, Any], Decision]) -> None:
+        self.director, self.tags, self.decision_id = director, tags, decision_id
+        self.avoid = avoid
+        self._decide = decide_fn
+        #: candidates that refused the connection (the caller adds them)
+        self.tried: set[str] = set()
+        #: when flow control gives up on this request (set when it first queues)
+        self._queue_deadline: float | None = None
+
+    async def next(self) -> Decision | None:
+        """The next routed decision (its event published in a later turn of
+        the event loop), None without a snapshot; ApiError when rejected
+        (404, 503, 400, 403; 429 or 503 from flow control)."""
+        dr = self.director
+        tags = self.tags
+        snap = dr.keeper.snapshot
+        if snap is None:
+            return None
+        avoid = self.tried | self.avoid if self.avoid else self.tried
+        # after a refused connection, decide again without what failed
+        d = await tags.decide(snap, avoid, self._decide, ledger=dr.ledger, prefix=dr.prefix, rng=dr.rng,
+                              observe=dr.metrics.decision.observe, latest=lambda: dr.keeper.snapshot)
+        req, traces, snap = tags.req, tags.traces, d.snapshot
+        flow_control = snap.pool.flow_control
+        if flow_control is not None and (
+                (not d.routed and d.code == "no_capacity")
+                # no cutting in line: earlier waiters get the capacity first (flow.py)
+                or (d.routed and not self.tried and dr.flow.waiting_at_or_above(req.priority, d.canonical_model))):
+            if self._queue_deadline is None:
+                self._queue_deadline = asyncio.get_running_loop().time() + flow_control.max_queue_wait_seconds
+            # it is decided again while waiting, without awaiting: every tag first
+            req, traces = await tags.complete(snap), tags.traces
+            if d.request is not req:  # decided without some tags: again with them, for the event
+                again = self._decide(req, snap, avoid)
+                d = again if (again.routed, again.code) == (d.routed, d.code) else d
+            try:
+                d = await dr.wait_for_capacity(req, flow_control, avoid, self._queue_deadline, d, tags,
+                                               decide_fn=self._decide)
+            except ApiError as err:
+                d = err.decision or d
+                dr.publish_decision(d, self.decision_id, traces)
+                err.rule = d.rule or ""
+                raise
+        d = validate.interpret(d)  # every candidate's context window too small: a 400
+        # built and published in a later turn of the event loop: while the
+        # upstream works on the request, not before it is sent
+        asyncio.get_running_loop().call_soon(dr.publish_decision, d, self.decision_id, traces)
+        if not d.routed:
+            code = d.code or "policy_rejected"
+            raise ApiError(_REJECTION_STATUS.get(code, 403), code, d.reason or code,
+                           retry_after=1 if code == "no_capacity" else None, rule=d.rule or "")
+        return d
+
+
+class Send:
+    """The accounting of one send, from :meth:`Director.begin` to
+    :meth:`finish`."""
+
+    __slots__ = ("director", "decision", "candidate", "decision_id", "handle", "obs", "started", "predicted",
+                 "_done")
+
+    def __init__(self, director: Director, d: Decision, snap: Snapshot, decision_id: str) -> None:
+        self.director, self.decision, self.decision_id = director, d, decision_id
+        cand = d.candidate
+        assert cand is not None
+        self.candidate: Candidate = cand
+        self._done = False
+        self.obs = Observation(decision_id=decision_id, namespace=director.namespace, pool=director.pool,
+                               backend_type=cand.type, backend_name=cand.dest_name, endpoint=cand.endpoint,
+                               model=cand.served_name, at=time.time())
+        self._join(cand, snap)
+        self.started = time.perf_counter()
+
+    def _join(self, cand: Candidate, snap: Snapshot) -> None:
+        dr, d = self.director, self.decision
+        # PredictedTTFT of the pick without calibration, before this send joins the
+        # ledger: what the observed TTFT is compared with to learn the calibration
+        self.predicted = None
+        if cand.is_local:
+            p = d.context.predicted_ttft(cand)
+            self.predicted = p / snap.ttft_model.calibration if p else None
+        # the prefill work this adds: the prompt minus what the endpoint likely has cached
+        self.handle = dr.ledger.sent(cand.ledger_key, d.prefill_tokens, time.time())
+        req = d.request
+        if req.block_hashes and cand.is_local:
+            dr.prefix.record(cand.ledger_key, req.block_hashes, cand.cache_blocks)
+        inflight = dr.metrics.inflight
+        inflight[cand.backend] = inflight.get(cand.backend, 0) + 1
+
+    def move_to(self, cand: Candidate, snap: Snapshot) -> None:
+        """The send went to ``cand`` instead (a gateway's retry walked the
+        fallback list): its in-flight work and learned TTFT count there."""
+        if self._done or cand is self.candidate:
+            return
+        dr, old = self.director, self.candidate
+        dr.ledger.finished(self.handle, time.time())
+        dr.metrics.inflight[old.backend] -= 1
+        self.candidate = cand
+        self.obs.backend_type, self.obs.backend_name, self.obs.endpoint = cand.type, cand.dest_name, cand.endpoint
+        self.obs.model = cand.served_name
+        self._join(cand, snap)
+
+    def first_token(self, streamed: bool) -> None:
+        """The first byte of the answer: its TTFT. Only a streamed answer's
+        is a time to first token to learn from (a whole answer's first byte
+        comes after its last token)."""
+        dr, cand = self.director, self.candidate
+        ttft = time.perf_counter() - self.started
+        dr.ledger.first_token(self.handle, time.time())
+        self.obs.ttft_seconds = ttft
+        dr.metrics.child(dr.metrics.ttft, cand.backend).observe(ttft)
+        if streamed:
+            if self.predicted is not None:
+                dr.calibration.observe(ttft, self.predicted)
+            dr.metrics.first_token(dr.pool_label, cand.dest_name, cand.endpoint, ttft)
+
+    def finish(self, outcome: str) -> None:
+        """The send ended (``ok``, ``error``, ``timeout``, ``rate_limited``,
+        ``cancelled``; ``not_sent``: nothing reached the upstream, nothing
+        observed). Once; later calls do nothing."""
+        if self._done:
+            return
+        self._done = True
+        dr, cand, obs = self.director, self.candidate, self.obs
+        dr.ledger.finished(self.handle, time.time())
+        dr.flow.slot_freed()
+        dr.metrics.inflight[cand.backend] -= 1
+        if not cand.is_local:
+            dr.limiter.release(cand.ledger_key)
+        if outcome != "not_sent":  # nothing reached the upstream: nothing to observe
+            obs.outcome = outcome  # type: ignore[assignment]
+            dr.metrics.sent(dr.pool_label, cand.backend, cand.dest_name, cand.endpoint, cand.is_local,
+                            outcome, obs.prompt_tokens, obs.completion_tokens)
+            # encoded and published after the response is on its way
+            asyncio.get_running_loop().call_soon(dr.publish_observation, obs)
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _WithUsage(msgspec.Struct):
+    """What the router reads of a completion: its ``usage`` (the rest is skipped)."""
+
+    usage: _Usage | None = None
+
+
+_usage_decoder = msgspec.json.Decoder(_WithUsage)

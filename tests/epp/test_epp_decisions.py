@@ -1,0 +1,227 @@
+"""The EPP decides as the router does (same engine, snapshot, classification,
+flow control, decision events), carries out Provider decisions only through
+the egress and its tokens, and reports health as the gateways probe it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import grpc
+import msgspec
+import nats
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kinference_common import bus, subjects
+from kinference_router.epp import EppServer, EppSettings
+from tests.epp.client import EppClient
+from tests.epp.conftest import Epp
+from tests.epp.test_epp import CHAT, chat_body, inflight
+from tests.router.test_router import CLEAN_PROMPT, PII_PROMPT, Env
+
+
+@asynccontextmanager
+async def decision_events(nc: nats.NATS, pool: str = "inference-all") -> AsyncIterator[list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+
+    async def on_event(msg: Any) -> None:
+        events.append(json.loads(msg.data))
+
+    sub = await nc.subscribe(subjects.decisions_subject("default", pool), cb=on_event)
+    try:
+        await bus.sync(nc)
+        yield events
+    finally:
+        await sub.unsubscribe()
+
+
+async def event(nc: nats.NATS, events: list[dict[str, Any]], decision_id: str) -> dict[str, Any]:
+    for _ in range(50):
+        await bus.sync(nc)
+        got = [e for e in events if e["decision_id"] == decision_id]
+        if got:
+            assert len(got) == 1
+            return got[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no decision event for {decision_id}")
+
+
+def shape(e: dict[str, Any]) -> Any:
+    """What must agree between the two front doors' events (the endpoint may
+    differ between ties; the rules, tiers' verdicts and outcome may not)."""
+    o = e["outcome"]
+    return (o["type"], o["rule"], (o["backend"] or "").rsplit("/", 1)[0] if o["type"] == "Routed" else None,
+            o.get("code"), [(r["name"], r["matched"], r["outcome"]) for r in e["rules"]], e["model"]["canonical"])
+
+
+async def test_the_epp_decision_is_the_routers_and_is_published(start_epp: Any, classifier: Any) -> None:
+    epp: Epp = await start_epp(egress=True)
+    env = epp.env
+    async with decision_events(env.nc) as events:
+        for saturated in (False, True):
+            if saturated:
+                await env.saturate()
+            r = await env.chat(CLEAN_PROMPT)
+            assert r.status == 200
+            via_router = await event(env.nc, events, r.headers["x-kinference-decision-id"])
+            rq = await epp.client.exchange(CHAT, {}, chat_body())
+            via_epp = await event(env.nc, events, rq.set_headers["x-kinference-decision-id"])
+            assert shape(via_epp) == shape(via_router)
+            assert via_epp["outcome"]["backend"].startswith("Provider/" if saturated else "Local/")
+    assert inflight(env) == 0
+
+
+async def test_a_provider_decision_goes_through_the_egress_with_its_token(start_epp: Any, classifier: Any) -> None:
+    epp: Epp = await start_epp(egress=True)
+    env = epp.env
+    await env.saturate()
+    rt = await epp.client.roundtrip(CHAT, chat_body(), session=epp.session)
+    assert rt.request.destination == epp.settings.egress_address  # the egress, no fallback list
+    assert rt.status == 200, rt.body
+    got = env.provider.received[-1]
+    assert got["auth"] == "Bearer sk-test" and got["body"]["model"] == "databricks-qwen25-32b"
+    assert msgspec.json.decode(rt.body)["model"] == "qwen-2.5"
+    assert sum(len(p.received) for p in env.pods.values()) == 0
+    await asyncio.sleep(0.05)
+    assert inflight(env) == 0
+
+
+async def post_egress(epp: Epp, body: bytes, token: str | None) -> tuple[int, dict[str, Any]]:
+    headers = {"content-type": "application/json"}
+    if token is not None:
+        headers["x-kinference-egress"] = token
+    async with epp.session.post(f"http://127.0.0.1:{epp.egress_port}{CHAT}", data=body, headers=headers) as r:
+        return r.status, json.loads(await r.read())
+
+
+async def test_the_egress_is_no_open_proxy(start_epp: Any, classifier: Any) -> None:
+    import time
+
+    epp: Epp = await start_epp(egress=True)
+    env = epp.env
+    await env.saturate()
+    rq = await epp.client.exchange(CHAT, {}, chat_body())
+    token, body = rq.set_headers["x-kinference-egress"], rq.body
+    tokens = epp.settings.egress
+    assert tokens is not None
+    payload, mac = token.split(".")
+    forged = payload + "." + ("A" if mac[0] != "A" else "B") + mac[1:]
+    expired = tokens.mint(decision_id="d" * 32, pool="default/inference-all", provider="default/databricks",
+                          model="databricks-qwen25-32b", address=epp.settings.egress_address, body=body,
+                          rule="r", now=time.time() - 120)
+    changed = body.replace(CLEAN_PROMPT.encode(), PII_PROMPT.encode())
+    for b, t, reason in ((body, None, "missing"), (body, forged, "invalid"), (body, "garbage", "invalid"),
+                         (body, expired, "expired"), (changed, token, "body_changed")):
+        status, answer = await post_egress(epp, b, t)
+        assert status == 403 and answer["error"]["code"] == "egress_forbidden", (reason, answer)
+        assert env.router.metrics.registry.get_sample_value("kinference_egress_refused_total",
+                                                            {"reason": reason}) >= 1
+    assert env.provider.received == []
+    status, _ = await post_egress(epp, body, token)
+    assert status == 200 and len(env.provider.received) == 1
+    status, answer = await post_egress(epp, body, token)  # a token is good once
+    assert status == 403 and "used" in answer["error"]["message"]
+    assert len(env.provider.received) == 1
+
+
+async def test_pii_under_saturation_never_gets_a_provider_destination(start_epp: Any, classifier: Any) -> None:
+    epp: Epp = await start_epp(egress=True)
+    env = epp.env
+    await env.saturate()
+    system = {"model": "qwen-2.5", "messages": [{"role": "system", "content": PII_PROMPT},
+                                                {"role": "user", "content": CLEAN_PROMPT}]}
+    for body in (chat_body(PII_PROMPT), json.dumps(system).encode()):
+        rq = await epp.client.exchange(CHAT, {}, body)
+        assert rq.status == 503 and rq.destination is None
+    assert env.provider.received == []
+    # a client cannot bring its own token or destination to a Local pick
+    await asyncio.gather(*(env.telemetry(p) for p in env.pods))
+    await env.settle()
+    rq = await epp.client.exchange(CHAT, {"x-kinference-egress": "x.y", "x-gateway-destination-endpoint": "10.0.0.1:1"},
+                                   chat_body())
+    assert "x-kinference-egress" in rq.remove_headers
+    assert rq.destination.split(",")[0] in {p.address for p in env.pods.values()}
+
+
+async def test_conformance_hooks(start_epp: Any, classifier: Any) -> None:
+    plain: Epp = await start_epp(fallbacks=0)
+    env = plain.env
+    natural = (await plain.client.exchange(CHAT, {}, chat_body())).destination
+    one, two = [p.address for p in env.pods.values() if p.address != natural][:2]
+    # without the flag the header is only a header
+    rq = await plain.client.exchange(CHAT, {"test-epp-endpoint-selection": one}, chat_body())
+    assert rq.destination == natural and "x-echo-set-header" not in rq.set_headers
+    epp: Epp = await start_epp(conformance_hooks=True, fallbacks=0)
+    for _ in range(3):
+        rt = await epp.client.roundtrip(CHAT, chat_body(), {"test-epp-endpoint-selection": one},
+                                        session=epp.session)
+        assert rt.request.destination == one
+        assert rt.request.set_headers["x-echo-set-header"] == f"x-conformance-test-served-endpoint:{one}"
+        assert rt.headers["x-conformance-test-served-endpoint"] == one
+    rq = await epp.client.exchange(CHAT, {"test-epp-endpoint-selection": f"{one},{two}"}, chat_body())
+    assert rq.destination in {one, two}
+
+
+async def health(port: int, service: str) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        return r.status
+
+
+async def test_health_is_ready_only_with_a_snapshot(start_epp: Any, tmp_path: Any) -> None:
+    from kinference_router.app import Router, RouterSettings
+    from kinference_router.tenants import Authenticator
+    from kinference_router.upstream import SecretFiles
+
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    bare = Router(RouterSettings(replica_sync=False), Authenticator("none"), SecretFiles(tmp_path))  # no NATS: no snapshot
+    server = EppServer(bare, EppSettings())
+    await server.start("127.0.0.1", 0)
+    try:
+        assert await health(server.port, "liveness") == serving
+        assert await health(server.port, "") == serving
+        for name in ("readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+            assert await health(server.port, name) == not_serving
+        client = EppClient(server.port)
+        rq = await client.exchange(CHAT, {}, chat_body())
+        assert rq.status == 503  # answered at once, never hung
+        await client.close()
+    finally:
+        await server.close()
+    epp: Epp = await start_epp()
+    for name in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+        assert await health(epp.server.port, name) == serving
+
+
+async def test_flow_control_sheds_with_429_as_the_router_does(start_pool: Any) -> None:
+    from tests.router.test_flow import MANIFESTS, answering_upstream
+
+    upstream = await answering_upstream()
+    served = await start_pool(MANIFESTS, "queued")
+    await served.endpoint("stub", "m", f"127.0.0.1:{upstream.port}", queued=10)  # saturated
+    server = EppServer(served.router, EppSettings())
+    await server.start("127.0.0.1", 0)
+    client = EppClient(server.port)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hello"}]}).encode()
+    try:
+        waiting = [asyncio.create_task(client.exchange(CHAT, {}, body)) for _ in range(2)]
+        for _ in range(100):
+            if len(served.router.flow) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert len(served.router.flow) == 2
+        rq = await client.exchange(CHAT, {}, body)
+        assert rq.status == 429
+        assert msgspec.json.decode(rq.immediate.body)["error"]["code"] == "rate_limited"
+        await served.endpoint("stub", "m", f"127.0.0.1:{upstream.port}", queued=0)  # capacity back
+        for task in waiting:
+            got = await asyncio.wait_for(task, 5)
+            assert got.destination == f"127.0.0.1:{upstream.port}"
+    finally:
+        await client.close()
+        await server.close()
+        await upstream.close()
