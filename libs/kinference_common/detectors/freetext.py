@@ -131,11 +131,23 @@ def person_salutation(text: str, start: int, end: int) -> Verdict:
     return CONFIRMED if _clean_name(core, 1) else NONE
 
 
+_TITLE_END = re.compile(
+    r"(?:[ \t]*(?:[,.;:!?)\n]|'s\b|’s\b|$)|[ \t]+(?:and|und|et|e|y|en|from|who|wrote|said|says|called|asked"
+    r"|is|was|has|had|will|aus|de|di|van)\b)"
+)
+
+
 def person_title(text: str, start: int, end: int) -> Verdict:
-    """"Mrs Gonzalez", "Herr Müller", "Mme Dubois": a courtesy title and a surname."""
+    """"Mrs Gonzalez,", "Herr Müller und", "Mme Dubois": a courtesy title and a surname that ends
+    the phrase (or a first and last name); "Mr. House various" is a sentence break, not a name."""
     if start > 0 and (text[start - 1].isalnum()):
         return NONE
-    return CONFIRMED if _clean_name(_TITLE_RE.match(text, end), 1) else NONE
+    m = _TITLE_RE.match(text, end)
+    if not _clean_name(m, 1):
+        return NONE
+    if len(m.group(1).split()) >= 2 or _TITLE_END.match(text, m.end()):  # type: ignore[union-attr]
+        return CONFIRMED
+    return NONE
 
 
 def person_signature(text: str, start: int, end: int) -> Verdict:
@@ -392,7 +404,11 @@ CUES: tuple[tuple[str, str, Pattern, object], ...] = (
     (
         "address",
         "street_number_first",
-        Pattern("address_number_first", r"\b[0-9]{1,5}[A-Za-z]?(?:[ \t]?(?:bis|ter))?,?[ \t]+[A-Za-z]"),
+        Pattern(
+            "address_number_first",
+            r"\b[0-9]{1,5}[A-Za-z]?(?:[ \t]?(?:bis|ter))?,?[ \t]+(?:[A-Z]|(?i:rue|av|bd|boulevard|chemin|all|impasse"
+            r"|quai|place|cours|route|square|passage|rond|calle|via|viale|piazza|corso|rua))",
+        ),
         address_number_first,
     ),
     (
