@@ -768,6 +768,27 @@ class PiiDetector:
         return Detection(NONE)
 
 
+def explain(
+    detector: PiiDetector, texts: Sequence[str]
+) -> list[tuple[int, str, str, int, int, Verdict]]:
+    """Every candidate judged confirmed or unknown, ``(text index, entity, rule, start, end,
+    verdict)``: what was found and which rule found it, never the text (for ``kinfctl classify
+    --explain``; the service stops at the first confirmed hit instead)."""
+    out = []
+    for i, text in enumerate(texts):
+        if not text:
+            continue
+        scan = detector.scanner.scan(text)
+        for index in scan.fired():
+            rule = detector.rules[index]
+            for start, end in scan.hits(index):
+                verdict = rule.validate(text, start, end)
+                if verdict is not NONE:
+                    out.append((i, rule.entity, rule.pattern.name, start, end, verdict))
+    out.sort(key=lambda f: (f[0], f[3]))
+    return out
+
+
 def findings(text: str, engine: str | None = None) -> list[tuple[str, str, int, int, Verdict]]:
     """Every judged candidate of one text, ``(entity, pattern, start, end, verdict)``.
 
