@@ -39,7 +39,6 @@ _LO = "a-zß-öø-ÿāăąćčďđēęěğīłńňōőœřśşšţťūůűźżž
 _TOK = rf"(?:[{_UP}][’']?)?[{_UP}][{_LO}]+(?:[{_UP}][{_LO}]+)?(?:-[{_UP}][{_LO}]+)?"
 _PARTICLE = r"(?:van|von|de|der|den|del|della|di|da|du|des|le|la|dos|das|y|zu|ten|ter|el|al|bin|mac)"
 _NAME = rf"{_TOK}(?:[ \t]+(?:{_PARTICLE}[ \t]+){{0,2}}{_TOK}){{0,3}}"
-_NAME_RE = re.compile(_NAME)
 
 #: capitalised words that follow a cue without being anyone's name
 _STOP = frozenset(
@@ -80,7 +79,9 @@ def _after(text: str, end: int, width: int = 80) -> str:
 _SEP = r"[ \t]*(?:[:,-][ \t]*)?(?:\r?\n[ \t]*)?"
 _INTRO_RE = re.compile(rf"{_SEP}({_NAME})")
 _WEAK_RE = re.compile(rf"[ \t]+({_NAME})(?=[ \t]*(?:[,.;!)\n]|$|and\b|from\b|here\b|speaking\b|calling\b|et\b|und\b|y\b|e\b|en\b|de\b|aus\b))")
-_SALUTE_RE = re.compile(rf"[ \t]*((?:(?:Mr|Mrs|Ms|Dr|Prof|Herr|Frau|M|Mme|Mlle|Sr|Sra|Srta|Dhr|Mevr|Sig|Sig\.ra|Dott)\.?[ \t]+)?{_NAME})(?=[ \t]*(?:[,!:;\n]|$))")
+_TITLES = r"(?:Mr|Mrs|Ms|Mx|Dr|Prof|Herr|Frau|M|Mme|Mlle|Sr|Sra|Srta|Dhr|Mevr|Sig\.ra|Sig|Dott)"
+#: the salutation's name (after an optional title) must end at a comma, colon, "!" or line break
+_SALUTE_RE = re.compile(rf"[ \t]*(?:{_TITLES}\.?[ \t]+)?({_NAME})(?=[ \t]*(?:[,!:;\n]|$))")
 _TITLE_RE = re.compile(rf"\.?[ \t]+({_NAME})")
 _SIGN_RE = re.compile(rf"[ \t]*[,!.]?[ \t]*\r?\n[ \t]*(?:--[ \t]*)?({_NAME})[ \t]*(?=\r?\n|$)")
 _SIGNED_RE = re.compile(rf"[ \t]*[,:]?[ \t]*(?:\r?\n[ \t]*)?({_NAME})")
@@ -121,14 +122,7 @@ def person_weak(text: str, start: int, end: int) -> Verdict:
 
 def person_salutation(text: str, start: int, end: int) -> Verdict:
     """"Dear Maria," / "Hallo Herr Müller," / "Hi John\\n": ends at a comma, colon or line break."""
-    m = _SALUTE_RE.match(text, end)
-    if m is None:
-        return NONE
-    name = m.group(1)
-    core = _NAME_RE.search(name.split(".")[-1] if "." in name[:8] else name)
-    if core is not None and re.match(r"(?:Mr|Mrs|Ms|Dr|Prof|Herr|Frau|M|Mme|Mlle|Sr|Sra|Srta|Dhr|Mevr|Sig|Dott)\b", name):
-        core = _NAME_RE.search(name, len(name.split()[0]))
-    return CONFIRMED if _clean_name(core, 1) else NONE
+    return CONFIRMED if _clean_name(_SALUTE_RE.match(text, end), 1) else NONE
 
 
 _TITLE_END = re.compile(
@@ -193,8 +187,14 @@ _ADDR_EN = re.compile(
 _ADDR_PRE_NUM_FIRST = re.compile(
     rf"(?<![0-9A-Za-z.,/-]){_HOUSE}(?:[ \t]?(?:bis|ter))?,?[ \t]+(?i:{_PREFIX})\.?[ \t]+(?:{_W}[ \t]*){{1,5}}"
 )
+#: street types written before the name, capitalised (Italian, Spanish, Portuguese, Polish)
+_PREFIX_CAP = (
+    "Via|Viale|Piazza|Piazzale|Corso|Vicolo|Largo|Contrada|Strada|Lungomare|Calle|Avenida|Avda|Plaza|Paseo"
+    "|Camino|Carrer|Carretera|Ronda|Travesía|Travessa|Glorieta|Rambla|Pasaje|Cuesta|Cañada|Callejón|Acceso"
+    "|Bajada|Pasadizo|Urbanización|Vía|Ctra|Rua|Praça|Alameda|Estrada|Ulica|ul|Aleja|Rue|Avenue"
+)
 _ADDR_PRE_NUM_AFTER = re.compile(
-    rf"(?:{_PREFIX.replace('|', '|').title()}|C/|Av\.)\.?[ \t]+(?:{_W}[ \t]+){{0,5}}{_W},?[ \t]+(?:n[º°o]\.?[ \t]*)?{_HOUSE}(?![0-9.,:]*[0-9])"
+    rf"(?:{_PREFIX_CAP}|C/|Av\.)\.?[ \t]+(?:{_W}[ \t]+){{0,5}}{_W},?[ \t]+(?:n[º°o]\.?[ \t]*)?{_HOUSE}(?![0-9.,:]*[0-9])"
 )
 _ADDR_COMPOUND = re.compile(
     rf"(?:(?:[{_UP}][{_LO}]+-)+(?i:{_COMPOUND})|[{_UP}][{_LO}]*(?i:{_COMPOUND}))\.?,?[ \t]+{_HOUSE}(?![0-9.,:]*[0-9])(?![ \t]*(?:%|km|m\b|kg|min|h\b|€|euro))"
