@@ -92,11 +92,14 @@ def person_intro(text: str, start: int, end: int) -> Verdict:
     return CONFIRMED if _clean_name(_INTRO_RE.match(text, end), 1) else NONE
 
 
+_FIELD_RE = re.compile(rf"[ \t]*({_NAME})[ \t]*(?=[,;|\n]|$)")
+
+
 def person_field(text: str, start: int, end: int) -> Verdict:
     """"Name: Maria Gonzalez" at a line start: first and last name (YAML ``name: build`` is lower case)."""
     if start > 0 and text[start - 1] not in "\n\r\t ,;(|":
         return NONE
-    m = re.compile(rf"[ \t]*({_NAME})[ \t]*(?=[,;|\n]|$)").match(text, end)
+    m = _FIELD_RE.match(text, end)
     # A form's "Name: Bernard" (capitalised label) may hold a first name alone;
     # a YAML or code key is lower case (``name: Release``) and needs two tokens.
     return CONFIRMED if _clean_name(m, 1 if text[start].isupper() else 2) else NONE
@@ -181,12 +184,6 @@ _COMPOUND = (
 )
 _HOUSE = r"(?:S/N|s/n|[0-9]{1,5}(?:[ \t]?[A-Za-z](?![A-Za-z]))?(?:[/-][0-9]{1,4}[A-Za-z]?)?)"
 _W = rf"[{_UP}{_LO}0-9][{_UP}{_LO}'’.-]*"
-_ADDR_EN = re.compile(
-    rf"(?<![0-9A-Za-z.,/-]){_HOUSE},?[ \t]+(?:{_W}[ \t]+){{1,4}}(?i:{_SUFFIX_EN})\.?(?=$|[ \t]*[,\n;)]|[ \t]+(?i:apt|suite|unit|flat|#|ste|floor)|\.[ \t]|\.$)"
-)
-_ADDR_PRE_NUM_FIRST = re.compile(
-    rf"(?<![0-9A-Za-z.,/-]){_HOUSE}(?:[ \t]?(?:bis|ter))?,?[ \t]+(?i:{_PREFIX})\.?[ \t]+(?:{_W}[ \t]*){{1,5}}"
-)
 #: street types written before the name, capitalised (Italian, Spanish, Portuguese, Polish)
 _PREFIX_CAP = (
     "Via|Viale|Piazza|Piazzale|Corso|Vicolo|Largo|Contrada|Strada|Lungomare|Calle|Avenida|Avda|Plaza|Paseo"
@@ -204,23 +201,58 @@ _ADDR_COMPOUND_2W = re.compile(
 )
 
 
+_ORDINAL = re.compile(r"[0-9]+(?:st|nd|rd|th)\b", re.I)
+
+
 def _ordinal(s: str) -> bool:
-    return bool(re.match(r"[0-9]+(?:st|nd|rd|th)\b", s, re.I))
+    return bool(_ORDINAL.match(s))
+
+
+_SUFFIX_SET = frozenset(_SUFFIX_EN.split("|"))
+_PREFIX_SET = frozenset(w for w in _PREFIX.replace("[ée]", "é").replace("[ií]", "í").split("|"))
+_HEAD = re.compile(rf"{_HOUSE}(?:[ \t]?(?:bis|ter))?,?[ \t]+")
+_WORD = re.compile(r"[^ \t\r\n,;()]+")
+#: street types that are no common word: "98 Tormay Street last spring" is an address anyway
+_STRONG_SUFFIX = frozenset(("street", "avenue", "road", "boulevard", "blvd", "lane", "drive", "terrace", "crescent"))
+_UNIT = frozenset(("apt", "apt.", "suite", "unit", "flat", "#", "ste", "ste.", "floor"))
 
 
 def address_number_first(text: str, start: int, end: int) -> Verdict:
-    """``221B Baker Street``, ``14 Rue des Lilas``: the house number, then the street."""
-    for rx in (_ADDR_EN, _ADDR_PRE_NUM_FIRST):
-        m = rx.match(text, start)
-        if m is None:
-            continue
-        words = m.group(0).split()
-        if _ordinal(words[0]) or (len(words[0]) == 4 and words[0][:2] in ("19", "20") and rx is _ADDR_EN and "," not in m.group(0)):
-            continue
-        caps = [w for w in words[1:] if w[:1].isupper()]
-        if rx is _ADDR_EN and not caps:
-            continue
+    """``221B Baker Street``, ``14 Rue des Lilas``: the house number, then the street.
+
+    Read word by word (a regex alternation of 200 street types would backtrack over
+    every capitalised word after every number): English needs one to four capitalised
+    words and then a street type that ends the phrase; French and the like a street
+    type right after the number and a name after it."""
+    head = _HEAD.match(text, start, start + 16)
+    if head is None:
+        return NONE
+    number = text[start : head.end()].split()[0].rstrip(",")
+    if _ordinal(number) or (start > 0 and text[start - 1] in ".,/-"):
+        return NONE
+    words = []
+    for m in _WORD.finditer(text, head.end(), head.end() + 90):
+        words.append((m.group(0), m.end()))
+        if len(words) == 6:
+            break
+    if not words:
+        return NONE
+    first = words[0][0].lower().rstrip(".")
+    if first in _PREFIX_SET and len(words) > 1:
         return CONFIRMED
+    year_like = len(number) == 4 and number[:2] in ("19", "20")
+    for k in range(1, min(5, len(words))):
+        if not (words[k - 1][0][:1].isupper() or words[k - 1][0][:1].isdigit()):
+            return NONE
+        word, stop = words[k]
+        if word.lower().rstrip(".") not in _SUFFIX_SET:
+            continue
+        after = text[stop : stop + 1]
+        nxt = words[k + 1][0].lower() if k + 1 < len(words) else ""
+        if after in ("", ",", "\n", "\r", ";", ")") or word.endswith("."):  # the street ends the phrase
+            return NONE if year_like and after != "," else CONFIRMED
+        if nxt in _UNIT or (word.lower() in _STRONG_SUFFIX and not year_like):
+            return CONFIRMED
     return NONE
 
 
@@ -287,18 +319,16 @@ def dob_label(text: str, start: int, end: int) -> Verdict:
     return CONFIRMED if _DATE.match(text, end) else NONE
 
 
+_BORN_YEAR = re.compile(r"[ \t]+(?:in|en|im|a)[ \t]+(?:1[89]|20)[0-9]{2}\b")
+_SENTENCE = re.compile(r"[.!?]\s")
+
+
 def dob_born(text: str, start: int, end: int) -> Verdict:
-    """"born (on) 03/07/1985" with someone personal in the same sentence before it."""
-    if _DATE.match(text, end) is None:
-        if _DATE.match(text, end, end + 40) is None and not re.match(r"[ \t]+(?:in|en|im|a)[ \t]+(?:1[89]|20)[0-9]{2}\b", text[end:]):
-            return NONE
-        if not re.match(r"[ \t]+(?:on|am|le|il|el|op)?[ \t]*", text[end:]):
-            return NONE
-        m = _DATE.search(text, end, end + 40)
-        if m is None:
-            return NONE
-    before = text[max(0, start - 60) : start]
-    before = re.split(r"[.!?]\s", before)[-1]
+    """"born (on) 03/07/1985", "born in 1985" with someone personal in the same sentence before it."""
+    if (_DATE.match(text, end, end + 60) is None and _BORN_YEAR.match(text, end, end + 12) is None
+            and _DATE.search(text, end, end + 40) is None):
+        return NONE
+    before = _SENTENCE.split(text[max(0, start - 60) : start])[-1]
     return CONFIRMED if _PERSONAL.search(before) else NONE
 
 
@@ -312,7 +342,7 @@ def age_years(text: str, start: int, end: int) -> Verdict:
     m = re.match(r"[0-9]{1,3}", text[start:end])
     if m is None or not 0 < int(m.group(0)) < 120:
         return NONE
-    before = re.split(r"[.!?]\s", text[max(0, start - 50) : start])[-1]
+    before = _SENTENCE.split(text[max(0, start - 50) : start])[-1]
     return UNKNOWN if _PERSONAL.search(before) else NONE
 
 
@@ -323,7 +353,7 @@ def age_field(text: str, start: int, end: int) -> Verdict:
         return NONE
     if text[start:end].lower().startswith("age") and ":" in text[start:end]:
         return UNKNOWN
-    before = re.split(r"[.!?]\s", text[max(0, start - 50) : start])[-1]
+    before = _SENTENCE.split(text[max(0, start - 50) : start])[-1]
     return UNKNOWN if _PERSONAL.search(before) else NONE
 
 
