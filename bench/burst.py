@@ -41,8 +41,10 @@ RESULTS = Path(__file__).resolve().parent / "results" / "burst.json"
 
 CARD = "4111 1111 1111 1111"
 EMAIL = "jane.doe@example.com"
+#: free-text personal data only (no shaped identifier): a name, a street address, a birth date
+NAME, STREET = "Maria Gonzalez", "14 Rue des Lilas"
 #: what only a PII prompt carries (shorter markers match timestamps and ids in the log)
-PII_MARKERS = (CARD, EMAIL)
+PII_MARKERS = (CARD, EMAIL, NAME, STREET)
 TOPICS = ["tea", "bridges", "volcanoes", "chess", "the printing press", "bees", "glaciers", "jazz", "sailing",
           "bread", "comets", "railways", "maps", "paper", "clocks", "coffee", "owls", "deserts"]
 
@@ -53,6 +55,11 @@ def clean_prompt(i: int) -> str:
 
 
 def pii_prompt(i: int) -> str:
+    """Most carry a card and an e-mail; one in four (``i % 4 == 1``) only a name, a street
+    address and a birth date, which the classifier's free-text rules must keep local."""
+    if i % 4 == 1:
+        return (f"Request {i}: Hi, I'm {NAME}, {STREET}, 69001 Lyon, born 03/07/1985, "
+                "and my claim was refused; please draft an appeal.")
     return (f"Request {i}: my card is {CARD} and my email is {EMAIL}; "
             "please summarise my last statement.")
 

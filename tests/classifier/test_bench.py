@@ -16,12 +16,37 @@ from bench import eval_classifier as ev
 
 def test_eval_runs_and_reports_every_entity(tmp_path: Path) -> None:
     out = tmp_path / "eval.md"
-    assert ev.main(["--per-entity", "4", "--per-clean", "3", "--out", str(out)]) == 0
+    assert ev.main(["--per-entity", "4", "--per-clean", "3", "--quick", "--out", str(out)]) == 0
     text = out.read_text()
     for entity in (*ev.STRUCTURED, *ev.NER):
         assert f"| {entity} |" in text
     assert "| **all clean** |" in text
     assert "same tag on every text" in text
+    for kind in ("person", "address", "dob", "age"):
+        assert f"| {kind} | held-out |" in text
+    assert "| **all hard clean** |" in text
+
+
+def test_free_text_eval_smoke() -> None:
+    """A small run of the free-text eval: spans mark what the generator put there, the rules
+    find most of it in both splits, and the hard clean texts stay clean (before and after)."""
+    from bench import eval_freetext as ft
+    from kinference_common.detectors.core import Classifiers
+    from kinference_common.detectors.pii import SHAPED_RULES, PiiDetector
+
+    texts = ft.generate(per_kind=40, per_clean=20, seed=4242)
+    for t in texts:
+        for kind, s0, s1 in t.spans:
+            assert kind == t.label and t.text[s0:s1].strip() and s1 <= len(t.text)
+    variants = {"before": Classifiers(detectors=(PiiDetector(rules=SHAPED_RULES),)), "after": Classifiers()}
+    rows = ft.evaluate(texts, variants)
+    for kind in ("person", "address", "dob"):
+        for split in ("dev", "held-out"):
+            after, before = rows["after"][f"{kind}/{split}"], rows["before"][f"{kind}/{split}"]
+            assert after.n == 20 and after.tagged >= 16, (kind, split, after)
+            assert before.tagged == 0
+    clean = [r for key, r in rows["after"].items() if key.startswith("clean:")]
+    assert sum(r.n - r.tagged for r in clean) >= 0.95 * sum(r.n for r in clean)
 
 
 def test_generated_labels_hold() -> None:

@@ -80,3 +80,25 @@ def test_engines_agree(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
         _, lines, _ = run(monkeypatch, capsys, stdin, "-o", "json", "--engine", engine)
         outputs.append([json.loads(line)["tags"] for line in lines])
     assert outputs[0] == outputs[1]
+
+
+def test_explain_names_kind_and_rule_never_the_text(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = "Hi, I'm Maria Gonzalez, 14 Rue des Lilas, Lyon, born 03/07/1985"
+    stdin = json.dumps({"id": "a", "text": text}) + "\n" + json.dumps({"id": "b", "text": "flights from Paris to Rome"})
+    code, lines, err = run(monkeypatch, capsys, stdin, "--explain", "-o", "json")
+    assert code == 0 and err == ""
+    first, second = (json.loads(line) for line in lines)
+    assert first["tags"] == ["pii-confirmed"]
+    kinds = {(f["kind"], f["rule"], f["verdict"]) for f in first["found"]}
+    assert {("person", "person_weak", "confirmed"), ("address", "address_number_first", "confirmed"),
+            ("dob", "dob_born", "confirmed")} <= kinds
+    assert second["found"] == [] and second["tags"] == ["pii-none"]
+    for secret in ("Maria", "Gonzalez", "Lilas", "1985"):
+        assert secret not in lines[0]
+    code, lines, _ = run(monkeypatch, capsys, stdin, "--explain")
+    assert lines[0].split("\t")[3].split() == [
+        f"{f['kind']}/{f['rule']}@0:{f['start']}-{f['end']}" for f in first["found"]
+    ]
+    assert lines[1].endswith("\t-") and "Maria" not in "".join(lines)

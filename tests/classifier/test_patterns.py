@@ -133,8 +133,9 @@ def test_non_ascii_keeps_character_offsets() -> None:
     text = "ünïcødé \U0001f600 mail: jane@example.org"
     hits = all_hits(hs, text)
     assert hits == all_hits(rx, text)
-    start, end = hits[0][1], hits[0][2]
-    assert text[start:end] == "jane@example.org"
+    # the free-text cues also see "nï" (a non-ASCII letter after "n", as in "né"); take the e-mail's
+    spans = {text[start:end] for _, start, end in hits}
+    assert "jane@example.org" in spans
 
 
 def test_ascii_view_is_one_byte_per_character() -> None:

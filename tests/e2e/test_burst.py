@@ -30,7 +30,7 @@ import aiohttp
 import nats
 import pytest
 
-from bench.burst import CARD, EMAIL, clean_prompt, parse_metrics, pii_prompt, wait_for_telemetry
+from bench.burst import CARD, EMAIL, PII_MARKERS, clean_prompt, parse_metrics, pii_prompt, wait_for_telemetry
 from kinference_simulators.stack import Stack, StackError
 
 pytestmark = pytest.mark.slow
@@ -120,7 +120,7 @@ async def test_burst_holds_and_pii_stays_local_and_off_every_other_subject(stack
 
     # zero PII at the provider, by the provider's own log
     received = provider_log(stack)
-    assert not [line for line in received if CARD in line or EMAIL in line]
+    assert not [line for line in received if any(m in line for m in PII_MARKERS)]
     assert len(received) == sum(1 for k, s, b, _ in results if b.startswith("Provider/") and s == 200)
     assert any(k == "clean" and b.startswith("Provider/") for k, _, b, _ in results), "nothing burst"
     for kind, status, backend, _ in results:
@@ -151,7 +151,7 @@ async def test_burst_holds_and_pii_stays_local_and_off_every_other_subject(stack
     assert reported == misses
 
     # prompts travel on the classify subjects only (authorised, in the deployment encrypted)
-    secrets = (CARD.encode(), EMAIL.encode())
+    secrets = tuple(m.encode() for m in PII_MARKERS)
     leaks = [s for s, d in seen if not s.startswith("kinference.classify.") and any(x in d for x in secrets)]
     assert leaks == []
     assert any(s.startswith("kinference.classify.") and CARD.encode() in d for s, d in seen), \

@@ -4,7 +4,11 @@ Each stdin line is a JSON object: ``{"id": ..., "text": "..."}``, or an
 OpenAI-style body (``{"id": ..., "messages": [...]}`` or ``"prompt"``) read
 exactly as the router would. One line is written per input line:
 ``{"id", "tags", "micros"}`` with ``-o json`` (plus ``outcome`` and
-``findings``), or ``ID  TAG  MICROS`` as text. The classification is the
+``findings``), or ``ID  TAG  MICROS`` as text. ``--explain`` (pii) adds what was found
+and why: each candidate judged confirmed or unknown as ``kind``, the ``rule`` that found it,
+its verdict and the character offsets of the match the rule fired on (for free-text
+rules, the cue: "Dear", "born", the house number) (``found`` in JSON; a fourth column
+``kind/rule@text:start-end`` as text). The span's text is never printed. The classification is the
 service's own code (:class:`kinference_common.detectors.core.Classifiers`), run
 in-process: no NATS, no cluster.
 
@@ -49,7 +53,25 @@ def register(subparsers: Any) -> None:
         default="auto",
         help="candidate engine (default: hyperscan when available)",
     )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="pii: list each candidate found (kind, rule, verdict, offsets; never its text)",
+    )
     p.set_defaults(run=run)
+
+
+_VERDICT = {"POSITIVE": "confirmed", "UNKNOWN": "unknown", "NONE": "none"}
+
+
+def _explain(classifiers: Any, texts: list[str]) -> list[dict[str, Any]]:
+    from kinference_common.detectors.pii import explain
+
+    detector = classifiers.detectors["pii"]
+    return [
+        {"kind": kind, "rule": rule, "verdict": _VERDICT[verdict.name], "text": i, "start": start, "end": end}
+        for i, kind, rule, start, end, verdict in explain(detector, texts)
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             code = EXIT_INVALID
             continue
         reply = classifiers.classify(args.classifier, texts, roles=roles, unreadable=unreadable)
+        found = _explain(classifiers, texts) if args.explain and args.classifier == "pii" else None
         if args.output == "json":
             record = {
                 "id": ident,
@@ -88,8 +111,15 @@ def run(args: argparse.Namespace) -> int:
                 "outcome": reply.outcome,
                 "findings": reply.findings,
             }
+            if found is not None:
+                record["found"] = found
             out.write(_encode.encode(record).decode() + "\n")
         else:
-            out.write(f"{ident}\t{','.join(reply.tags)}\t{reply.micros:.0f}us\n")
+            line = f"{ident}\t{','.join(reply.tags)}\t{reply.micros:.0f}us"
+            if found is not None:
+                line += "\t" + (
+                    " ".join(f"{f['kind']}/{f['rule']}@{f['text']}:{f['start']}-{f['end']}" for f in found) or "-"
+                )
+            out.write(line + "\n")
     out.flush()
     return code

@@ -48,8 +48,8 @@ validator into one of three verdicts; the request's tag is the strongest.
 Everything else is ``pii-none``: numbers failing their checksum, private IPs,
 UUIDs, hashes, code, and bare digit runs without a cue (a ten-digit number in
 a log is an id far more often than a phone). Names and street addresses are
-not detected: they need named-entity recognition, which costs far more than
-the budget (docs/classifier-eval.md reports them separately).
+judged by the context rules of :mod:`kinference_common.detectors.freetext`
+(entities ``person``, ``address``, ``dob`` confirmed; ``age`` unknown).
 
 Rules run in the order of :data:`RULES`, cheap and unambiguous ones first:
 the first confirmed candidate ends the request (the router needs a tag, not
@@ -68,6 +68,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import phonenumbers
+from kinference_common.detectors import freetext
 from kinference_common.detectors.core import Budget, Detection, Verdict, check_tags
 from kinference_common.detectors.patterns import Pattern, Scanner, build_scanner
 from kinference_common.classifiers import PII
@@ -651,6 +652,8 @@ RULES: tuple[Rule, ...] = (
         ),
         secret_assignment,
     ),
+    # Names, addresses, dates of birth and ages in free text (freetext.py).
+    *(Rule(entity, pattern, validate) for entity, _rule, pattern, validate in freetext.CUES),  # type: ignore[arg-type]
     # libphonenumber is the slowest validator: last.
     Rule(
         "phone",
@@ -696,6 +699,8 @@ RULES: tuple[Rule, ...] = (
 )
 
 PATTERNS: tuple[Pattern, ...] = tuple(r.pattern for r in RULES)
+#: the shaped identifiers alone (the classifier before free-text rules; the eval's baseline)
+SHAPED_RULES: tuple[Rule, ...] = tuple(r for r in RULES if r.entity not in freetext.ENTITIES)
 
 
 TAGS = check_tags(PII, {CONFIRMED: "pii-confirmed", UNKNOWN: "pii-unknown", NONE: "pii-none"})
@@ -728,8 +733,11 @@ class PiiDetector:
     def warm_up(self) -> None:
         warm_up_phonenumbers()
 
-    def __init__(self, engine: str | None = None, scanner: Scanner | None = None) -> None:
-        self.scanner = scanner or build_scanner(PATTERNS, engine)
+    def __init__(
+        self, engine: str | None = None, scanner: Scanner | None = None, rules: Sequence[Rule] = RULES
+    ) -> None:
+        self.rules = tuple(rules)
+        self.scanner = scanner or build_scanner(tuple(r.pattern for r in self.rules), engine)
 
     @property
     def engine(self) -> str:
@@ -745,7 +753,7 @@ class PiiDetector:
                 continue
             scan = self.scanner.scan(text)
             for index in scan.fired():
-                rule = RULES[index]
+                rule = self.rules[index]
                 for start, end in scan.hits(index):
                     verdict = rule.validate(text, start, end)
                     if verdict is CONFIRMED:
@@ -758,6 +766,27 @@ class PiiDetector:
         if unreadable:
             return Detection(UNKNOWN, ["unreadable"])
         return Detection(NONE)
+
+
+def explain(
+    detector: PiiDetector, texts: Sequence[str]
+) -> list[tuple[int, str, str, int, int, Verdict]]:
+    """Every candidate judged confirmed or unknown, ``(text index, entity, rule, start, end,
+    verdict)``: what was found and which rule found it, never the text (for ``kinfctl classify
+    --explain``; the service stops at the first confirmed hit instead)."""
+    out = []
+    for i, text in enumerate(texts):
+        if not text:
+            continue
+        scan = detector.scanner.scan(text)
+        for index in scan.fired():
+            rule = detector.rules[index]
+            for start, end in scan.hits(index):
+                verdict = rule.validate(text, start, end)
+                if verdict is not NONE:
+                    out.append((i, rule.entity, rule.pattern.name, start, end, verdict))
+    out.sort(key=lambda f: (f[0], f[3]))
+    return out
 
 
 def findings(text: str, engine: str | None = None) -> list[tuple[str, str, int, int, Verdict]]:

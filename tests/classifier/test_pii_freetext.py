@@ -1,0 +1,89 @@
+"""Names, street addresses, dates of birth and ages in free text: the hard cases, both ways."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinference_common.detectors.core import Classifiers
+from kinference_common.detectors.pii import findings
+
+
+_ENGINES: dict[str, Classifiers] = {}
+
+
+def _both(text: str) -> tuple[list[str], list[str]]:
+    """The tag and findings with Hyperscan, checked equal to the ``re`` fallback's."""
+    if not _ENGINES:
+        _ENGINES.update(auto=Classifiers(engine="auto"), re=Classifiers(engine="re"))
+    hs = _ENGINES["auto"].classify("pii", [text])
+    rx = _ENGINES["re"].classify("pii", [text])
+    assert hs.tags == rx.tags, text
+    return hs.tags, hs.findings
+
+
+CONFIRMED = [
+    # the issue's example: a name, a French address, a birth date
+    ("Hi, I'm Maria Gonzalez, 14 Rue des Lilas, Lyon, born 03/07/1985, and my claim was refused", "person"),
+    ("My name is José Álvarez and I need help with a letter.", "person"),
+    ("Mein Name ist Jürgen Weiß.", "person"),
+    ("Je m'appelle Thérèse.", "person"),
+    ("Dear Mrs. O'Brien,\nthank you for the quick reply.", "person"),
+    ("Hallo Herr Müller,\nanbei die Unterlagen.", "person"),
+    ("Please fix the tone.\n\nBest regards,\nLena Vogel", "person"),
+    ("Name: Bernard\nPlan: premium", "person"),
+    ("Send it to 221B Baker Street, London NW1 6XE.", "address"),
+    ("Ich wohne in der Hauptstraße 12, 10115 Berlin.", "address"),
+    ("Il mio indirizzo è Via Roma 12, 20121 Milano.", "address"),
+    ("Calle de Alcalá, 45, 28014 Madrid", "address"),
+    ("We live at Kerkstraat 12a in Utrecht.", "address"),
+    ("Deliver to Marta-Fritsch-Gasse 3-2, 43246 Bad Brückenau", "address"),
+    ("DOB: 1985-07-03, policy 55", "dob"),
+    ("Geburtsdatum: 03.07.1985", "dob"),
+    ("my son was born on 4 March 2019 and has a fever", "dob"),
+]
+
+
+@pytest.mark.parametrize(("text", "kind"), CONFIRMED)
+def test_free_text_personal_data_is_confirmed(text: str, kind: str) -> None:
+    tags, found = _both(text)
+    assert tags == ["pii-confirmed"]
+    assert found == [kind] or kind in {f[0] for f in findings(text) if f[4]}
+
+
+@pytest.mark.parametrize("text", ["I'm 34 years old and my knee hurts.", "Age: 71", "J'ai 34 ans."])
+def test_an_age_alone_is_unknown(text: str) -> None:
+    assert _both(text) == (["pii-unknown"], ["age"])
+
+
+CLEAN = [
+    "Find flights from Paris to Rome on 12 May for 2 adults.",
+    "I'm flying to Lisbon in June; then Porto.",
+    "Napoleon Bonaparte was born in 1769. Why is he still famous?",
+    "Albert Einstein was born on 14 March 1879; summarise his early years.",
+    "When did Dr. Martin Luther King give the speech?",
+    "I'm using Visual Studio Code and it crashes on startup.",
+    "This is Adobe Photoshop, right? What does the free tier include?",
+    "Dear Nintendo Switch support team: the installer fails with error 910.",
+    "Hello World!",
+    "jobs:\n  build:\n    name: Build and Test\n    steps:\n      - name: Run Tests\n",
+    "class UserProfile:\n    first_name: str\n    street_address: str\n",
+    "SELECT first_name, date_of_birth FROM customers WHERE age > 30;",
+    "The invoice dated 03/07/1985 is still unpaid.",
+    "Version 4.2 was released on 5 May 2023.",
+    "Hotels near 5th Avenue? Budget 150 euros, 4 nights.",
+    "Take Route 66 for 3 days; the 3 lanes merge at exit 12.",
+    "A 34-year-old man was elected in 1961.",
+    "Picture feel clear Mrs. Too catch eye white however.",
+]
+
+
+@pytest.mark.parametrize("text", CLEAN)
+def test_what_is_not_personal_data_stays_none(text: str) -> None:
+    assert _both(text)[0] == ["pii-none"]
+
+
+def test_findings_name_the_rule_never_the_text() -> None:
+    text = "Dear Maria,\nI live at 14 Rue des Lilas."
+    found = {(entity, rule) for entity, rule, _s, _e, verdict in findings(text) if verdict}
+    assert ("person", "person_salutation") in found
+    assert ("address", "address_number_first") in found
