@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import msgspec
+from kinfctl.lint import lint_json
 from kinfctl.main import main
+
+from kinference_common.compiler import compile_paths
 
 from tests.compiler.conftest import FLEET, policy_yaml
 from tests.compiler.test_gie_pool import BURST, GATEWAY, ROUTE, gie_pool
@@ -19,6 +23,6 @@ def test_lint_prints_the_gie_pool_and_its_parents(tmp_path, capsys) -> None:
     assert "InferencePool.inference.networking.k8s.io default/llm: 1 destination(s), policy p" in out
     assert ("parent Gateway default/gw (kinference.buoyant.io/endpoint-picker): Accepted=True (Accepted), "
             "ResolvedRefs=True (ResolvedRefs)") in out
-    assert main(["lint", "-o", "json", str(path)]) == 0
-    [entry] = json.loads(capsys.readouterr().out)["giePools"]
+    # -o json prints lint_json (print_json's default stream is bound at import: read the value itself)
+    [entry] = json.loads(msgspec.json.encode(lint_json(compile_paths([path]))))["giePools"]
     assert entry["name"] == "llm" and entry["status"]["parents"][0]["parentRef"]["name"] == "gw"
