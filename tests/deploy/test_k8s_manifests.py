@@ -8,6 +8,7 @@ Service, network policies)."""
 from __future__ import annotations
 
 import re
+import tomllib
 from typing import Any
 
 import jsonschema
@@ -121,6 +122,29 @@ def test_probes_on_the_health_port_that_the_service_listens_on(service: str) -> 
         service, ("--http-port", "--http-host"))
     assert flag(c["args"], listen[0]) == str(HEALTH_PORTS[service])
     assert flag(c["args"], listen[1]) == "0.0.0.0"
+
+
+@pytest.mark.parametrize("which", sorted(BUILT))
+def test_every_kinference_container_names_its_entry_point(which: str) -> None:
+    """The image's CMD is ``kinference-router --help``: a container that gave
+    only ``args`` would run its first flag as the program. Each one names the
+    console script of its service (pyproject's [project.scripts]); the
+    simulators give a whole ``python -m ...`` command line as args."""
+    scripts = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])
+    seen = 0
+    for kind in ("Deployment", "StatefulSet"):
+        for name, d in of_kind(build(BUILT[which]), kind).items():
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                if c["image"].rsplit(":", 1)[0].rsplit("/", 1)[-1] != "kinference":
+                    continue
+                seen += 1
+                argv = c.get("command") or c.get("args") or []
+                assert argv and not argv[0].startswith("-"), f"{kind} {name} runs {argv[:1]}"
+                if c.get("command"):
+                    assert argv[0] in scripts or argv[0] == "python", f"{kind} {name}: {argv[0]}"
+                if name in SERVICES:
+                    assert c["command"][0] == f"kinference-{name}", name
+    assert seen >= len(SERVICES)
 
 
 def pod_specs(which: str) -> list[tuple[str, dict[str, Any]]]:
