@@ -261,11 +261,22 @@ class Router:
     async def metrics_page(self, _: HttpRequest) -> Response:
         return Response(200, generate_latest(self.metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
-    async def models(self, _: HttpRequest) -> Response:
+    def _unauthorized(self, request: HttpRequest) -> Response | None:
+        """401 for a request without a valid key (every data-port answer checks this first)."""
+        if self.auth.tenant(request.headers) is not None:
+            return None
+        self.metrics.child(self.metrics.requests, self.pool_label, "", "unauthorized", "").inc()
+        return error_response(ApiError(401, "unauthorized", "missing or unknown API key"), new_decision_id())
+
+    async def models(self, request: HttpRequest) -> Response:
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
         snap = self.keeper.snapshot
         return Response(200, msgspec.json.encode(models_api.model_list(snap.pool.models if snap else [])))
 
     async def model(self, request: HttpRequest) -> Response:
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
         snap = self.keeper.snapshot
         found = models_api.find(snap.pool.models if snap else [], request.path)
         if found is None:

@@ -229,11 +229,11 @@ class MultiPoolRouter:
         self.metrics.child(self.metrics.requests, "", "", err.code, "").inc()
         return error_response(err, new_decision_id())
 
-    def _dispatch(self, name: str, authenticate: bool = True) -> Any:
+    def _dispatch(self, name: str) -> Any:
         async def handler(request: HttpRequest) -> Response | None:
             r = self.pick(request)
             if r is None:
-                if authenticate and self.auth.tenant(request.headers) is None:
+                if self.auth.tenant(request.headers) is None:
                     # 401 before anything else: a caller without a key learns nothing of the routes
                     err = ApiError(401, "unauthorized", "missing or unknown API key")
                     self.metrics.child(self.metrics.requests, "", "", err.code, "").inc()
@@ -246,8 +246,8 @@ class MultiPoolRouter:
         return self._server({
             "/v1/chat/completions": {"POST": self._dispatch("chat")},
             "/v1/completions": {"POST": self._dispatch("completions")},
-            "/v1/models": {"GET": self._dispatch("models", authenticate=False)},  # as a single pool's
-            "/v1/models/*": {"GET": self._dispatch("model", authenticate=False)},
+            "/v1/models": {"GET": self._dispatch("models")},  # authenticated by the pool's router
+            "/v1/models/*": {"GET": self._dispatch("model")},
         })
 
     def admin_server(self) -> HttpServer:
