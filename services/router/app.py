@@ -39,7 +39,7 @@ from kinference_common.engine.request import apply_rewrite
 from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
-from kinference_router import models_api, provider_request, replica_sync, retry, validate
+from kinference_router import models_api, provider_request, replica_sync, retry, stream_usage, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.classification import Classification, RequestTags
 from kinference_router.events import EventPublisher
@@ -543,14 +543,19 @@ class Router:
                                                *route_headers])
                     first = True
                     tail = b""
+                    strip = stream_usage.stripper(body.raw, cand.is_local)  # usage the client did not ask for
                     try:
                         async for chunk in upstream.chunks():
                             if first:
                                 first = False
                                 self._first_token(send, obs, started, cand.backend, predicted)
                                 self.metrics.first_token(self.pool_label, cand.dest_name, cand.endpoint, obs.ttft_seconds)
-                            await request.write(chunk)
                             tail = (tail + chunk)[-4096:]
+                            if strip is not None:
+                                chunk = strip.feed(chunk)
+                            await request.write(chunk)
+                        if strip is not None:
+                            await request.write(strip.flush())
                     except UpstreamError as exc:
                         # headers are sent: the only way left to tell the client
                         # is to end its stream abruptly (no terminating chunk),
