@@ -291,6 +291,10 @@ def compile_documents(
             seen.add((w.code, w.rule, w.term, w.message))
             warnings.append(w)
         state = "Accepted" if refs else "NotReferenced"
+        leaks = sorted({w.rule or w.term for w in warnings if w.code == "UncoveredFailureTag"})
+        # seen at a glance (the MESSAGE column of -o wide): a warning that lets PII reach a provider
+        leak_note = f"; WARNING: a classifier failure can send PII to a provider (UncoveredFailureTag in " \
+            f"{', '.join(leaks)})" if leaks else ""
         res.policy_status[key] = PolicyStatus(
             rule_count=len(comp.policy.rules),
             referenced_by=refs,
@@ -298,11 +302,12 @@ def compile_documents(
             warnings=warnings,
             conditions=[condition(
                 "Accepted", bool(refs), state,
-                f"in force on {', '.join(refs)}" if refs
-                else "compiled, but no InferencePool names it in spec.policyRef",
+                (f"in force on {', '.join(refs)}" if refs
+                 else "compiled, but no InferencePool names it in spec.policyRef") + leak_note,
                 now, lo.obj.metadata.generation,
             )],
             state=state,
+            warning_count=len(warnings),
         )
     return res
 
