@@ -32,6 +32,7 @@ from kinference_common.compiled import (
     CompiledRoute,
     RewriteTarget,
     RoutePath,
+    RouteValueMatch,
 )
 from kinference_common.compiler import validate
 from kinference_common.compiler.policy import (
@@ -418,9 +419,14 @@ def _route_matches(res: CompileResult) -> dict[Key, list[CompiledRoute]]:
                 continue
             # a match of a path type Gateway API does not define matches nothing
             rule_paths = [
-                RoutePath(type=m.path.type, value=m.path.value or "/") if m.path is not None  # type: ignore[arg-type]
-                else RoutePath()
-                for m in rule.matches if m.path is None or m.path.type in _PATH_TYPES
+                RoutePath(type=m.path.type if m.path else "PathPrefix",  # type: ignore[arg-type]
+                          value=(m.path.value or "/") if m.path else "/", method=m.method,
+                          headers=[RouteValueMatch(name=h.name.lower(), value=h.value, type=h.type)  # type: ignore[arg-type]
+                                   for h in m.headers],
+                          query_params=[RouteValueMatch(name=q.name, value=q.value, type=q.type)  # type: ignore[arg-type]
+                                        for q in m.query_params])
+                for m in rule.matches if (m.path is None or m.path.type in _PATH_TYPES)
+                and all(v.type in ("Exact", "RegularExpression") for v in (*m.headers, *m.query_params))
             ] if rule.matches else [RoutePath()]
             for pool_key in pools:
                 paths[pool_key].extend(p for p in rule_paths if p not in paths[pool_key])
