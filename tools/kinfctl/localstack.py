@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from kinference_common import natsauth
 
@@ -49,7 +51,11 @@ def why_unreachable(args: argparse.Namespace, offset: int, exc: BaseException, l
     """The message for a NATS connection that failed: a refused credential
     named as such (NATS is up), else that NATS cannot be reached."""
     text = f"{last or ''} {exc or ''}".lower()
-    if "authorization" in text or "authentication" in text or "permissions" in text:
+    refused = "authorization" in text or "authentication" in text or "permissions" in text
+    if not refused and getattr(args, "nats_password_file", None) is None \
+            and not os.environ.get(natsauth.PASSWORD_ENV) and _listening(args.nats_url):
+        refused = True  # NATS answers on its port, and no password was sent: the missing credential
+    if refused:
         user = getattr(args, "nats_user", None) or "(none)"
         pw = getattr(args, "nats_password_file", None)
         if pw is None and not os.environ.get(natsauth.PASSWORD_ENV):
@@ -58,3 +64,13 @@ def why_unreachable(args: argparse.Namespace, offset: int, exc: BaseException, l
                     f"or run kinfctl from the directory where the stack was started)")
         return f"NATS at {args.nats_url} is up but refused user {user!r} with the password of {pw or 'the environment'}"
     return f"cannot reach NATS at {args.nats_url}: {exc or type(exc).__name__}"
+
+
+def _listening(url: str) -> bool:
+    """Whether something accepts TCP connections at a nats:// URL."""
+    parsed = urlsplit(url)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=1.0):
+            return True
+    except OSError:
+        return False
