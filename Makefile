@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
         chaos eval-classifier lint docs compose clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "%-22s%s\n", $$1, $$2}'
 
 install: $(STAMP) nats-server  ## create .venv and install everything (idempotent)
 
@@ -78,7 +78,7 @@ bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results
 	nice -n 15 $(BIN)/python -m bench.routing.burst
 	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
 
-bench-realtrial: install  ## the issue's real-time trial: Kinference's services vs vllm-router, 4 sims -> bench/results/routing_realtrial.json
+bench-realtrial: install  ## routing in real time: Kinference's services vs vllm-router on 4 simulated pods -> bench/results/routing_realtrial.json
 	KINFERENCE_PORT_OFFSET=$${KINFERENCE_PORT_OFFSET:-700} $(BIN)/python -m bench.routing.realtrial $(REALTRIAL_ARGS)
 
 bench-kube-dataplane: install  ## pod change -> router / worker-set status latency, Kubernetes mode -> bench/results/kube_dataplane.json

@@ -270,11 +270,23 @@ class CompiledFlowControl(_C, kw_only=True):
     max_queued: int
 
 
+class RouteValueMatch(_C, kw_only=True):
+    """A header (name lower-cased) or query parameter match of an HTTPRoute."""
+
+    name: str
+    value: str
+    type: Literal["Exact", "RegularExpression"] = "Exact"
+
+
 class RoutePath(_C, kw_only=True):
-    """One HTTPRoute path match (Gateway API semantics)."""
+    """One HTTPRoute match (Gateway API semantics): the path, and the method,
+    headers and query parameters that must match too (all of them)."""
 
     type: Literal["Exact", "PathPrefix", "RegularExpression"] = "PathPrefix"
     value: str = "/"
+    method: str | None = None
+    headers: list[RouteValueMatch] = []
+    query_params: list[RouteValueMatch] = []
 
 
 class CompiledRoute(_C, kw_only=True):

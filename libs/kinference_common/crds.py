@@ -169,6 +169,9 @@ KINDS: list[dict[str, Any]] = [
             {"name": "State", "type": "string", "jsonPath": ".status.state"},
             {"name": "Unmatched", "type": "string", "jsonPath": ".spec.unmatched"},
             _AGE,
+            # -o wide only (priority 1): the seeds' default columns stay as they are
+            {"name": "Warnings", "type": "integer", "jsonPath": ".status.warningCount", "priority": 1},
+            {"name": "Message", "type": "string", "jsonPath": ".status.conditions[0].message", "priority": 1},
         ],
     },
     {

@@ -337,9 +337,20 @@ class HTTPPathMatch(_Model, kw_only=True):
     value: str = "/"
 
 
+class HTTPNameValueMatch(_Model, kw_only=True):
+    """A header or query parameter match (Gateway API: ``Exact`` or ``RegularExpression``)."""
+
+    name: str
+    value: str
+    type: str = "Exact"
+
+
 class HTTPRouteMatch(_Model, kw_only=True):
     #: None = PathPrefix "/" (Gateway API's default)
     path: HTTPPathMatch | None = None
+    headers: list[HTTPNameValueMatch] = []
+    query_params: list[HTTPNameValueMatch] = []
+    method: str | None = None
 
 
 class HTTPRouteRule(_Model, kw_only=True):

@@ -91,6 +91,28 @@ def _kinds_for(kind: str | None, group: str | None = None) -> list[Kind]:
     return [k for k in kinds.COMPILER_INPUTS if k.kind == kind and (group is None or k.group == group)]
 
 
+def refused_generations(errors: list[ManifestError]) -> dict[tuple[str, str, str], list[ManifestError]]:
+    """(kind, namespace, name) -> the errors of its current generation."""
+    out: dict[tuple[str, str, str], list[ManifestError]] = {}
+    for e in errors:
+        d = e.document
+        if d.kind and d.name:
+            out.setdefault((d.kind, d.namespace or "default", d.name), []).append(e)
+    return out
+
+
+def with_refused(status: dict[str, Any], errs: list[ManifestError], observed: Any) -> dict[str, Any]:
+    """``status`` plus ``ManifestValid=False`` (reason ``InvalidManifest``) for
+    a generation the compiler refused while the last good one stays in force."""
+    meta = observed.get("metadata", {}) if isinstance(observed, dict) else getattr(observed, "metadata", {})
+    generation = meta.get("generation") if isinstance(meta, dict) else getattr(meta, "generation", None)
+    why = "; ".join(f"{e.path}: {e.message}" if e.path else e.message for e in errs[:3])
+    cond = {"type": "ManifestValid", "status": "False", "reason": "InvalidManifest",
+            "message": f"generation {generation} refused, the last good generation stays in force: {why}",
+            "observedGeneration": generation}
+    return {**status, "conditions": [*status.get("conditions", []), cond]}
+
+
 class KubernetesStatusSink:
     """Statuses and Events for one compile result. Only the leader calls it."""
 
@@ -122,6 +144,7 @@ class KubernetesStatusSink:
                     isinstance(p, dict) and p.get("controllerName") in OWN_CONTROLLERS
                     for p in (obj.get("status") or {}).get("parents") or []):
                 desired[key] = {"parents": []}
+        refused = refused_generations(errors)
         for (kind, ns, name), status in sorted(desired.items(),
                                                key=lambda kv: (kv[0][0].plural, kv[0][0].group, kv[0][1], kv[0][2])):
             if not self.is_leader():
@@ -129,6 +152,8 @@ class KubernetesStatusSink:
             observed = self.source.observed(kind, ns, name)
             if observed is None:
                 continue
+            if (kind.kind, ns, name) in refused:  # in force at its last good version: the status says so
+                status = with_refused(status, refused[(kind.kind, ns, name)], observed)
             try:
                 changed += await self.writer.write(kind, observed, status)
             except ApiException as exc:

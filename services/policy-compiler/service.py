@@ -205,7 +205,7 @@ class PolicyCompilerService:
         self.last_errors = errors
         self._sink_pending = self.status_sink is not None
         if self.statuses is not None:
-            self.statuses.write(res, errors)
+            self.statuses.write(res, errors, self.source.documents())
         self.metrics.warnings.clear()
         for (ns, name), st in res.policy_status.items():
             self.metrics.warnings.labels(ns, name).set(len(st.warnings))

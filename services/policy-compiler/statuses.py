@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -57,18 +58,42 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _broken_objects(errors: list[ManifestError], documents: Iterable[Any]) -> dict[tuple[str, str, str], dict]:
+    """Status key -> the condition an object gets while its file's current
+    version is broken and its last good version stays in force."""
+    by_source: dict[str, list[ManifestError]] = {}
+    for e in errors:
+        by_source.setdefault(e.document.source, []).append(e)
+    out: dict[tuple[str, str, str], dict] = {}
+    for d in documents:
+        doc = getattr(d, "document", None)
+        if doc is None or doc.source not in by_source or doc.kind is None or doc.name is None:
+            continue
+        errs = by_source[doc.source]
+        message = "; ".join(str(e) for e in errs[:3]) + (f" (and {len(errs) - 3} more)" if len(errs) > 3 else "")
+        out[(doc.kind, doc.namespace or "default", doc.name)] = {
+            "type": "ManifestValid", "status": "False", "reason": "InvalidManifest",
+            "message": f"the file's current version is broken, its last good version stays in force: {message}"}
+    return out
+
+
 class StatusDirectory:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._last: dict[tuple[str, str, str], Any] = {}
         self._written: dict[tuple[str, str, str], bytes] = {}
 
-    def write(self, res: CompileResult, errors: list[ManifestError]) -> int:
-        """Write changed statuses; return how many files changed."""
+    def write(self, res: CompileResult, errors: list[ManifestError], documents: Iterable[Any] = ()) -> int:
+        """Write changed statuses; return how many files changed. ``documents``:
+        those in force (with where each came from), so that an object whose
+        file is broken now, and kept at its last good version, says so."""
         current = {k: _carry(self._last.get(k), v) for k, v in _statuses(res).items()}
+        broken = _broken_objects(errors, documents)
         changed = 0
         for key, st in sorted(current.items()):
             body = {"status": msgspec.to_builtins(st)}
+            if key in broken:
+                body["status"]["conditions"] = [*body["status"].get("conditions", []), broken[key]]
             encoded = msgspec.json.encode(body)
             if self._written.get(key) == encoded:
                 continue

@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
 from kinference_common.engine.trace import build_trace, encode_trace
-from kinference_router import models_api, provider_request, replica_sync, retry, validate
+from kinference_router import models_api, provider_request, replica_sync, retry, stream_usage, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.classification import Classification, RequestTags
 from kinference_router.director import (FAIRNESS_HEADER, OBJECTIVE_HEADERS, ApiError, Director, Routing,
@@ -209,11 +209,22 @@ class Router:
     async def metrics_page(self, _: HttpRequest) -> Response:
         return Response(200, generate_latest(self.metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
-    async def models(self, _: HttpRequest) -> Response:
+    def _unauthorized(self, request: HttpRequest) -> Response | None:
+        """401 for a request without a valid key (every data-port answer checks this first)."""
+        if self.auth.tenant(request.headers) is not None:
+            return None
+        self.metrics.child(self.metrics.requests, self.pool_label, "", "unauthorized", "").inc()
+        return error_response(ApiError(401, "unauthorized", "missing or unknown API key"), new_decision_id())
+
+    async def models(self, request: HttpRequest) -> Response:
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
         snap = self.keeper.snapshot
         return Response(200, msgspec.json.encode(models_api.model_list(snap.pool.models if snap else [])))
 
     async def model(self, request: HttpRequest) -> Response:
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
         snap = self.keeper.snapshot
         found = models_api.find(snap.pool.models if snap else [], request.path)
         if found is None:
@@ -372,13 +383,18 @@ class Router:
                                                *route_headers])
                     first = True
                     tail = b""
+                    strip = stream_usage.stripper(body.raw, cand.is_local)  # usage the client did not ask for
                     try:
                         async for chunk in upstream.chunks():
                             if first:
                                 first = False
                                 send.first_token(streamed=True)
-                            await request.write(chunk)
                             tail = (tail + chunk)[-4096:]
+                            if strip is not None:
+                                chunk = strip.feed(chunk)
+                            await request.write(chunk)
+                        if strip is not None:
+                            await request.write(strip.flush())
                     except UpstreamError as exc:
                         # headers are sent: the only way left to tell the client
                         # is to end its stream abruptly (no terminating chunk),

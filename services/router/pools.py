@@ -9,7 +9,10 @@ from its ``Host`` header and path with Gateway API's matching and precedence:
    which beats a route without hostnames; longer hostnames first;
 2. then an ``Exact`` path beats a ``PathPrefix`` (longest first), which beats
    a ``RegularExpression``;
-3. then the route's ``namespace/name``, then the pool's ``namespace/name``
+3. then a match with a method beats one without, then more header matches,
+   then more query parameter matches (a match's method, headers and query
+   parameters must all match: ``Exact``, or ``RegularExpression`` in full);
+4. then the route's ``namespace/name``, then the pool's ``namespace/name``
    (not the route's age, Gateway API's next tie-break: a pool compiled from
    files and from the cluster must be the same, and files carry no
    ``creationTimestamp``).
@@ -39,7 +42,7 @@ import nats
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kinference_common import subjects
-from kinference_common.compiled import CompiledPool, CompiledRoute, RoutePath
+from kinference_common.compiled import CompiledPool, CompiledRoute, RoutePath, RouteValueMatch
 from kinference_common.engine import Calibration, InFlightLedger, PrefixIndex
 from kinference_router.app import ApiError, Router, RouterSettings, error_response, new_decision_id, server_error
 from kinference_router.http_server import HttpServer, Request as HttpRequest, Response
@@ -79,6 +82,19 @@ def path_matches(match: RoutePath, path: str, regex: re.Pattern[str] | None = No
     return regex is not None and regex.fullmatch(path) is not None
 
 
+def _value_regex(m: RouteValueMatch) -> re.Pattern[str] | None:
+    return re.compile(m.value) if m.type == "RegularExpression" else None
+
+
+def _values_match(matches: tuple[tuple[RouteValueMatch, re.Pattern[str] | None], ...],
+                  get: Any) -> bool:
+    for m, rx in matches:
+        got = get(m.name)
+        if got is None or (rx.fullmatch(got) is None if rx is not None else got != m.value):
+            return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
     """One (hostname, path) pair of one route for one pool, with its precedence."""
@@ -89,6 +105,8 @@ class _Entry:
     regex: re.Pattern[str] | None
     pool: PoolKey
     route: str
+    headers: tuple[tuple[RouteValueMatch, re.Pattern[str] | None], ...] = ()
+    query: tuple[tuple[RouteValueMatch, re.Pattern[str] | None], ...] = ()
 
 
 class RouteTable:
@@ -120,15 +138,34 @@ class RouteTable:
                         regex = re.compile(path.value)
                     except re.error:
                         continue  # an invalid expression matches nothing
+                try:
+                    headers = tuple((h, _value_regex(h)) for h in path.headers)
+                    query = tuple((q, _value_regex(q)) for q in path.query_params)
+                except re.error:
+                    continue
                 path_rank = {"Exact": 0, "PathPrefix": 1}.get(path.type, 2)
-                rank = (*host_rank, path_rank, -len(path.value), route.route, key)
-                out.append(_Entry(rank, hostname, path, regex, key, route.route))
+                rank = (*host_rank, path_rank, -len(path.value), 0 if path.method else 1,
+                        -len(headers), -len(query), route.route, key)
+                out.append(_Entry(rank, hostname, path, regex, key, route.route, headers, query))
         return out
 
-    def match(self, host: str, path: str) -> PoolKey | None:
+    def match(self, host: str, path: str, method: str = "", headers: Mapping[str, str] | None = None,
+              query: str = "") -> PoolKey | None:
+        """The pool of a request; ``headers`` with lower-cased names, ``query`` the raw query string."""
+        params: dict[str, list[str]] | None = None
         for e in self.entries:
-            if (e.hostname is None or hostname_matches(e.hostname, host)) and path_matches(e.path, path, e.regex):
-                return e.pool
+            if not ((e.hostname is None or hostname_matches(e.hostname, host)) and path_matches(e.path, path, e.regex)):
+                continue
+            if e.path.method and e.path.method != method:
+                continue
+            if e.headers and not _values_match(e.headers, (headers or {}).get):
+                continue
+            if e.query:
+                if params is None:
+                    params = parse_qs(query, keep_blank_values=True)
+                if not _values_match(e.query, lambda n: (params.get(n) or [None])[0]):  # type: ignore[union-attr]
+                    continue
+            return e.pool
         return None
 
 
@@ -217,7 +254,8 @@ class MultiPoolRouter:
     # -------------------------------------------------------------- routing
 
     def pick(self, request: HttpRequest) -> Router | None:
-        key = self.table.match(request_host(request.headers), request.path)
+        key = self.table.match(request_host(request.headers), request.path, request.method, request.headers,
+                               request.query)
         if key is None or key not in self.keeper.pools or key not in self._live:
             return None
         return self.routers[key]
@@ -229,11 +267,11 @@ class MultiPoolRouter:
         self.metrics.child(self.metrics.requests, "", "", err.code, "").inc()
         return error_response(err, new_decision_id())
 
-    def _dispatch(self, name: str, authenticate: bool = True) -> Any:
+    def _dispatch(self, name: str) -> Any:
         async def handler(request: HttpRequest) -> Response | None:
             r = self.pick(request)
             if r is None:
-                if authenticate and self.auth.tenant(request.headers) is None:
+                if self.auth.tenant(request.headers) is None:
                     # 401 before anything else: a caller without a key learns nothing of the routes
                     err = ApiError(401, "unauthorized", "missing or unknown API key")
                     self.metrics.child(self.metrics.requests, "", "", err.code, "").inc()
@@ -246,8 +284,8 @@ class MultiPoolRouter:
         return self._server({
             "/v1/chat/completions": {"POST": self._dispatch("chat")},
             "/v1/completions": {"POST": self._dispatch("completions")},
-            "/v1/models": {"GET": self._dispatch("models", authenticate=False)},  # as a single pool's
-            "/v1/models/*": {"GET": self._dispatch("model", authenticate=False)},
+            "/v1/models": {"GET": self._dispatch("models")},  # authenticated by the pool's router
+            "/v1/models/*": {"GET": self._dispatch("model")},
         })
 
     def admin_server(self) -> HttpServer:

@@ -17,7 +17,8 @@ gets
 - **body**: the client's body without the fields of
   :data:`~kinference_common.prompt_texts.PRIVATE_FIELDS` (``user``,
   ``metadata``, ``safety_identifier``, ``prompt_cache_key``) and with
-  ``model`` set to the provider's name for it. Every other string in it is
+  ``model`` set to the provider's name for it (and, for a stream,
+  ``stream_options.include_usage``). Every other string in it is
   one the classifiers read
   (:func:`kinference_common.prompt_texts.texts_from_body`): what is not
   dropped here is classified there.
@@ -31,6 +32,7 @@ from typing import Any
 import msgspec
 
 from kinference_common.prompt_texts import PRIVATE_FIELDS
+from kinference_router.stream_usage import ask_usage
 
 USER_AGENT = "kinference-router"
 
@@ -89,5 +91,6 @@ def headers(client_headers: Mapping[str, str], *, stream: bool, request_id: str,
 
 def body(raw: Mapping[str, Any], model: str) -> bytes:
     """The body of a provider request: ``raw`` without its private fields,
-    ``model`` replaced."""
-    return _encoder.encode({**{k: v for k, v in raw.items() if k not in PRIVATE_FIELDS}, "model": model})
+    ``model`` replaced; a stream asks for its usage (``stream_usage``: the
+    router counts a provider's tokens, the client gets only what it asked for)."""
+    return _encoder.encode({**{k: v for k, v in ask_usage(raw).items() if k not in PRIVATE_FIELDS}, "model": model})

@@ -224,3 +224,16 @@ def test_unmatched_serve_local_is_not_reported_as_it_is_the_crd_default() -> Non
     # compiles it, with no warning the operator could not act on.
     st, _ = compile_policy("unmatched: ServeLocal\nrules:\n" + rule(LOCAL, "all"))
     assert [w.code for w in st.warnings] == []
+
+
+def test_a_pii_leak_warning_shows_in_the_wide_columns() -> None:
+    """``kubectl get infpol -o wide``: WARNINGS counts them, MESSAGE (the
+    Accepted condition's) names a warning that lets PII reach a provider."""
+    spec = ("rules:\n" + rule("matches: [{tag: pii-confirmed}]\n" + LOCAL, "pii-local")
+            + rule("route:\n  exclude: [{name: busy, drop: {backend: {type: Local}, queuedPrompts: {greaterThan: 4}}}]\n"
+                   "  select: [{type: Local}, {type: Provider}]", "burst"))
+    st, _ = compile_policy(spec)
+    assert st.warning_count == 1
+    assert "UncoveredFailureTag in pii-local" in st.conditions[0].message
+    st, _ = compile_policy("rules:\n" + rule(LOCAL))
+    assert st.warning_count == 0 and "WARNING" not in st.conditions[0].message

@@ -56,7 +56,7 @@ def test_structural_with_status_short_names_and_columns(kind: str) -> None:
     version = crd["spec"]["versions"][0]
     assert walk(version["schema"]["openAPIV3Schema"], "") == []
     assert version["subresources"] == {"status": {}}
-    columns = [c["name"].upper() for c in version["additionalPrinterColumns"]]
+    columns = [c["name"].upper() for c in version["additionalPrinterColumns"] if not c.get("priority")]
     expected = {
         "InferencePolicy": ["RULES", "STATE", "UNMATCHED", "AGE"],
         "InferencePool": ["POLICY", "DESTINATIONS", "STATE", "AGE"],
@@ -64,6 +64,8 @@ def test_structural_with_status_short_names_and_columns(kind: str) -> None:
         "InferenceProvider": ["URL", "MODELS", "READY", "AGE"],
     }[kind]
     assert columns == expected  # NAME is always first in kubectl
+    wide = [c["name"].upper() for c in version["additionalPrinterColumns"] if c.get("priority")]
+    assert wide == (["WARNINGS", "MESSAGE"] if kind == "InferencePolicy" else [])
     assert crd["spec"]["names"]["shortNames"] == [
         {"InferencePolicy": "infpol", "InferencePool": "infpool", "InferenceWorkerSet": "infws",
          "InferenceProvider": "infprov"}[kind]]

@@ -218,3 +218,22 @@ def test_the_classify_example_shows_the_default_text_output() -> None:
     finally:
         sys.stdin = sys_stdin
     assert re.fullmatch(r"1\tpii-confirmed\t\d+us\n", buf.getvalue()), buf.getvalue()
+
+
+def test_no_command_renders_an_escaped_pipe() -> None:
+    """Python-Markdown's tables keep ``\\|`` literally in a code span (a pipe in
+    backticks does not split the cell): a copied command would break."""
+    import markdown
+
+    for page in sorted(DOCS.rglob("*.md")):
+        html = markdown.markdown(page.read_text(), extensions=["tables"])
+        for code in re.findall(r"<code>(.*?)</code>", html, flags=re.S):
+            assert "\\|" not in code, f"{page.name}: {code}"
+
+
+def test_make_help_speaks_to_users_in_aligned_columns() -> None:
+    out = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines and all("issue" not in line and "sims" not in line for line in lines), out
+    # every description starts in the same column
+    assert len({len(line) - len(line[len(line.split()[0]):].lstrip()) for line in lines}) == 1, out

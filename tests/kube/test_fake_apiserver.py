@@ -56,13 +56,13 @@ async def test_status_subresource_generation_and_conflicts(api_client):
     st = await co.patch_namespaced_custom_object_status(
         G, V, "default", "inferencepolicies", "a", {"status": {"state": "Accepted"}, "spec": {"unmatched": "Reject"}},
         _content_type="application/merge-patch+json")
-    assert st["status"] == {"state": "Accepted", "ruleCount": 0}  # ruleCount: the CRD's default
+    assert st["status"] == {"state": "Accepted", "ruleCount": 0, "warningCount": 0}  # ruleCount, warningCount: the CRD's defaults
     assert st["spec"]["unmatched"] == "ServeLocal"  # /status changes only status (the CRD's default stays)
     assert st["metadata"]["generation"] == 1
     main = await co.patch_namespaced_custom_object(
         G, V, "default", "inferencepolicies", "a", {"spec": {"unmatched": "Reject"}, "status": {"state": "x"}},
         _content_type="application/merge-patch+json")
-    assert main["status"] == {"state": "Accepted", "ruleCount": 0}  # main writes never change status
+    assert main["status"] == {"state": "Accepted", "ruleCount": 0, "warningCount": 0}  # main writes never change status
     assert main["metadata"]["generation"] == 2
     labelled = await co.patch_namespaced_custom_object(
         G, V, "default", "inferencepolicies", "a", {"metadata": {"labels": {"x": "y"}}},
@@ -86,7 +86,7 @@ async def test_status_subresource_generation_and_conflicts(api_client):
     fresh = await co.get_namespaced_custom_object(G, V, "default", "inferencepolicies", "a")
     fresh["status"] = {"state": "Replaced"}
     put = await co.replace_namespaced_custom_object_status(G, V, "default", "inferencepolicies", "a", fresh)
-    assert put["status"] == {"state": "Replaced", "ruleCount": 0}
+    assert put["status"] == {"state": "Replaced", "ruleCount": 0, "warningCount": 0}
 
 
 async def test_watch_streams_changes_bookmarks_and_410(api_client, kube_api):

@@ -274,3 +274,29 @@ async def test_runs_without_the_optional_crds(kube_api, kube_compiler):
         "gateways.gateway.networking.k8s.io", "gatewayclasses.gateway.networking.k8s.io",
         "inferenceobjectives.inference.networking.x-k8s.io", "inferenceobjectives.llm-d.ai",
         "inferencemodelrewrites.inference.networking.x-k8s.io", "inferencemodelrewrites.llm-d.ai"}
+
+
+async def test_a_refused_generation_says_so_in_the_status(kube_api, kube_compiler, tmp_path):
+    """A generation that does not decode keeps the last good one in force and
+    is named in the status (ManifestValid=False), not only in an Event."""
+    path = tmp_path / "mixed.yaml"
+    path.write_text(MIXED)
+    for doc in load_docs(path):
+        kube_api.apply(doc)
+    await kube_compiler()
+
+    def policy():
+        return kube_api.get(G, "InferencePolicy", "team", "team-policy")["status"]
+
+    await eventually(lambda: policy()["state"] == "Accepted")
+    assert "ManifestValid" not in {c["type"] for c in policy()["conditions"]}
+    kube_api._patch(kube_api.rtype(G, "InferencePolicy"), "team", "team-policy",
+                    {"spec": {"rules": 7}}, status=False)
+
+    def refused():
+        return next((c for c in policy()["conditions"] if c["type"] == "ManifestValid"), None)
+
+    await eventually(lambda: refused() is not None)
+    c = refused()
+    assert c["status"] == "False" and c["reason"] == "InvalidManifest" and c["observedGeneration"] == 2
+    assert "generation 2 refused" in c["message"] and policy()["ruleCount"] == 1  # the last good one

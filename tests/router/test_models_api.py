@@ -51,3 +51,28 @@ async def test_one_model_through_the_router_of_several_pools(multi) -> None:  # 
         assert r.status == 200 and (await r.json())["id"] == "model-b"
     async with s.get(f"{data}/v1/models/model-a", headers={"Host": "nowhere.example.com"}) as r:
         assert r.status == 404 and (await r.json())["error"]["code"] == "route_not_found"
+
+
+async def test_models_need_a_key_in_api_key_mode(env: Env) -> None:  # noqa: F811
+    """The listing names providers (``served_by``): 401 first without a valid key."""
+    env.router.auth.mode = "apiKey"
+    env.router.auth.set_keys([("alice", "sk-alice")])
+    for path in ("/v1/models", "/v1/models/qwen-2.5"):
+        r = await env.client.get(path)
+        assert r.status == 401 and (await r.json())["error"]["code"] == "unauthorized", path
+        r = await env.client.get(path, headers={"Authorization": "Bearer sk-alice"})
+        assert r.status == 200, path
+
+
+async def test_models_of_an_unknown_host_are_401_first(multi) -> None:  # noqa: F811
+    await publish_fleet(multi)
+    auth = multi["router"].auth
+    auth.mode = "apiKey"
+    auth.set_keys([("alice", "sk-alice")])
+    s, data = multi["session"], multi["data"]
+    for host, key, status in (("nowhere.example.com", None, 401), ("nowhere.example.com", "sk-alice", 404),
+                              ("a.example.com", None, 401), ("a.example.com", "sk-alice", 200)):
+        headers = {"Host": host, **({"Authorization": f"Bearer {key}"} if key else {})}
+        for path in ("/v1/models", "/v1/models/model-a"):
+            async with s.get(f"{data}{path}", headers=headers) as r:
+                assert r.status == status, (host, key, path)

@@ -46,6 +46,8 @@ class Upstream:
     retry_after: str | None = None
     received: list[dict[str, Any]] = field(default_factory=list)
     server: TestServer | None = None
+    #: as OpenAI's API: a stream's usage event only for ``stream_options.include_usage``
+    usage_only_when_asked: bool = False
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -69,7 +71,9 @@ class Upstream:
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(0.01)
             usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
-            await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+            if not self.usage_only_when_asked or (body.get("stream_options") or {}).get("include_usage"):
+                await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
         return web.json_response({"id": "x", "model": body["model"], "object": "chat.completion",

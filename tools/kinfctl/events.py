@@ -20,6 +20,7 @@ import msgspec
 
 from kinference_common import bus, natsauth, subjects
 from kinference_common.engine.trace import DecisionTrace
+from kinfctl import localstack
 from kinfctl.main import EXIT_OK, CommandError
 
 _decoder = msgspec.json.Decoder(DecisionTrace)
@@ -58,16 +59,9 @@ def format_line(trace: DecisionTrace, now: float | None = None) -> str:
 
 
 async def follow(args: argparse.Namespace) -> int:
-    import nats
-
     subject = (subjects.decisions_subject(*args.pool.split("/", 1)) if args.pool
                else f"{subjects.DECISIONS_PREFIX}.>")
-    try:
-        # fail fast if NATS is not there at all ...
-        nc = await nats.connect(args.nats_url, connect_timeout=args.timeout, max_reconnect_attempts=1,
-                                reconnect_time_wait=0.2, error_cb=_quiet, **natsauth.connect_options(args))
-    except Exception as exc:
-        raise CommandError(f"cannot reach NATS at {args.nats_url}: {exc or type(exc).__name__}") from None
+    nc = await connect(args)
     # ... but once following, ride out NATS restarts
     nc.options["max_reconnect_attempts"] = -1
     done = asyncio.Event()
@@ -98,19 +92,44 @@ async def follow(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _quiet(_: Exception) -> None:
-    return None
+async def connect(args: argparse.Namespace) -> Any:
+    """NATS for a kinfctl command; a CommandError saying which credential is
+    missing or refused when NATS is up, or that it cannot be reached."""
+    import nats
+
+    errors: list[BaseException] = []
+
+    async def remember(exc: Exception) -> None:
+        errors.append(exc)
+
+    try:
+        options = natsauth.connect_options(args)
+    except natsauth.CredentialsError as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        # fail fast if NATS is not there at all ...
+        return await nats.connect(args.nats_url, connect_timeout=args.timeout, max_reconnect_attempts=1,
+                                  reconnect_time_wait=0.2, error_cb=remember, **options)
+    except Exception as exc:
+        offset = getattr(args, "resolved_offset", 0)
+        raise CommandError(localstack.why_unreachable(args, offset, exc, errors[-1] if errors else None)) from None
 
 
-def default_nats_url(offset: int | None) -> str:
-    """NATS of a local stack: port 4222 moved by the port offset (``--port-offset``,
-    else ``$KINFERENCE_PORT_OFFSET``), as ``make run`` lays its ports out."""
+def port_offset(offset: int | None) -> int:
+    """``--port-offset``, else ``$KINFERENCE_PORT_OFFSET``, else 0."""
     if offset is None:
         raw = os.environ.get("KINFERENCE_PORT_OFFSET", "0") or "0"
         try:
             offset = int(raw)
         except ValueError:
             raise CommandError(f"KINFERENCE_PORT_OFFSET must be a whole number, not {raw!r}") from None
+    return offset
+
+
+def default_nats_url(offset: int | None) -> str:
+    """NATS of a local stack: port 4222 moved by the port offset (``--port-offset``,
+    else ``$KINFERENCE_PORT_OFFSET``), as ``make run`` lays its ports out."""
+    offset = port_offset(offset)
     if not 0 <= 4222 + offset < 65536:
         raise CommandError(f"port offset {offset} puts NATS outside 1-65535")
     return f"nats://127.0.0.1:{4222 + offset}"
@@ -119,6 +138,14 @@ def default_nats_url(offset: int | None) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.pool and "/" not in args.pool:
         raise CommandError("--pool must be NAMESPACE/NAME")
-    if args.nats_url is None:
-        args.nats_url = default_nats_url(args.port_offset)
+    local_nats(args)
     return asyncio.run(follow(args))
+
+
+def local_nats(args: argparse.Namespace) -> None:
+    """Without ``--nats-url``: the local stack's NATS, and its credentials
+    for ``--nats-user`` found by themselves (:mod:`kinfctl.localstack`)."""
+    args.resolved_offset = port_offset(args.port_offset)
+    if args.nats_url is None:
+        args.nats_url = default_nats_url(args.resolved_offset)
+        localstack.fill_credentials(args, args.resolved_offset)

@@ -32,6 +32,7 @@ from kinference_common.compiled import (
     CompiledRoute,
     RewriteTarget,
     RoutePath,
+    RouteValueMatch,
 )
 from kinference_common.compiler import validate
 from kinference_common.compiler.gateways import (
@@ -354,6 +355,10 @@ def compile_documents(
             seen.add((w.code, w.rule, w.term, w.message))
             warnings.append(w)
         state = "Accepted" if refs else "NotReferenced"
+        leaks = sorted({w.rule or w.term for w in warnings if w.code == "UncoveredFailureTag"})
+        # seen at a glance (the MESSAGE column of -o wide): a warning that lets PII reach a provider
+        leak_note = f"; WARNING: a classifier failure can send PII to a provider (UncoveredFailureTag in " \
+            f"{', '.join(leaks)})" if leaks else ""
         res.policy_status[key] = PolicyStatus(
             rule_count=len(comp.policy.rules),
             referenced_by=refs,
@@ -361,11 +366,12 @@ def compile_documents(
             warnings=warnings,
             conditions=[condition(
                 "Accepted", bool(refs), state,
-                f"in force on {', '.join(refs)}" if refs
-                else "compiled, but no InferencePool names it in spec.policyRef",
+                (f"in force on {', '.join(refs)}" if refs
+                 else "compiled, but no InferencePool names it in spec.policyRef") + leak_note,
                 now, lo.obj.metadata.generation,
             )],
             state=state,
+            warning_count=len(warnings),
         )
     return res
 
@@ -566,9 +572,14 @@ def _route_matches(res: CompileResult, group: str) -> dict[Key, list[CompiledRou
                 continue
             # a match of a path type Gateway API does not define matches nothing
             rule_paths = [
-                RoutePath(type=m.path.type, value=m.path.value or "/") if m.path is not None  # type: ignore[arg-type]
-                else RoutePath()
-                for m in rule.matches if m.path is None or m.path.type in _PATH_TYPES
+                RoutePath(type=m.path.type if m.path else "PathPrefix",  # type: ignore[arg-type]
+                          value=(m.path.value or "/") if m.path else "/", method=m.method,
+                          headers=[RouteValueMatch(name=h.name.lower(), value=h.value, type=h.type)  # type: ignore[arg-type]
+                                   for h in m.headers],
+                          query_params=[RouteValueMatch(name=q.name, value=q.value, type=q.type)  # type: ignore[arg-type]
+                                        for q in m.query_params])
+                for m in rule.matches if (m.path is None or m.path.type in _PATH_TYPES)
+                and all(v.type in ("Exact", "RegularExpression") for v in (*m.headers, *m.query_params))
             ] if rule.matches else [RoutePath()]
             for pool_key in pools:
                 paths[pool_key].extend(p for p in rule_paths if p not in paths[pool_key])

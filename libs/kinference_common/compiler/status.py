@@ -60,6 +60,8 @@ class PolicyStatus(_S, kw_only=True, omit_defaults=False):
     conditions: list[Condition] = msgspec.field(default_factory=list)
     #: the printer column STATE: Accepted or NotReferenced
     state: str = ""
+    #: ``len(warnings)``: the printer column WARNINGS (``-o wide``; a printer column cannot count a list)
+    warning_count: int = 0
 
 
 class UnresolvedDestination(_S, kw_only=True):
