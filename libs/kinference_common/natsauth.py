@@ -119,8 +119,12 @@ def permissions(user: str) -> dict[str, Any]:
         return {"publish": {"allow": [f"{subjects.CONFIG_PREFIX}.>", *_kv_write(subjects.CONFIG_BUCKET)]},
                 "subscribe": {"allow": [inbox]}}
     if user == COLLECTOR:
-        return {"publish": {"allow": ["kinference.telemetry.>", *_kv_write(subjects.TELEMETRY_BUCKET)]},
-                "subscribe": {"allow": [inbox, f"{subjects.OBSERVATIONS_PREFIX}.>"]}}
+        # replicas share the fleet: their heartbeats in a bucket of their own, GPU stats on a subject
+        members = [s for s in _kv_write(subjects.COLLECTORS_BUCKET) if s not in _kv_write(subjects.TELEMETRY_BUCKET)]
+        return {"publish": {"allow": ["kinference.telemetry.>", *_kv_write(subjects.TELEMETRY_BUCKET), *members,
+                                      subjects.COLLECTOR_GPU_SUBJECT]},
+                "subscribe": {"allow": [inbox, f"{subjects.OBSERVATIONS_PREFIX}.>", subjects.COLLECTOR_GPU_SUBJECT,
+                                      f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>"]}}
     if user == CLASSIFIER:
         # replies only to the requests it received (allow_responses), nothing else
         return {"publish": {"deny": [">"]}, "subscribe": {"allow": [classify, inbox]},

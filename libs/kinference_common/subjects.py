@@ -20,6 +20,10 @@ ROUTER_PREFIX = "kinference.router"
 
 CONFIG_BUCKET = "kinference-config"
 TELEMETRY_BUCKET = "kinference-telemetry"
+#: the telemetry-collector replicas' heartbeats (membership for sharding)
+COLLECTORS_BUCKET = "kinference-collectors"
+#: GPU stats a DCGM exporter's owning collector replica shares with the others
+COLLECTOR_GPU_SUBJECT = "kinference.collector.gpu"
 
 #: queue group shared by classifier replicas
 CLASSIFIER_QUEUE_GROUP = "kinference-classifier"

@@ -60,6 +60,16 @@ def parser() -> argparse.ArgumentParser:
                    help="re-read /v1/models (context window) this often, seconds (default 300)")
     p.add_argument("--provider-tau", type=_positive, default=60.0,
                    help="decay time constant of providers' EstimatedTTFT, seconds (default 60)")
+    p.add_argument("--replica-id", default="",
+                   help="this replica's name among the collectors sharing the fleet (default: $POD_NAME, "
+                        "else host-pid); replicas find each other in the NATS KV bucket kinference-collectors")
+    p.add_argument("--heartbeat", type=_positive, default=0.5,
+                   help="seconds between a replica's heartbeats (default 0.5)")
+    p.add_argument("--member-ttl", type=_positive, default=1.5,
+                   help="a replica silent this long is dead and its share is taken over (default 1.5)")
+    p.add_argument("--kv-replicas", type=int, default=int(os.environ.get("KINFERENCE_KV_REPLICAS", "1")),
+                   help="replicas of the KV buckets this service creates: 3 on a three-server NATS cluster "
+                        "(default: $KINFERENCE_KV_REPLICAS or 1)")
     p.add_argument("--http-host", default="0.0.0.0", help="address of /metrics and /healthz (default 0.0.0.0)")
     p.add_argument("--http-port", type=int, default=9090, help="/metrics and /healthz; 0 = off (default 9090)")
     natsauth.add_arguments(p, default_user=natsauth.COLLECTOR)
@@ -104,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         nats_options=nats_options,
         http_host=args.http_host,
         http_port=args.http_port,
+        replica_id=args.replica_id,
+        heartbeat=args.heartbeat,
+        member_ttl=args.member_ttl,
+        kv_replicas=args.kv_replicas,
         collector=CollectorConfig(
             interval=args.interval,
             timeout=args.timeout,

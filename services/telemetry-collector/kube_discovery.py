@@ -237,11 +237,14 @@ class KubeDiscovery:
                     await collector.refresh_targets()
                 # at once on a change (each object is still written at most once per interval), and
                 # every interval (scrape results move readiness too)
-                if woke or loop.time() - last_report >= status_interval:
+                # several replicas: the leader alone writes, from every replica's states
+                if (woke or loop.time() - last_report >= status_interval) and getattr(collector, "leader", True):
                     last_report = loop.time()
+                    trackers = collector.status_trackers() if hasattr(collector, "status_trackers") \
+                        else collector.trackers
                     try:
                         await reporter.report(self.worker_sets.items().values(), self.providers.items().values(),
-                                              self.vllm_targets(), collector.trackers, provider_state)
+                                              self.vllm_targets(), trackers, provider_state)
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:  # pragma: no cover - a bug; keep discovery alive

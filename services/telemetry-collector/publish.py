@@ -165,6 +165,10 @@ class Publisher:
         e.pending = True
         self._wake.set()
 
+    def forget(self, key: str) -> None:
+        """Another replica publishes ``key`` now: send nothing more for it."""
+        self._entries.pop(key, None)
+
     def _offer(self, key: str, subject: str, data: bytes, fp: bytes) -> None:
         e = self._entries.get(key)
         if e is None:

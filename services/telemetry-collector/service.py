@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -26,7 +27,7 @@ from aiohttp import web
 
 from kinference_common import subjects
 from kinference_common.bus import close as close_nats
-from kinference_common.messages import Observation
+from kinference_common.messages import EndpointState, Observation
 
 from .derive import DeriveConfig, EndpointTracker, GpuStats, gpu_stats_by_pod, merge_gpu_stats
 from .discovery import Discovery, Target
@@ -35,6 +36,8 @@ from .promparse import parse_dcgm, parse_vllm
 from .providers import ProviderAggregator, ProviderConfig
 from .publish import Bus, NatsBus, Publisher
 from .scrape import ScrapeError, context_window, describe, fetch, new_session
+from .shard import Membership as Shard
+from .shard import default_replica_id
 
 log = structlog.get_logger("kinference.collector")
 
@@ -65,6 +68,21 @@ class _Dcgm:
     errors: int = 0
 
 
+class _Remote:
+    """Another replica's endpoint, as a status reads a tracker."""
+
+    __slots__ = ("state", "stale_after", "last_success", "scrape_errors")
+
+    def __init__(self, st: EndpointState, stale_after: float) -> None:
+        self.state, self.stale_after = st, stale_after
+        self.last_success = st.scraped_at or None
+        self.scrape_errors = 0 if st.scraped_at else 1
+
+    def ready(self, now: float) -> bool:
+        return bool(self.state.ready and self.last_success is not None
+                    and now - self.last_success <= self.stale_after)
+
+
 class Collector:
     """Scrapes, derives and offers states to a :class:`Publisher`."""
 
@@ -75,6 +93,7 @@ class Collector:
         publisher: Publisher,
         metrics: CollectorMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        shard: Shard | None = None,
     ) -> None:
         self.config = config
         self.discovery = discovery
@@ -93,6 +112,15 @@ class Collector:
         self._obs_decoder = msgspec.json.Decoder(Observation)
         self.scrapes = 0
         self.running = False
+        #: several replicas share the fleet (:mod:`.shard`); None = this one scrapes everything
+        self.shard = shard
+        self._discovered: list[Target] = []
+        #: DCGM exporters another replica scrapes: their GPU stats as it shared them
+        self._remote_gpu: dict[str, tuple[float, dict[tuple[str, str], GpuStats]]] = {}
+        #: set by the service: shares one DCGM exporter's GPU stats with the other replicas
+        self.share_gpu: Callable[[str, dict[tuple[str, str], GpuStats]], None] | None = None
+        self.handed_off = 0
+        self._remote_states: dict[tuple[str, str, str, str], EndpointState] = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -138,11 +166,32 @@ class Collector:
             return
         self.apply_targets(targets)
 
+    def reassign(self) -> None:
+        """The replicas changed: take this replica's share of the last discovered targets."""
+        if self.running:
+            self.apply_targets(self._discovered)
+
     def apply_targets(self, targets: list[Target]) -> None:
-        """Start tasks for new targets, stop removed ones, update changed ones."""
+        """Start tasks for new targets, stop removed ones, update changed ones.
+        With a shard, only this replica's share is scraped; a target now owned
+        by another replica is dropped without a word on the bus (its new owner
+        publishes it), one gone from discovery is published as removed."""
+        self._discovered = list(targets)
+        if self.shard is not None:
+            discovered = {t.key for t in targets}
+            targets = [t for t in targets if self.shard.owns(t.key)]
         wanted = {t.key: t for t in targets}
         now = self._clock()
         for key in list(self._tasks):
+            if key not in wanted and self.shard is not None and key in discovered:
+                self._tasks.pop(key).cancel()
+                tr = self.trackers.pop(key, None)
+                if tr is not None:
+                    t = tr.target
+                    self.publisher.forget(subjects.endpoint_key(t.namespace, t.worker_set, t.pod))
+                self._dcgm.pop(key, None)
+                self.handed_off += 1
+                continue
             if key not in wanted:
                 self._tasks.pop(key).cancel()
                 tr = self.trackers.pop(key, None)
@@ -246,6 +295,8 @@ class Collector:
             d.stats = gpu_stats_by_pod(gpus)
             d.last_success = self._clock()
             d.errors = 0
+            if self.share_gpu is not None:
+                self.share_gpu(d.target.address, d.stats)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -259,14 +310,42 @@ class Collector:
     def _rebuild_gpu_index(self) -> None:
         now = self._clock()
         index: dict[tuple[str, str], GpuStats] = {}
-        for d in self._dcgm.values():
-            if d.last_success is None or now - d.last_success > self.config.dcgm_stale_after:
+        sources = [(d.last_success, d.stats) for d in self._dcgm.values()]
+        sources.extend((at, stats) for addr, (at, stats) in self._remote_gpu.items()
+                       if ("dcgm", addr, "", "") not in self._dcgm)
+        for last_success, stats in sources:
+            if last_success is None or now - last_success > self.config.dcgm_stale_after:
                 continue
-            for key, st in d.stats.items():
+            for key, st in stats.items():
                 index[key] = merge_gpu_stats(index[key], st) if key in index else st
         self._gpu_index = index
 
+    def on_remote_endpoint(self, st: EndpointState) -> None:
+        """An endpoint state on the bus (this replica's or another's): the
+        leader's status of pods it does not scrape itself comes from these."""
+        self._remote_states[("vllm", st.namespace, st.worker_set, st.pod)] = st
+
+    def status_trackers(self) -> Mapping[tuple[str, str, str, str], Any]:
+        """What :mod:`.kube_status` reads per target: this replica's trackers,
+        and for the other replicas' share their last published states."""
+        if self.shard is None or len(self.shard.members) == 1:
+            return self.trackers
+        out: dict[tuple[str, str, str, str], Any] = {
+            k: _Remote(st, self.config.derive.stale_after) for k, st in self._remote_states.items()}
+        out.update(self.trackers)
+        return out
+
+    def on_remote_gpu(self, address: str, stats: dict[tuple[str, str], GpuStats]) -> None:
+        """Another replica scraped the DCGM exporter at ``address``."""
+        self._remote_gpu[address] = (self._clock(), stats)
+        self._rebuild_gpu_index()
+
     # ------------------------------------------------------------ providers
+
+    @property
+    def leader(self) -> bool:
+        """This replica publishes provider states and writes statuses (every replica aggregates)."""
+        return self.shard is None or self.shard.leader
 
     def on_observation(self, data: bytes) -> None:
         """One message of ``kinference.observations.>``; bad ones are counted and dropped."""
@@ -278,7 +357,7 @@ class Collector:
         self.metrics.observations.labels("ok").inc()
         now = self._clock()
         key = self.providers.observe(obs, now)
-        if key is not None:
+        if key is not None and self.leader:
             self.publisher.offer_provider(self.providers.state(key, now))
 
     # ---------------------------------------------------------- housekeeping
@@ -287,14 +366,18 @@ class Collector:
         """Provider windows slide and endpoint counts move even with no new data."""
         now = self._clock()
         self.providers.prune(now)
-        for key in self.providers.keys():
-            self.publisher.offer_provider(self.providers.state(key, now))
-        if self._dcgm:
+        if self.leader:
+            for key in self.providers.keys():
+                self.publisher.offer_provider(self.providers.state(key, now))
+        if self._dcgm or self._remote_gpu:
             self._rebuild_gpu_index()
         # readiness turns false on time even when a target's scrapes are slower
-        # than the staleness bound (unchanged states are not re-sent)
+        # than the staleness bound (unchanged states are not re-sent); a target
+        # not scraped even once yet (just taken over from another replica) waits
+        # for its first scrape rather than say "not ready"
         for tr in self.trackers.values():
-            self.emit(tr, now)
+            if tr.last_success is not None or tr.scrape_errors:
+                self.emit(tr, now)
         self.update_gauges()
 
     def update_gauges(self) -> None:
@@ -327,6 +410,13 @@ class ServiceConfig:
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     #: credentials and TLS (:func:`kinference_common.natsauth.connect_options`)
     nats_options: dict = field(default_factory=dict)
+    #: this replica's name among the collectors sharing the fleet (default: pod name, else host-pid)
+    replica_id: str = ""
+    #: seconds between heartbeats; a replica silent for ``member_ttl`` is dead (:mod:`.shard`)
+    heartbeat: float = 0.5
+    member_ttl: float = 1.5
+    #: replicas of the buckets this service creates (3 on a three-server NATS cluster)
+    kv_replicas: int = 1
 
 
 class NatsLog:
@@ -406,6 +496,55 @@ async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = Non
     return None
 
 
+_gpu_enc = msgspec.json.Encoder()
+
+
+class _GpuShare(msgspec.Struct, array_like=True):
+    replica: str
+    address: str
+    #: (namespace, pod, utilization, memory usage, xid, gpus)
+    pods: list[tuple[str, str, float | None, float | None, int | None, int]]
+
+
+async def share_between_replicas(nc: Any, collector: Collector, *, status: bool) -> list[Any]:
+    """Wire a sharded collector to the others: GPU stats of the DCGM exporters
+    each replica scrapes go to every replica (an engine pod and its node's
+    exporter may belong to different replicas), and with ``status`` (the
+    leader writes the Kubernetes statuses) every endpoint state is followed."""
+    assert collector.shard is not None
+    me = collector.shard.id
+    dec = msgspec.json.Decoder(_GpuShare)
+    ep_dec = msgspec.json.Decoder(EndpointState)
+    pending: set[asyncio.Task[None]] = set()
+
+    def share(address: str, stats: dict[tuple[str, str], GpuStats]) -> None:
+        if len(collector.shard.members) == 1:  # type: ignore[union-attr]
+            return
+        msg = _GpuShare(me, address, [(ns, pod, g.utilization, g.memory_usage, g.xid_error, g.gpus)
+                                      for (ns, pod), g in stats.items()])
+        t = asyncio.create_task(nc.publish(subjects.COLLECTOR_GPU_SUBJECT, _gpu_enc.encode(msg)))
+        pending.add(t)
+        t.add_done_callback(lambda t: (pending.discard(t), t.cancelled() or t.exception()))
+
+    async def on_gpu(msg: Any) -> None:
+        try:
+            m = dec.decode(msg.data)
+        except msgspec.DecodeError:
+            return
+        if m.replica != me:
+            collector.on_remote_gpu(m.address, {(ns, pod): GpuStats(u, mem, x, n) for ns, pod, u, mem, x, n in m.pods})
+
+    async def on_endpoint(msg: Any) -> None:
+        with contextlib.suppress(msgspec.DecodeError):
+            collector.on_remote_endpoint(ep_dec.decode(msg.data))
+
+    collector.share_gpu = share
+    subs = [await nc.subscribe(subjects.COLLECTOR_GPU_SUBJECT, cb=on_gpu)]
+    if status:
+        subs.append(await nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=on_endpoint))
+    return subs
+
+
 async def run_service(config: ServiceConfig, discovery: Discovery,
                       stop: asyncio.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or ``stop``); then drain and close everything."""
@@ -439,12 +578,17 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
     except Exception as exc:
         log.warning("kv_bucket_unavailable", error=describe(exc))  # retried on the first put
     publisher = Publisher(bus, config.collector.min_publish_interval)
-    collector = Collector(config.collector, discovery, publisher, metrics)
+    shard = Shard(nc, config.replica_id or default_replica_id(), heartbeat=config.heartbeat,
+                  ttl=config.member_ttl, replicas=config.kv_replicas)
+    collector = Collector(config.collector, discovery, publisher, metrics, shard=shard)
+    shard.on_change(collector.reassign)
+    subs = [*await share_between_replicas(nc, collector, status=hasattr(discovery, "attach"))]
 
     async def on_msg(msg: object) -> None:
         collector.on_observation(msg.data)  # type: ignore[attr-defined, union-attr]
 
     sub = await nc.subscribe(f"{subjects.OBSERVATIONS_PREFIX}.>", cb=on_msg)  # type: ignore[attr-defined]
+    await shard.start()  # the first view of the replicas before the first targets
     await collector.start()
     # a discovery with watches of its own (Kubernetes) runs beside the collector
     attach = getattr(discovery, "attach", None)
@@ -456,8 +600,13 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
         if attached is not None:
             attached.cancel()
             await asyncio.gather(attached, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        # leave first and scrape one more heartbeat, so the others take over with no gap
+        await shard.stop()
+        if len(shard.members) > 1:
+            await asyncio.sleep(config.heartbeat + 0.1)
+        for s in (sub, *subs):
+            with contextlib.suppress(Exception):
+                await s.unsubscribe()
         await collector.stop()
         # bounded: a drain (even a cancelled one) can outlast wait_for by its 10 s flush
         await close_nats(nc)  # type: ignore[arg-type]

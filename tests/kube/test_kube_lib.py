@@ -64,11 +64,18 @@ async def test_informer_follows_changes_and_recovers(kube_api, rc):
         kube_api.delete(G, "InferencePolicy", "default", "a")
         await eventually(lambda: ("default", "a") not in inf.items())
 
-        # a dropped watch: changes made before the new watch are not lost
-        await eventually(lambda: kube_api.open_watches == 1)
-        kube_api.drop_watches()
-        kube_api.apply(pol("c"))
-        await eventually(lambda: ("default", "c") in inf.items())
+        # a dropped watch: changes made before the new watch are not lost, and
+        # the watch resumes from the last version (no relist), cut after cut
+        lists = inf.lists
+        for name in ("c", "c2", "c3"):
+            await eventually(lambda: kube_api.open_watches == 1)
+            kube_api.drop_watches()
+            kube_api.apply(pol(name))
+            await eventually(lambda name=name: ("default", name) in inf.items())
+        assert inf.lists == lists and inf.gone == 0
+        kube_api.delete(G, "InferencePolicy", "default", "c2")
+        kube_api.delete(G, "InferencePolicy", "default", "c3")
+        await eventually(lambda: ("default", "c3") not in inf.items())
 
         # 410 Gone: the watch ends at its timeout, the history was compacted
         # meanwhile, so resuming from the last version answers 410: relist
@@ -86,13 +93,15 @@ async def test_informer_follows_changes_and_recovers(kube_api, rc):
         assert inf.lists > lists
         inf.watch_timeout = 30
 
-        # the API server down: errors, backoff, then a relist that sees
-        # what changed meanwhile (here: made behind the server's back)
+        # the API server down: errors, backoff, then the watch resumes from the
+        # last version and sees what changed meanwhile, without a relist
+        lists = inf.lists
         kube_api.go_down(0.6)
-        kube_api._store[(G, "inferencepolicies")].pop(("default", "c"))  # a deletion no watch reported
         await eventually(lambda: inf.errors > 0)
+        kube_api.delete(G, "InferencePolicy", "default", "c")
         await eventually(lambda: ("default", "c") not in inf.items())
         assert set(inf.items()) == {("other", "b"), ("default", "d")}
+        assert inf.lists == lists
     finally:
         await inf.stop()
 

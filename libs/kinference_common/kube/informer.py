@@ -6,11 +6,16 @@ The loop (per namespace in scope, or once for all namespaces):
    while we were not watching are dropped);
 2. watch from the list's resourceVersion; each event updates the cache and
    the last seen version (bookmarks too);
-3. a watch the server ends (its timeout) is resumed from the last version;
-   410 Gone (the version was compacted) relists at once;
-4. any other failure (API errors, 503, connection refused, a watch cut
-   mid-stream, and any unforeseen exception, a handler's included) waits a
-   jittered exponential backoff, then relists: the loop never dies;
+3. a watch that ends (its timeout, a cut connection, the API server's
+   restart) is resumed from the last version seen, bookmarks included, as
+   client-go's reflector does: no relist, so a fleet's pods are listed once
+   per informer, not once per cut; 410 Gone (that version was compacted)
+   relists at once;
+4. any other failure (API errors, 503, connection refused, and any
+   unforeseen exception, a handler's included) waits a jittered exponential
+   backoff, then resumes the watch from the last version (410 then relists);
+   before the first list, or after a handler's failure (the cache may have
+   missed an event), it relists: the loop never dies;
 5. a kind the server does not serve (404 on the list: its CRD is not
    installed, e.g. the Gateway API's) counts as empty and synced, and is
    looked for again every ``missing_recheck`` seconds.
@@ -84,6 +89,8 @@ class Informer:
         self.gone = 0
         self.errors = 0
         self._tasks: list[asyncio.Task[None]] = []
+        #: per scope, the last resourceVersion seen (None = list first)
+        self._rv: dict[str | None, str | None] = {}
 
     # ------------------------------------------------------------------ cache
 
@@ -119,20 +126,27 @@ class Informer:
 
     async def _run(self, scope: str | None) -> None:
         backoff = Backoff(self.backoff_base, self.backoff_cap)
+        self._rv[scope] = None
         while True:
             try:
-                rv = await self._list(scope)
-                backoff.reset()
+                if self._rv[scope] is None:
+                    self._rv[scope] = await self._list(scope)
+                    backoff.reset()
                 while True:
-                    rv = await self._watch(scope, rv)
+                    if await self._watch(scope):
+                        backoff.reset()
+                    else:  # ended at once with nothing: do not spin on a server that closes every watch
+                        await asyncio.sleep(backoff.next())
             except asyncio.CancelledError:
                 raise
             except ApiException as exc:
                 if exc.status == 410:
+                    self._rv[scope] = None
                     self.gone += 1
                     log.info("watch expired, relisting", kind=str(self.kind), namespace=scope or "*")
                     continue
                 if exc.status == 404:
+                    self._rv[scope] = None
                     if not self.missing:
                         log.warning("kind not served by the API server (CRD not installed?); treated as empty",
                                     kind=str(self.kind), recheck_in=self.missing_recheck)
@@ -148,19 +162,20 @@ class Informer:
                                 kind=str(self.kind), namespace=scope or "*", status=exc.status,
                                 message=api_message(exc), retry_in=round(delay, 2))
                 else:
-                    log.warning("API error, will relist", kind=str(self.kind), namespace=scope or "*",
+                    log.warning("API error, will resume the watch", kind=str(self.kind), namespace=scope or "*",
                                 status=exc.status, reason=exc.reason, retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
                 self.errors += 1
                 delay = backoff.next()
-                log.warning("API unreachable, will relist", kind=str(self.kind), namespace=scope or "*",
+                log.warning("API unreachable, will resume the watch", kind=str(self.kind), namespace=scope or "*",
                             error=str(exc) or type(exc).__name__, retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
             except Exception as exc:  # anything else (the client's bare "Malformed JSON response",
                 # a handler's bug): a dead task would leave the cache stale for good; relist instead
                 self.errors += 1
                 delay = backoff.next()
+                self._rv[scope] = None  # a handler or transform failed mid-event: the cache may lack it
                 log.warning("informer failed, will relist", kind=str(self.kind), namespace=scope or "*",
                             error=f"{type(exc).__name__}: {exc}", retry_in=round(delay, 2))
                 await asyncio.sleep(delay)
@@ -192,20 +207,24 @@ class Informer:
             self.on_change()
         return rv
 
-    async def _watch(self, scope: str | None, rv: str) -> str:
-        """Watch until the server ends the stream; return the last version seen.
-        A stream cut before its timeout (a dropped connection) raises, so the
-        caller relists: events may have been lost in between."""
+    async def _watch(self, scope: str | None) -> bool:
+        """Watch from the last version seen until the stream ends, keeping
+        that version current (bookmarks too) so the next watch resumes where
+        this one stopped. True when the watch lasted or carried an event."""
         self.watches += 1
         cache = self._caches[scope]
+        rv = self._rv[scope]
+        assert rv is not None
         loop = asyncio.get_running_loop()
         started = loop.time()
+        events = 0
         async for ev in self.rc.watch(self.kind, scope, rv, self.watch_timeout, label_selector=self.label_selector):
             etype, obj = ev["type"], ev["object"]
-            version = (obj.get("metadata") or {}).get("resourceVersion")
-            if version:
-                rv = str(version)
+            events += 1
             if etype == "BOOKMARK":
+                version = (obj.get("metadata") or {}).get("resourceVersion")
+                if version:
+                    self._rv[scope] = str(version)
                 continue
             key = object_key(obj)
             if etype == "DELETED":
@@ -214,9 +233,10 @@ class Informer:
             elif etype in ("ADDED", "MODIFIED"):
                 cache[key] = self._store(obj)
                 self.on_change()
-        if loop.time() - started < self.watch_timeout * 0.9:
-            raise ConnectionResetError("the watch ended before its timeout")
-        return rv
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            if version:  # only once the event is in the cache: a failed handler does not skip it
+                self._rv[scope] = str(version)
+        return bool(events) or loop.time() - started >= min(1.0, self.watch_timeout * 0.5)
 
 
 def api_message(exc: ApiException) -> str:

@@ -1,0 +1,200 @@
+"""Several collector replicas share the fleet (:mod:`kinference_collector.shard`):
+a real nats-server for the membership, real aiohttp pages to scrape."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+
+from kinference_collector import pages
+from kinference_collector.derive import DeriveConfig
+from kinference_collector.discovery import ListDiscovery, Target
+from kinference_collector.publish import NatsBus, Publisher
+from kinference_collector.service import Collector, CollectorConfig
+from kinference_collector.shard import Membership, assign, owner
+from kinference_common import subjects
+from kinference_common.messages import EndpointState
+
+PODS = 9
+INTERVAL = 0.1
+HEARTBEAT = 0.1
+TTL = 0.4
+#: rebalance after a death: the TTL plus a heartbeat; a pod's telemetry may be
+#: two intervals plus that old, and is not ready only past ``stale_after``
+#: (a margin above that bound, for a noisy machine)
+STALE_AFTER = 2 * INTERVAL + TTL + HEARTBEAT + 1.0
+PATIENCE = 15.0
+
+
+def targets(n: int, ns: str = "ns") -> list[Target]:
+    return [Target(namespace=ns, worker_set="ws", pod=f"p-{i}", address=f"10.0.0.{i}:8000") for i in range(n)]
+
+
+# ------------------------------------------------------------------ pure part
+
+
+def test_every_target_has_exactly_one_owner_and_a_join_moves_only_its_share() -> None:
+    ts = targets(1000)
+    two = assign(ts, ["a", "b"])
+    assert sorted(t.pod for m in two.values() for t in m) == sorted(t.pod for t in ts)
+    three = assign(ts, ["a", "b", "c"])
+    moved = [t for t in ts if owner(t.key, ["a", "b"]) != owner(t.key, ["a", "b", "c"])]
+    # only what the newcomer takes moves, never between the old members
+    assert all(owner(t.key, ["a", "b", "c"]) == "c" for t in moved)
+    assert len(moved) == len(three["c"])
+    assert 250 < len(three["c"]) < 420  # about a third
+    # a member leaving hands over only its own targets
+    for t in ts:
+        if owner(t.key, ["a", "b", "c"]) != "b":
+            assert owner(t.key, ["a", "c"]) == owner(t.key, ["a", "b", "c"])
+
+
+# ------------------------------------------------------------- with NATS
+
+
+class Replica:
+    def __init__(self, name: str, url: str, ts: list[Target]) -> None:
+        self.name, self.url, self.targets = name, url, ts
+
+    async def start(self) -> None:
+        self.nc = await nats.connect(self.url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+        bus = NatsBus(self.nc)
+        await bus.start()
+        self.shard = Membership(self.nc, self.name, heartbeat=HEARTBEAT, ttl=TTL)
+        # discovery is not re-read during the test: only a membership change moves targets
+        cfg = CollectorConfig(interval=INTERVAL, timeout=0.3, housekeeping_interval=0.1, discovery_interval=60.0,
+                              derive=DeriveConfig(window=5.0, stale_after=STALE_AFTER))
+        self.collector = Collector(cfg, ListDiscovery(self.targets), Publisher(bus, 0.5), shard=self.shard)
+        self.shard.on_change(self.collector.reassign)
+        await self.shard.start()
+        await self.collector.start()
+
+    def owned(self) -> set[str]:
+        return {k[3] for k in self.collector.trackers}
+
+    async def leave(self) -> None:
+        """As the service stops: leave, scrape one more heartbeat, stop."""
+        await self.shard.stop()
+        await asyncio.sleep(HEARTBEAT + 0.1)
+        await self.collector.stop()
+        await self.nc.close()
+
+    async def crash(self) -> None:
+        """As kill -9: heartbeats and scrapes stop at once, nothing said on the bus."""
+        assert self.shard._task is not None
+        self.shard._task.cancel()
+        for t in [*self.collector._tasks.values(), *self.collector._background]:
+            t.cancel()
+        self.collector.running = False
+        await self.nc.close()
+
+
+class NotReadyWatch:
+    def __init__(self) -> None:
+        self.not_ready: list[str] = []
+        self.dec = msgspec.json.Decoder(EndpointState)
+
+    async def cb(self, msg: Any) -> None:
+        st = self.dec.decode(msg.data)
+        if not st.ready:
+            self.not_ready.append(st.pod)
+
+
+async def _until(pred: Any) -> None:
+    async with asyncio.timeout(PATIENCE):
+        while not pred():
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def fleet(page_server: Any) -> list[Target]:
+    out = []
+    for i in range(PODS):
+        srv = await page_server(pages.VllmPage(running=1))
+        out.append(Target(namespace="ns", worker_set="ws", pod=f"p-{i}", address=srv.address,
+                          model=srv.page.model))
+    return out
+
+
+@pytest.fixture
+async def watcher(nats_server: Any) -> Any:
+    nc = await nats.connect(nats_server.url)
+    w = NotReadyWatch()
+    await nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=w.cb)
+    yield w
+    await nc.drain()
+
+
+@pytest.fixture
+async def replicas(nats_server: Any, fleet: list[Target]) -> Any:
+    made: list[Replica] = []
+
+    async def make(name: str) -> Replica:
+        r = Replica(name, nats_server.url, fleet)
+        await r.start()
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        if r.collector.running:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5):
+                    await r.leave()
+
+
+def _exactly_once(live: list[Replica]) -> bool:
+    owned = Counter(p for r in live for p in r.owned())
+    return sorted(owned) == sorted(f"p-{i}" for i in range(PODS)) and set(owned.values()) == {1}
+
+
+pytestmark = pytest.mark.nats
+
+
+async def test_three_replicas_scrape_each_pod_once_and_survive_a_kill(
+        replicas: Any, watcher: NotReadyWatch, page_server: Any) -> None:
+    names = ["collector-0", "collector-1", "collector-2"]
+    rs = [await replicas(n) for n in names]
+    await _until(lambda: all(r.shard.members == names for r in rs) and _exactly_once(rs))
+    assert sum(1 for r in rs if r.collector.leader) == 1 and rs[0].collector.leader
+    assert all(r.owned() for r in rs)  # 9 pods over 3 replicas: each has a share
+    # steady state: no pod scraped twice (each pod's page is read by one replica)
+    await asyncio.sleep(0.5)
+    scrapes = {r.name: r.collector.scrapes for r in rs}
+    owned = {r.name: len(r.owned()) for r in rs}
+    await asyncio.sleep(1.0)
+    for r in rs:
+        per_pod = (r.collector.scrapes - scrapes[r.name]) / owned[r.name]
+        assert per_pod <= 1.0 / INTERVAL * 1.5, (r.name, per_pod)
+    assert _exactly_once(rs)
+
+    dead = rs[1]
+    orphans = dead.owned()
+    await dead.crash()
+    live = [rs[0], rs[2]]
+    await _until(lambda: all(r.shard.members == [names[0], names[2]] for r in live) and _exactly_once(live))
+    # the orphans are scraped again by their new owners, and no router ever saw a pod not ready
+    before = {p: tr.last_success for r in live for (_, _, _, p), tr in r.collector.trackers.items() if p in orphans}
+    await _until(lambda: all(tr.last_success and tr.last_success != before.get(p) for r in live
+                             for (_, _, _, p), tr in r.collector.trackers.items() if p in orphans))
+    await asyncio.sleep(STALE_AFTER)  # had a pod been left behind, it would be not ready by now
+    assert watcher.not_ready == []
+
+
+async def test_scale_one_three_one_without_a_gap(replicas: Any, watcher: NotReadyWatch) -> None:
+    a = await replicas("collector-0")
+    await _until(lambda: _exactly_once([a]))
+    b, c = await replicas("collector-1"), await replicas("collector-2")
+    await _until(lambda: len(a.shard.members) == 3 and _exactly_once([a, b, c]))
+    assert len(a.owned()) < PODS and a.collector.handed_off > 0
+    await b.leave()
+    await c.leave()
+    await _until(lambda: a.shard.members == ["collector-0"] and _exactly_once([a]))
+    await asyncio.sleep(STALE_AFTER)
+    assert watcher.not_ready == []
