@@ -286,12 +286,7 @@ async def profile_epp(args: argparse.Namespace, load: router.Load, stub_port: in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make bench-epp", description=__doc__.split("\n\n")[0])
-    p.add_argument("--duration", type=int, default=4, help="whole seconds measured per figure (default 4)")
-    p.add_argument("--warmup", type=int, default=1, help="whole seconds of warm-up before each figure (default 1)")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--targets", nargs="+", default=TARGETS, choices=TARGETS)
-    p.add_argument("--router-cpu", type=int, default=0)
-    p.add_argument("--client-cpu", type=int, default=1)
+    router.measurement_flags(p, TARGETS)
     p.add_argument("--no-competitors", action="store_true", help="without vllm-router")
     p.add_argument("--profile", action="store_true", help="py-spy the EPP at c=64 and print what costs what")
     p.add_argument("--no-page", action="store_true", help="do not rewrite docs/benchmarks.md")

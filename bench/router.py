@@ -404,14 +404,19 @@ async def amain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="make bench-router", description=__doc__.split("\n\n")[0])
+def measurement_flags(p: argparse.ArgumentParser, targets: list[str]) -> None:
+    """The flags every front-door benchmark takes (this one and bench.epp)."""
     p.add_argument("--duration", type=int, default=4, help="whole seconds measured per figure (default 4)")
     p.add_argument("--warmup", type=int, default=1, help="whole seconds of warm-up before each figure (default 1)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--targets", nargs="+", default=TARGETS, choices=TARGETS)
+    p.add_argument("--targets", nargs="+", default=targets, choices=targets)
     p.add_argument("--router-cpu", type=int, default=0)
     p.add_argument("--client-cpu", type=int, default=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make bench-router", description=__doc__.split("\n\n")[0])
+    measurement_flags(p, TARGETS)
     p.add_argument("--no-competitors", action="store_true", help="only direct and kinference")
     return asyncio.run(amain(p.parse_args(argv)))
 
