@@ -15,6 +15,9 @@ envoy-direct                Envoy, its pool cluster the stub; no ext_proc
 envoy-kinference-epp        Envoy whose ext_proc is ``kinference-router
                             --epp-port`` (the EPP names the stub); Envoy and
                             the router share one core
+envoy-null-epp              the same Envoy, its ext_proc :mod:`bench.null_epp`
+                            (the protocol's obligations and nothing else): the
+                            most any Python picker reaches on that core
 kinference                  Kinference's own router (HTTP front door)
 vllm-router-round_robin     the vLLM project's router, ``--policy round_robin``
 vllm-router-cache_aware     the same, ``--policy cache_aware``
@@ -40,22 +43,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench import harness, router
+from bench import harness, null_epp, router
 from kinference_simulators import envoy
 
 RESULTS = harness.REPO / "bench" / "results" / "epp.json"
 PAGE = harness.REPO / "docs" / "benchmarks.md"
-TARGETS = ["direct", "envoy-direct", "envoy-kinference-epp", "kinference", "vllm-router-round_robin",
+TARGETS = ["direct", "envoy-direct", "envoy-kinference-epp", "envoy-null-epp", "kinference", "vllm-router-round_robin",
            "vllm-router-cache_aware"]
 MODES = router.MODES
 
@@ -65,8 +71,21 @@ class GatewayTarget(router.Target):
 
     envoy_proc: envoy.EnvoyProcess | None = None
 
+    def counters(self) -> dict[str, int]:
+        """Envoy's ext_proc counters (streams, messages each way): measure_target
+        turns them into messages per request."""
+        if self.envoy_proc is None or self.name == "envoy-direct":
+            return {}
+        stats = self.envoy_proc.stats()
+        out = {}
+        for k, v in stats.items():
+            name = k.rpartition(".ext_proc.")[2] if ".ext_proc." in k else ""
+            if name in ("streams_started", "stream_msgs_sent", "stream_msgs_received"):
+                out[name] = out.get(name, 0) + v
+        return out
+
     async def start(self) -> None:
-        if self.name not in ("envoy-direct", "envoy-kinference-epp"):
+        if self.name not in ("envoy-direct", "envoy-kinference-epp", "envoy-null-epp"):
             return await super().start()
         cpu = self.args.router_cpu
         stub = f"127.0.0.1:{self.stub_port}"
@@ -80,10 +99,15 @@ class GatewayTarget(router.Target):
             self.procs.append(p)
             await ctl.publish_telemetry()
             await asyncio.sleep(0.3)
+        elif self.name == "envoy-null-epp":
+            p = harness.spawn("null-epp", [sys.executable, "-m", "bench.null_epp", "--port", str(epp_port),
+                                           "--endpoint", stub], self.log_dir, cpu)
+            self.procs.append(p)
+            await asyncio.to_thread(_wait_port, epp_port, 15, p)
         # envoy-direct: the same bootstrap without its ext_proc filter (no picker)
         cfg = envoy.EnvoyConfig(port=harness.free_port(), admin_port=harness.free_port(), concurrency=1,
                                 pools=[envoy.Pool(f"127.0.0.1:{epp_port}", [stub])],
-                                ext_proc=self.name == "envoy-kinference-epp")
+                                ext_proc=self.name != "envoy-direct")
         self.envoy_proc = envoy.EnvoyProcess(cfg, self.log_dir, self.name, cpus=None if cpu is None else str(cpu))
         await asyncio.to_thread(self.envoy_proc.start)
         self.url = f"{self.envoy_proc.url}/v1/chat/completions"
@@ -102,6 +126,17 @@ class GatewayTarget(router.Target):
 
     def tail(self) -> str:
         return super().tail() + ("\n" + self.envoy_proc.tail() if self.envoy_proc else "")
+
+
+def _wait_port(port: int, timeout: float, p: harness.Process) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if p.proc.poll() is not None:
+            raise RuntimeError(f"{p.name} exited with {p.proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{p.name}: nothing listens on 127.0.0.1:{port} after {timeout:g}s")
 
 
 # ---------------------------------------------------------------- profile
@@ -157,8 +192,9 @@ def annotate(rows: list[dict[str, Any]]) -> None:
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one line per target and mode, c=1 latency and c=64 req/s."""
     idx = {(r["target"], r["mode"], r["concurrency"]): r for r in rows}
-    lines = ["| target | mode | p50 c=1 (ms) | added p50 c=1 (ms) | req/s c=64 | p99 c=64 (ms) | CPU us/req c=64 |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| target | mode | p50 c=1 (ms) | added p50 c=1 (ms) | req/s c=64 | p99 c=64 (ms) | CPU us/req c=64 "
+             "| ext_proc msgs/req c=64 (to picker + back) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in TARGETS:
         for m in MODES:
             a, b = idx.get((t, m, 1), {}), idx.get((t, m, 64), {})
@@ -166,15 +202,18 @@ def table(rows: list[dict[str, Any]]) -> str:
                 continue
             err = a.get("error") or b.get("error")
             if err:
-                lines.append(f"| {t} | {m} | {err} | | | | |")
+                lines.append(f"| {t} | {m} | {err} | | | | | |")
                 continue
             added = a.get("added_p50_ms", 0.0)
             if "epp_added_p50_ms" in a:
                 added = f"{added:.3f} (EPP: {a['epp_added_p50_ms']:.3f})"
             else:
                 added = f"{added:.3f}"
+            per = b.get("per_request") or {}
+            msgs = (f"{per.get('stream_msgs_sent', 0):g} + {per.get('stream_msgs_received', 0):g}"
+                    if per else "-")
             lines.append(f"| {t} | {m} | {a.get('p50_ms', 0):.3f} | {added} | {b.get('rps', 0):,.0f} | "
-                         f"{b.get('p99_ms', 0):.2f} | {b.get('cpu_us_per_request', '-')} |")
+                         f"{b.get('p99_ms', 0):.2f} | {b.get('cpu_us_per_request', '-')} | {msgs} |")
     return "\n".join(lines)
 
 
@@ -197,15 +236,28 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
             ok = e["rps"] >= v["rps"]
             out.append(f"{'MET ' if ok else 'MISS'} {m:<6} c=64 Envoy+EPP {e['rps']:.0f} req/s >= vllm-router "
                        f"round_robin's {v['rps']:.0f} (ratio {e['rps'] / v['rps']:.2f}x)")
+        n = idx.get(("envoy-null-epp", m, 64))
+        if e and k and n:
+            out.append(f"ceiling {m:<6} c=64 Envoy + a picker that only answers the protocol (bench.null_epp): "
+                       f"{n['rps']:.0f} req/s = {n['rps'] / k['rps']:.2f}x the router; Kinference's picker reaches "
+                       f"{e['rps'] / n['rps']:.0%} of it")
     return out
 
 
 _BLOCK = re.compile(r"(<!-- epp:results -->\n)(.*?)(<!-- /epp:results -->)", re.S)
 
 
-def rewrite(page: str, rows: list[dict[str, Any]], when: str) -> str:
+def floor_line(f: dict[str, float]) -> str:
+    return (f"transport: the null picker's own CPU is {f['us_per_stream']:.0f} us per ext_proc stream (one per "
+            f"request) plus {f['us_per_message']:.0f} us per message; a request's 4 messages and 4 answers: "
+            f"{f['us_per_request']:.0f} us, at most {1e6 / f['us_per_request']:,.0f} requests/s on a core for a "
+            "Python picker before Envoy's own share")
+
+
+def rewrite(page: str, rows: list[dict[str, Any]], when: str, floor: dict[str, float] | None = None) -> str:
+    lines = verdicts(rows) + ([floor_line(floor)] if floor else [])
     body = (f"Measured {when} by `make bench-epp` (one run; ratios are within that run):\n\n"
-            + table(rows) + "\n\n" + "\n".join(f"- {v}" for v in verdicts(rows)) + "\n")
+            + table(rows) + "\n\n" + "\n".join(f"- {v}" for v in lines) + "\n")
     if _BLOCK.search(page) is None:
         raise SystemExit(f"bench-epp: no <!-- epp:results --> block in {PAGE}")
     return _BLOCK.sub(lambda m: m.group(1) + body + m.group(3), page)
@@ -245,11 +297,14 @@ async def amain(args: argparse.Namespace) -> int:
                     profiled += await profile_epp(args, load, stub_port, log_dir)
         finally:
             stub.stop()
+    floor = None
+    if "envoy-null-epp" in args.targets and not args.no_floor:
+        floor = await asyncio.to_thread(null_epp.floor, args.router_cpu, args.client_cpu)
     annotate(rows)
     print()
     print(table(rows))
     print()
-    for line in verdicts(rows):
+    for line in verdicts(rows) + ([floor_line(floor)] if floor else []):
         print(line)
     for mode, who, top in profiled:
         print(f"\npy-spy, {who}, {mode} c=64 (share of samples, inclusive):")
@@ -257,11 +312,11 @@ async def amain(args: argparse.Namespace) -> int:
             print(f"  {share * 100:5.1f}%  {k}")
     results = Path(args.results)
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps({"rows": rows, "profile": [
+    results.write_text(json.dumps({"rows": rows, "transport_floor": floor, "profile": [
         {"mode": m, "process": w, "top": [{"function": k, "share": round(s, 4)} for k, s in t]}
         for m, w, t in profiled]}, indent=2) + "\n")
     if not args.no_page:
-        PAGE.write_text(rewrite(PAGE.read_text(), rows, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
+        PAGE.write_text(rewrite(PAGE.read_text(), rows, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), floor))
     print(f"\nwrote {results}{'' if args.no_page else ' and docs/benchmarks.md'} in "
           f"{time.monotonic() - started:.0f}s (a shared machine: compare ratios within one run)")
     return 0
@@ -290,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-competitors", action="store_true", help="without vllm-router")
     p.add_argument("--profile", action="store_true", help="py-spy the EPP at c=64 and print what costs what")
     p.add_argument("--no-page", action="store_true", help="do not rewrite docs/benchmarks.md")
+    p.add_argument("--no-floor", action="store_true",
+                   help="skip the null picker's per-stream and per-message CPU (measured with envoy-null-epp)")
     p.add_argument("--results", default=str(RESULTS), help="where the JSON goes (default bench/results/epp.json)")
     return asyncio.run(amain(p.parse_args(argv)))
 

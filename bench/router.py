@@ -248,6 +248,11 @@ class Target:
         got = [harness.cpu_seconds(pid) for pid in self.cpu_pids()]
         return None if not got or None in got else sum(got)  # type: ignore[arg-type]
 
+    def counters(self) -> dict[str, int]:
+        """Counters a target exposes (bench.epp: Envoy's ext_proc messages);
+        measure_target reports their increase per request."""
+        return {}
+
 
 async def measure_target(name: str, args: argparse.Namespace, load: Load, stub_port: int, log_dir: Path,
                          rows: list[dict[str, Any]], target_cls: type[Target] | None = None) -> None:
@@ -272,9 +277,9 @@ async def measure_target(name: str, args: argparse.Namespace, load: Load, stub_p
         for mode, conc in cases:
             try:
                 await asyncio.to_thread(load.run, target.url, mode, conc, args.warmup)
-                cpu0 = target.cpu_seconds()
+                cpu0, n0 = target.cpu_seconds(), target.counters()
                 r = await asyncio.to_thread(load.run, target.url, mode, conc, args.duration)
-                cpu1 = target.cpu_seconds()
+                cpu1, n1 = target.cpu_seconds(), target.counters()
             except Exception as exc:  # noqa: BLE001 - reported in the results, the bench goes on
                 rows.append({"target": name, "mode": mode, "concurrency": conc, "error": f"load failed: {exc}"})
                 print(f"  {name:<24} {mode:<6} c={conc:<3} ERROR {exc}", flush=True)
@@ -285,6 +290,8 @@ async def measure_target(name: str, args: argparse.Namespace, load: Load, stub_p
             if cpu0 is not None and cpu1 is not None and r["requests"]:
                 # the router's own CPU per request: steadier than req/s on a shared machine
                 row["cpu_us_per_request"] = round((cpu1 - cpu0) / r["requests"] * 1e6, 1)
+            if n0 and n1 and r["requests"]:
+                row["per_request"] = {k: round((n1[k] - n0.get(k, 0)) / r["requests"], 2) for k in n1}
             rows.append(row)
             print(f"  {name:<24} {mode:<6} c={conc:<3} {row['rps']:>9.1f} req/s  p50 {row['p50_ms']:7.3f} ms  "
                   f"p99 {row['p99_ms']:7.3f} ms  errors {row['errors']}", flush=True)
