@@ -304,14 +304,30 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
         await router.stop()
         await nc.close()
         return 1
+    reporter = None
+    if args.source == "kubernetes":  # the providers' keys it cannot read, for their status
+        from kinference_router.key_report import KeyReporter
+
+        reporter = KeyReporter(nc, lambda: served_pools(router), secrets, replica_sync.default_replica_id())
+        reporter.start()
     print(f"kinference-router: serving {namespace + '/' + pool if pool else 'every pool, by route'} on http://{args.host}:{args.port} "
           f"(admin http://{args.admin_host}:{args.admin_port})", file=sys.stderr, flush=True)
     await stop.wait()
+    if reporter is not None:
+        await reporter.stop()
     # requests under way get a few seconds to finish; new ones are refused
     await asyncio.gather(*(server.close() for server in servers))
     await router.stop()
     await bus.close(nc)  # bounded: NATS may be gone too (Ctrl-C on make run)
     return 0
+
+
+def served_pools(router: Any) -> list[Any]:
+    """The compiled pools a router (one pool) or a MultiPoolRouter (every pool) serves now."""
+    pools = getattr(router.keeper, "pools", None)
+    if pools is not None:
+        return list(pools.values())
+    return [router.keeper.pool] if router.keeper.pool is not None else []
 
 
 class _Started:

@@ -43,7 +43,7 @@ import structlog
 
 from kinference_common.compiled import SecretRef
 from kinference_router.tenants import Authenticator
-from kinference_router.upstream import SecretError
+from kinference_router.upstream import SecretError, SecretNotWatched
 
 log = structlog.get_logger("router.secrets")
 
@@ -56,10 +56,6 @@ TENANT_LABEL = "kinference.buoyant.io/tenant"
 TENANT_KEY = "apiKey"
 
 Obj = dict[str, Any]
-
-
-class SecretNotWatched(SecretError):
-    """The Secret lies in a namespace whose Secrets this router does not watch."""
 
 
 def own_namespace() -> str:
@@ -175,6 +171,11 @@ class KubeSecrets:
         from kinference_common.kube.informer import wait_synced
 
         await wait_synced([self.informer], timeout)
+
+    @property
+    def synced(self) -> bool:
+        """Every watched namespace listed once (before that a Secret may be missing only from the cache)."""
+        return self.informer.synced.is_set()
 
     def watches(self, namespace: str) -> bool:
         return self.namespaces is None or namespace in self.namespaces
