@@ -8,7 +8,6 @@ namespace is added."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,47 +33,11 @@ from kinference_router.kube_secrets import KubeSecrets, secret_namespaces
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import SecretNotWatched
 
+from .test_kube_secrets import manifests, secret
+
 PATIENCE = 15.0
 GROUP = "kinference.buoyant.io"
 ROUTER = "kinference-router"
-
-
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def secret(ns: str, name: str, data: dict[str, str], labels: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": name, "namespace": ns, "labels": labels or {}},
-            "data": {k: b64(v) for k, v in data.items()}}
-
-
-def manifests(ns: str, provider: str, secret_name: str) -> str:
-    return f"""
-apiVersion: {GROUP}/v1alpha1
-kind: InferenceProvider
-metadata: {{name: {provider}, namespace: {ns}}}
-spec:
-  url: https://{provider}.example.invalid/v1
-  auth: {{secretRef: {{name: {secret_name}, key: token}}}}
-  models: [{{name: qwen-2.5, upstreamName: up-qwen}}]
----
-apiVersion: {GROUP}/v1alpha1
-kind: InferencePolicy
-metadata: {{name: cloud, namespace: {ns}}}
-spec:
-  rules:
-    - name: all-cloud
-      route:
-        select: [{{type: Provider, minimize: EstimatedTTFT}}]
----
-apiVersion: {GROUP}/v1alpha1
-kind: InferencePool
-metadata: {{name: cloud-pool, namespace: {ns}}}
-spec:
-  destinations: [{{kind: InferenceProvider, name: {provider}}}]
-  policyRef: {{name: cloud}}
-"""
 
 
 async def until(cond: Any, what: str) -> Any:
@@ -102,10 +65,11 @@ async def env(kube_api: Any, kubeconfig: Any, nats_server: Any) -> AsyncIterator
     # the router's ServiceAccount as deployed: its rules, the Secrets one bound in `default` only
     kube_api.roles[ROUTER] = rbac.SERVICE_RULES["router"]
     kube_api.role_namespaces[ROUTER] = {"default"}
-    kube_api.apply(secret("default", "databricks-token", {"token": "dapi-default"}))
-    kube_api.apply(secret("team-b", "other-token", {"token": "dapi-team-b"}))
-    kube_api.apply(secret("team-b", "eve-key", {"apiKey": "sk-eve"}, {"kinference.buoyant.io/tenant": "eve"}))
-    text = manifests("default", "databricks", "databricks-token") + "---" + manifests("team-b", "other", "other-token")
+    kube_api.apply(secret("databricks-token", {"token": "dapi-default"}))
+    kube_api.apply(secret("other-token", {"token": "dapi-team-b"}, ns="team-b"))
+    kube_api.apply(secret("eve-key", {"apiKey": "sk-eve"}, {"kinference.buoyant.io/tenant": "eve"}, ns="team-b"))
+    url = "https://provider.example.invalid/v1"
+    text = manifests(url) + "---" + manifests(url, "team-b", "other", "other-token")
     for d in yaml.safe_load_all(text):
         if d:
             kube_api.apply(d)
