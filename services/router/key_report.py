@@ -38,17 +38,31 @@ NOT_WATCHED = "SecretNotWatched"
 UNAVAILABLE = "SecretUnavailable"
 
 
-def provider_keys(pools: Iterable[CompiledPool], secrets: Any) -> list[ProviderKey]:
+def provider_keys(pools: Iterable[CompiledPool], secrets: Any, *, unlisted: bool = True) -> list[ProviderKey]:
     """Every provider destination of ``pools`` once, with whether ``secrets``
-    (``read(namespace, ref)``, and optionally ``watches(namespace)``) can give
-    its key now. Sorted by namespace and name."""
+    (``read(namespace, ref)``, and optionally ``listed(namespace)``) can give
+    its key now. A watched namespace not listed yet (RBAC refuses it, or the
+    list is under way) is a problem when ``unlisted``, else its providers are
+    left out (the router just started). Sorted by namespace and name."""
     seen: dict[tuple[str, str], ProviderKey] = {}
+    listed = getattr(secrets, "listed", lambda ns: True)
     for pool in pools:
         for dest in pool.destinations:
             if dest.provider is None or (dest.namespace, dest.name) in seen:
                 continue
             ref = dest.provider.secret_ref
             problem, message = None, ""
+            watched = getattr(secrets, "watches", lambda ns: True)(dest.namespace)
+            if watched and not listed(dest.namespace):
+                if not unlisted:
+                    continue
+                seen[(dest.namespace, dest.name)] = ProviderKey(
+                    namespace=dest.namespace, name=dest.name, secret=f"{dest.namespace}/{ref.name}",
+                    problem=UNAVAILABLE,
+                    message=f"the router has not listed the Secrets of namespace {dest.namespace} (a 'forbidden' in "
+                            f"its log: no RoleBinding of the ClusterRole kinference-router-secrets in "
+                            f"{dest.namespace})")
+                continue
             try:
                 secrets.read(dest.namespace, ref)
             except SecretNotWatched as exc:
@@ -75,9 +89,12 @@ class KeyReporter:
     (the first at once); ``nc`` None only logs."""
 
     def __init__(self, nc: Any, pools: Callable[[], Iterable[CompiledPool]], secrets: Any, replica: str, *,
-                 interval: float = 10.0, clock: Callable[[], float] = time.time) -> None:
+                 interval: float = 10.0, grace: float = 30.0, clock: Callable[[], float] = time.time) -> None:
         self.nc, self.pools, self.secrets, self.replica = nc, pools, secrets, replica
         self.interval, self.clock = interval, clock
+        #: seconds after start during which a namespace not listed yet is not a problem
+        self.grace = grace
+        self._started_at = clock()
         self.subject = subjects.provider_keys_subject(replica)
         self.reports = 0
         #: (namespace, name) -> the problem last logged
@@ -85,7 +102,7 @@ class KeyReporter:
         self._task: asyncio.Task[None] | None = None
 
     def check(self) -> list[ProviderKey]:
-        keys = provider_keys(self.pools(), self.secrets)
+        keys = provider_keys(self.pools(), self.secrets, unlisted=self.clock() - self._started_at >= self.grace)
         now = {(k.namespace, k.name): k for k in keys if k.problem}
         for key, k in now.items():
             if self._logged.get(key) != k.message:
@@ -97,8 +114,6 @@ class KeyReporter:
         return keys
 
     async def report_once(self) -> None:
-        if not getattr(self.secrets, "synced", True):
-            return  # not listed yet: every Secret would look missing
         keys = self.check()
         if self.nc is None:
             return
@@ -120,6 +135,7 @@ class KeyReporter:
             await asyncio.sleep(self.interval)
 
     def start(self) -> None:
+        self._started_at = self.clock()
         self._task = asyncio.create_task(self._run(), name="provider-key-report")
 
     async def stop(self) -> None:

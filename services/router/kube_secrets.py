@@ -180,6 +180,10 @@ class KubeSecrets:
     def watches(self, namespace: str) -> bool:
         return self.namespaces is None or namespace in self.namespaces
 
+    def listed(self, namespace: str) -> bool:
+        """Whether the namespace's Secrets were listed (a 403 there keeps it False)."""
+        return self.informer.listed(namespace)
+
     def read(self, namespace: str, ref: SecretRef) -> str:
         """The provider key the Secret holds now (``SecretFiles.read``'s contract)."""
         if not self.watches(namespace):

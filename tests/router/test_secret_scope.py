@@ -181,3 +181,18 @@ async def test_watching_every_namespace_without_a_cluster_binding_is_refused(env
     assert not everywhere.synced and everywhere.informer.items() == {}
     refused = [r for r in env["api"].requests if r.who == ROUTER and r.resource == "secrets" and r.namespace is None]
     assert refused and all(r.verb == "list" for r in refused)
+
+
+async def test_a_watched_namespace_without_its_rolebinding_is_reported_after_the_grace(env: dict[str, Any]) -> None:
+    """team-b in the flag but not bound: its list is refused, and once the
+    router has had time to list, its providers say why instead of looking healthy."""
+    half = KubeSecrets(env["rc"], None, namespaces=["default", "team-b"])
+    env["stop"].append(half)
+    half.start()
+    await until(lambda: half.listed("default") and half.informer.errors >= 1, "default listed, team-b refused")
+    assert not half.listed("team-b")
+    early = {(k.namespace, k.name): k for k in provider_keys(env["pools"], half, unlisted=False)}
+    assert set(early) == {("default", "databricks")} and early[("default", "databricks")].problem is None
+    late = {(k.namespace, k.name): k for k in provider_keys(env["pools"], half)}
+    assert late[("team-b", "other")].problem == UNAVAILABLE
+    assert "no RoleBinding of the ClusterRole kinference-router-secrets in team-b" in late[("team-b", "other")].message
