@@ -4,9 +4,15 @@
     python deploy/k8s/rbac_gen.py            # rewrite base/rbac.yaml
     python deploy/k8s/rbac_gen.py --check    # exit 1 when it differs
 
-Per service: a ClusterRole (+ binding) with every rule, except rules on
-resources in ``NAMESPACED_RESOURCES`` (leases), which go in a Role (+ binding)
-in Kinference's namespace. The ServiceAccounts are in each service's file.
+Per service: a ClusterRole (+ binding) with every rule, except
+- rules on resources in ``NAMESPACED_RESOURCES`` (leases), which go in a Role
+  (+ binding) in Kinference's namespace;
+- rules marked ``per_namespace`` (the router's Secrets), which go in a
+  ClusterRole ``kinference-<service>-<resources>`` that no ClusterRoleBinding
+  binds: a RoleBinding grants it in Kinference's namespace here, and one more
+  RoleBinding per namespace grants it there (the example overlay has the
+  ``default`` namespace's; docs/kubernetes-dataplane.md shows the command).
+The ServiceAccounts are in each service's file.
 """
 
 from __future__ import annotations
@@ -61,11 +67,36 @@ def _rules(ts: set[tuple[str, str, str]]) -> list[dict]:
             for (g, verbs), res in sorted(grouped.items())]
 
 
+def per_namespace_role(svc: str) -> str | None:
+    """The name of the service's ClusterRole of per-namespace rules (None: it has none)."""
+    rules = [r for r in rbac.SERVICE_RULES.get(svc, []) if getattr(r, "per_namespace", False)]
+    if not rules:
+        return None
+    return f"kinference-{svc}-" + "-".join(sorted({res.replace("/", "-") for r in rules for res in r.resources}))
+
+
+def role_binding(svc: str, namespace: str | None, *, subject_name: str | None = None,
+                 subject_namespace: str = "kinference-system") -> dict:
+    """A RoleBinding of the service's per-namespace ClusterRole in ``namespace``
+    (None: the kustomization's namespace) to its ServiceAccount (or another)."""
+    role = per_namespace_role(svc)
+    assert role is not None, f"{svc} has no per-namespace rules"
+    meta: dict = {"name": role}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    meta["labels"] = {"app.kubernetes.io/name": svc}
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": subject_name or svc, "namespace": subject_namespace}]}
+
+
 def documents() -> list[dict]:
     docs: list[dict] = []
     ns_res = _namespaced()
     for svc in SERVICES:
-        ts = triples(rbac.SERVICE_RULES.get(svc, []))
+        rules = rbac.SERVICE_RULES.get(svc, [])
+        per_ns = triples(r for r in rules if getattr(r, "per_namespace", False))
+        ts = triples(rules) - per_ns
         cluster = {t for t in ts if t[1].split("/")[0] not in ns_res}
         local = ts - cluster
         labels = {"app.kubernetes.io/name": svc}
@@ -85,6 +116,11 @@ def documents() -> list[dict]:
                          "metadata": {"name": name, "labels": labels},
                          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
                          "subjects": subject})
+        if per_ns:
+            role = per_namespace_role(svc)
+            docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                         "metadata": {"name": role, "labels": labels}, "rules": _rules(per_ns)})
+            docs.append(role_binding(svc, None))
     return docs
 
 

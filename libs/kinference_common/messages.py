@@ -111,6 +111,33 @@ class Observation(_Msg, kw_only=True):
     timeout_seconds: float | None = None
 
 
+class ProviderKey(Struct, kw_only=True, rename="camel"):
+    """Whether a router can read one provider's API key now: names only, never a value."""
+
+    namespace: str
+    name: str
+    #: ``namespace/name`` of the Secret (``spec.auth.secretRef``; the provider's namespace)
+    secret: str
+    #: None: readable. ``SecretNotWatched``: the Secret's namespace is not among the
+    #: router's ``--secret-namespaces``; ``SecretUnavailable``: missing, no such key, not base64
+    problem: str | None = None
+    message: str = ""
+
+
+class ProviderKeyReport(_Msg, kw_only=True):
+    """``kinference.observations._keys.<router>``: one router replica's view of
+    the API keys of every provider of the pools it serves, sent every few
+    seconds (level-triggered: a report replaces the replica's previous one, and
+    a replica silent for three periods no longer counts). The collector turns
+    a problem into the provider's ``Ready`` condition."""
+
+    router: str
+    sent_at: float
+    #: seconds between reports (the receiver forgets a replica after three)
+    interval: float
+    providers: list[ProviderKey] = []
+
+
 # ----------------------------------------------------------------- classifiers
 
 

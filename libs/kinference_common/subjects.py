@@ -80,6 +80,15 @@ def observations_subject(namespace: str, pool: str) -> str:
     return f"{OBSERVATIONS_PREFIX}.{token(namespace)}.{token(pool)}"
 
 
+#: routers' reports of the providers' API keys they can read, beside the observations (a
+#: namespace never starts with ``_``, so no observation subject looks like one)
+PROVIDER_KEYS_PREFIX = f"{OBSERVATIONS_PREFIX}._keys"
+
+
+def provider_keys_subject(router: str) -> str:
+    return f"{PROVIDER_KEYS_PREFIX}.{token(router)}"
+
+
 def classify_subject(classifier: str) -> str:
     return f"{CLASSIFY_PREFIX}.{classifier}"
 

@@ -41,8 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="files: keys from --tenants-file and --secrets-dir (default); kubernetes: from "
                         "Secrets, watched")
     p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    p.add_argument("--namespaces", help="kubernetes: comma-separated namespaces whose Secrets are watched "
-                                        "(default: all)")
+    p.add_argument("--secret-namespaces", "--namespaces", dest="secret_namespaces", metavar="NS[,NS...]",
+                   help="kubernetes: the namespaces whose Secrets are watched (provider keys, tenant keys), "
+                        "each needing a RoleBinding of the ClusterRole kinference-router-secrets; default: "
+                        "the router's own namespace ($POD_NAMESPACE). '*' watches every namespace and needs a "
+                        "ClusterRoleBinding instead. A provider whose Secret lies elsewhere is reported "
+                        "(its status: Ready=False, SecretNotWatched)")
     p.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="NATS server (default nats://127.0.0.1:4222)")
     p.add_argument("--host", default="127.0.0.1", help="data port address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="data port (default 8080)")
@@ -215,14 +219,19 @@ async def kube_secrets_source(args: argparse.Namespace, auth: Authenticator | No
     """The API client and the watched Secrets (synced, or given up on after 30 s with a warning)."""
     from kinference_common.kube.client import ResourceClient
     from kinference_common.kube.config import KubeConfigError, api_client
-    from kinference_router.kube_secrets import KubeSecrets
+    from kinference_router.kube_secrets import KubeSecrets, secret_namespaces
 
     try:
         api = await api_client(args.kubeconfig, "kinference-router")
     except KubeConfigError as exc:
         raise KubeSetupError(str(exc)) from None
-    namespaces = [n.strip() for n in args.namespaces.split(",") if n.strip()] if args.namespaces else None
+    try:
+        namespaces = secret_namespaces(args.secret_namespaces)
+    except ValueError as exc:
+        await api.close()
+        raise KubeSetupError(str(exc)) from None
     secrets = KubeSecrets(ResourceClient(api), auth, namespaces=namespaces)
+    structlog.get_logger("router").info("watching Secrets", namespaces=",".join(namespaces or ["*"]))
     secrets.start()
     try:
         await secrets.wait_synced(30.0)
@@ -295,14 +304,30 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
         await router.stop()
         await nc.close()
         return 1
+    reporter = None
+    if args.source == "kubernetes":  # the providers' keys it cannot read, for their status
+        from kinference_router.key_report import KeyReporter
+
+        reporter = KeyReporter(nc, lambda: served_pools(router), secrets, replica_sync.default_replica_id())
+        reporter.start()
     print(f"kinference-router: serving {namespace + '/' + pool if pool else 'every pool, by route'} on http://{args.host}:{args.port} "
           f"(admin http://{args.admin_host}:{args.admin_port})", file=sys.stderr, flush=True)
     await stop.wait()
+    if reporter is not None:
+        await reporter.stop()
     # requests under way get a few seconds to finish; new ones are refused
     await asyncio.gather(*(server.close() for server in servers))
     await router.stop()
     await bus.close(nc)  # bounded: NATS may be gone too (Ctrl-C on make run)
     return 0
+
+
+def served_pools(router: Any) -> list[Any]:
+    """The compiled pools a router (one pool) or a MultiPoolRouter (every pool) serves now."""
+    pools = getattr(router.keeper, "pools", None)
+    if pools is not None:
+        return list(pools.values())
+    return [router.keeper.pool] if router.keeper.pool is not None else []
 
 
 class _Started:

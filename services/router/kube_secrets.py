@@ -1,8 +1,9 @@
 """Provider API keys and tenant API keys from Kubernetes Secrets, watched
 (``--source kubernetes``).
 
-One watch of Secrets (in ``--namespaces``, or every namespace) through the
-shared informer (:mod:`kinference_common.kube.informer`) serves both:
+One watch of Secrets per namespace of ``--secret-namespaces`` (default: the
+router's own namespace; ``*``: every namespace) through the shared informer
+(:mod:`kinference_common.kube.informer`) serves both:
 
 - **provider keys**: :meth:`KubeSecrets.read` answers the InferenceProvider's
   ``spec.auth.secretRef`` (the compiled pool names the Secret and the data
@@ -13,6 +14,13 @@ shared informer (:mod:`kinference_common.kube.informer`) serves both:
   with data key ``apiKey`` gives that tenant one key. On every change the
   :class:`~kinference_router.tenants.Authenticator`'s key set is replaced
   (it keeps only digests).
+
+Which namespaces, and why not the cluster: the router's ServiceAccount may
+list Secrets only where a RoleBinding grants it (``deploy/k8s/rbac_gen.py``),
+so the watches are namespaced too, never a cluster-wide list (which RBAC
+would refuse). A provider whose Secret lies in a namespace outside them is
+not a silent 502: :meth:`KubeSecrets.read` says so, and the router reports it
+(:mod:`kinference_router.key_report`) for the provider's status.
 
 The same small interface as file mode: ``read(namespace, ref) -> str``
 (:class:`~kinference_router.upstream.SecretFiles` in file mode) and
@@ -25,21 +33,54 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
+import re
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from kinference_common.compiled import SecretRef
 from kinference_router.tenants import Authenticator
-from kinference_router.upstream import SecretError
+from kinference_router.upstream import SecretError, SecretNotWatched
 
 log = structlog.get_logger("router.secrets")
+
+#: a DNS label, what a namespace's name is
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+#: where a pod's service account token says which namespace the pod runs in
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 TENANT_LABEL = "kinference.buoyant.io/tenant"
 TENANT_KEY = "apiKey"
 
 Obj = dict[str, Any]
+
+
+def own_namespace() -> str:
+    """The router's namespace: ``$POD_NAMESPACE`` (the downward API), else the
+    service account's (in a pod), else ``default`` (outside a cluster)."""
+    ns = os.environ.get("POD_NAMESPACE", "").strip()
+    if not ns:
+        try:
+            ns = SERVICE_ACCOUNT_NAMESPACE.read_text(encoding="utf-8").strip()
+        except OSError:
+            ns = ""
+    return ns or "default"
+
+
+def secret_namespaces(flag: str | None) -> list[str] | None:
+    """``--secret-namespaces``: the namespaces to watch (None: every namespace,
+    for ``*``); absent or empty: the router's own. ValueError naming a bad name."""
+    names = [n.strip() for n in (flag or "").split(",") if n.strip()]
+    if names == ["*"]:
+        return None
+    for n in names:
+        if not _NAMESPACE.fullmatch(n):
+            raise ValueError(f"--secret-namespaces: {n!r} is not a namespace name ('*' alone means every "
+                             "namespace)")
+    return sorted(set(names)) if names else [own_namespace()]
 
 
 def _decode(secret: Mapping[str, Any], key: str) -> str | None:
@@ -102,6 +143,8 @@ class KubeSecrets:
         from kinference_common.kube.informer import Informer
 
         self.auth = auth
+        #: the namespaces watched (None: every namespace)
+        self.namespaces: list[str] | None = sorted(set(namespaces)) if namespaces is not None else None
         # (kube.config.api_client keeps the client's body logging off: Secrets' data)
         self.informer = Informer(rc, kinds.SECRET, namespaces=namespaces, on_change=self._changed,
                                  transform=slim_secret)
@@ -129,8 +172,23 @@ class KubeSecrets:
 
         await wait_synced([self.informer], timeout)
 
+    @property
+    def synced(self) -> bool:
+        """Every watched namespace listed once (before that a Secret may be missing only from the cache)."""
+        return self.informer.synced.is_set()
+
+    def watches(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
+
+    def listed(self, namespace: str) -> bool:
+        """Whether the namespace's Secrets were listed (a 403 there keeps it False)."""
+        return self.informer.listed(namespace)
+
     def read(self, namespace: str, ref: SecretRef) -> str:
         """The provider key the Secret holds now (``SecretFiles.read``'s contract)."""
+        if not self.watches(namespace):
+            raise SecretNotWatched(f"secret {namespace}/{ref.name}: this router does not watch the Secrets of "
+                                   f"namespace {namespace} (--secret-namespaces)")
         secret = self.informer.get(namespace, ref.name)
         if secret is None:
             raise SecretError(f"secret {namespace}/{ref.name} not found")

@@ -128,6 +128,10 @@ class SecretError(LookupError):
     pass
 
 
+class SecretNotWatched(SecretError):
+    """The Secret lies in a namespace whose Secrets this router does not watch."""
+
+
 class ProviderKeys(Protocol):
     """Where provider API keys come from: :class:`SecretFiles` (files) or
     :class:`kinference_router.kube_secrets.KubeSecrets` (watched Secrets).

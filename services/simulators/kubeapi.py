@@ -41,7 +41,10 @@ request log), admission, finalizers, garbage collection, server-side apply.
 Authorization is off (every request is allowed, and recorded) except for the
 users given rules in :attr:`FakeKubeAPI.roles` (``--role USER=SERVICE`` as a
 process): a request their rules do not cover is answered 403 Forbidden, as
-RBAC would.
+RBAC would. A rule granted per namespace (``per_namespace``: the router's
+Secrets) allows only in the namespaces of :attr:`FakeKubeAPI.role_namespaces`
+(``--role-namespaces USER=NS,...``), as RoleBindings would, never at the
+cluster scope.
 
 Test hooks (methods of :class:`FakeKubeAPI`): :meth:`~FakeKubeAPI.drop_watches`,
 :meth:`~FakeKubeAPI.compact` (the next watch from an older version gets 410),
@@ -86,6 +89,8 @@ from typing import Any
 
 import yaml
 from aiohttp import web
+
+from kinference_common.kube.rbac import allowed_at
 
 Obj = dict[str, Any]
 
@@ -496,6 +501,9 @@ class FakeKubeAPI:
         #: user -> RBAC rules (objects with ``allows(verb, group, resource)``); users
         #: not listed may do anything
         self.roles: dict[str, list[Any]] = {}
+        #: user -> the namespaces where its ``per_namespace`` rules are bound (RoleBindings);
+        #: elsewhere, and at the cluster scope, those rules allow nothing
+        self.role_namespaces: dict[str, set[str]] = {}
         self.requests: list[RequestRecord] = []
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -888,7 +896,8 @@ class FakeKubeAPI:
         who = self._who(request)
         resource = f"{plural}/{sub}" if sub else plural
         self.requests.append(RequestRecord(who, verb, group, resource, namespace))
-        if who in self.roles and not any(r.allows(verb, group, resource) for r in self.roles[who]):
+        if who in self.roles and not allowed_at(self.roles[who], verb, group, resource, namespace,
+                                                self.role_namespaces.get(who, ())):
             where = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
             raise ApiError(403, "Forbidden", f'{plural}{"." + group if group else ""} is forbidden: User "{who}" '
                            f'cannot {verb} resource "{resource}" in API group "{group}" {where}',
@@ -1106,6 +1115,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--role", action="append", default=[], metavar="USER=SERVICE",
                    help="allow USER only what SERVICE's declared RBAC rules allow (policy-compiler, "
                         "telemetry-collector, router); others get 403 Forbidden")
+    p.add_argument("--role-namespaces", action="append", default=[], metavar="USER=NS[,NS...]",
+                   help="where USER's per-namespace rules (the router's Secrets) are bound, as RoleBindings "
+                        "would (default: nowhere, so every Secret is refused)")
     p.add_argument("--apply", action="append", default=[], metavar="FILE|DIR",
                    help="create these manifests at start (YAML, multi-document)")
     args = p.parse_args(argv)
@@ -1124,9 +1136,17 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--role {r!r}: expected USER=SERVICE, SERVICE one of {', '.join(sorted(SERVICE_RULES))}")
         roles[user] = SERVICE_RULES[service]
 
+    bound: dict[str, set[str]] = {}
+    for r in args.role_namespaces:
+        user, _, names = r.partition("=")
+        if not user or not names:
+            p.error(f"--role-namespaces {r!r}: expected USER=NS[,NS...]")
+        bound.setdefault(user, set()).update(n.strip() for n in names.split(",") if n.strip())
+
     async def run() -> None:
         api = FakeKubeAPI(args.crds, tokens=tokens)
         api.roles.update(roles)
+        api.role_namespaces.update(bound)
         await api.start(args.host, args.port)
         for path in args.apply:
             for f in sorted(Path(path).glob("*.y*ml")) if Path(path).is_dir() else [Path(path)]:

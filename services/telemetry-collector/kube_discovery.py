@@ -223,6 +223,10 @@ class KubeDiscovery:
             key = (ns, name)
             return collector.providers.state(key, collector._clock()) if key in collector.providers.keys() else None
 
+        def key_problem(ns: str, name: str) -> Any:
+            keys = getattr(collector, "provider_keys", None)
+            return keys.problem(ns, name, collector._clock()) if keys is not None else None
+
         self.start()
         try:
             while not all(i.synced.is_set() for i in self.informers):
@@ -244,7 +248,7 @@ class KubeDiscovery:
                         else collector.trackers
                     try:
                         await reporter.report(self.worker_sets.items().values(), self.providers.items().values(),
-                                              self.vllm_targets(), trackers, provider_state)
+                                              self.vllm_targets(), trackers, provider_state, key_problem)
                     except asyncio.CancelledError:
                         raise
                     except Exception as exc:  # pragma: no cover - a bug; keep discovery alive

@@ -5,7 +5,8 @@ The collector owns (the policy-compiler writes every other status):
 - **InferenceWorkerSet** ``status``: ``readyEndpoints``, ``endpoints[]``
   (``{pod, address, ready, lastScrape}``) and condition ``Ready``;
 - **InferenceProvider** ``status``: ``estimatedTTFT``, ``errorRate`` and
-  condition ``Ready``.
+  condition ``Ready`` (``False`` when a field is missing, when a router cannot
+  read its API key, as the routers report it, or on a high error rate).
 
 Level-triggered: every ``interval`` (1 s) the desired status of every object
 is recomputed from the informers' caches and the collector's own state, and
@@ -106,8 +107,11 @@ def _round_ttft(seconds: float) -> str:
     return format_duration(float(f"{seconds:.2g}"))
 
 
-def provider_status(provider: Obj, state: ProviderState | None, now: float) -> Obj:
-    """The desired status of one InferenceProvider (pure)."""
+def provider_status(provider: Obj, state: ProviderState | None, now: float,
+                    key_problem: tuple[str, str] | None = None) -> Obj:
+    """The desired status of one InferenceProvider (pure). ``key_problem``:
+    ``(reason, message)`` when a router cannot read its API key (``SecretNotWatched``,
+    ``SecretUnavailable``; :mod:`kinference_router.key_report`)."""
     meta = provider.get("metadata") or {}
     old = (provider.get("status") or {}).get("conditions") or []
     try:
@@ -119,6 +123,8 @@ def provider_status(provider: Obj, state: ProviderState | None, now: float) -> O
     rate = state.error_rate if state is not None else None
     if missing:
         cond = _condition(False, "Incomplete", f"missing {', '.join(missing)}", meta.get("generation"), now, old)
+    elif key_problem is not None:
+        cond = _condition(False, key_problem[0], key_problem[1][:1000], meta.get("generation"), now, old)
     elif rate is not None and state is not None and state.observations >= MIN_OBSERVATIONS \
             and rate >= ERROR_RATE_NOT_READY:
         cond = _condition(False, "HighErrorRate",
@@ -169,7 +175,8 @@ class StatusReporter:
 
     async def report(self, worker_sets: Iterable[Obj], providers: Iterable[Obj], targets: list[Target],
                      trackers: Mapping[tuple[str, str, str, str], EndpointTracker],
-                     provider_state: Callable[[str, str], ProviderState | None]) -> None:
+                     provider_state: Callable[[str, str], ProviderState | None],
+                     key_problem: Callable[[str, str], tuple[str, str] | None] = lambda ns, name: None) -> None:
         now = self.clock()
         by_ws: dict[tuple[str, str], list[Target]] = {}
         for t in targets:
@@ -187,8 +194,9 @@ class StatusReporter:
                 ws, by_ws.get(key, []), trackers, now, scrape_granularity=self.scrape_granularity)))
         for p in providers:
             m = p["metadata"]
+            ns = m.get("namespace", "default")
             wanted.append(("InferenceProvider", p, provider_status(
-                p, provider_state(m.get("namespace", "default"), m["name"]), now)))
+                p, provider_state(ns, m["name"]), now, key_problem(ns, m["name"]))))
         live = set()
         for kind, obj, desired in wanted:
             m = obj["metadata"]

@@ -22,7 +22,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from kinference_common.messages import Observation, ProviderState
+from kinference_common.messages import Observation, ProviderKeyReport, ProviderState
 
 _FAILED = frozenset({"error", "timeout", "rate_limited"})
 
@@ -125,3 +125,35 @@ class ProviderAggregator:
             observations=n,
             updated_at=now,
         )
+
+
+class ProviderKeyReports:
+    """The routers' latest reports of the providers' API keys they cannot read
+    (:class:`~kinference_common.messages.ProviderKeyReport`), one per router
+    replica: each report replaces that replica's previous one, and a replica
+    not heard from for three of its periods no longer counts (pure, clock passed in)."""
+
+    def __init__(self) -> None:
+        self._by_router: dict[str, tuple[float, ProviderKeyReport]] = {}
+
+    def receive(self, report: ProviderKeyReport, now: float) -> None:
+        self._by_router[report.router] = (now, report)
+
+    def problem(self, namespace: str, name: str, now: float) -> tuple[str, str] | None:
+        """``(reason, message)`` when a live router cannot read the provider's key;
+        with several, the first by router name, the message saying how many."""
+        found: list[tuple[str, str, str]] = []
+        for router, (at, report) in sorted(self._by_router.items()):
+            if now - at > 3 * max(report.interval, 1.0):
+                continue
+            for k in report.providers:
+                if k.namespace == namespace and k.name == name and k.problem:
+                    found.append((router, k.problem, k.message))
+        if not found:
+            return None
+        router, reason, message = found[0]
+        more = f" (and {len(found) - 1} other router replica(s))" if len(found) > 1 else ""
+        return reason, f"router {router}{more}: {message}"
+
+    def prune(self, now: float) -> None:
+        self._by_router = {r: v for r, v in self._by_router.items() if now - v[0] <= 3 * max(v[1].interval, 1.0)}

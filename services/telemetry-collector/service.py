@@ -27,13 +27,13 @@ from aiohttp import web
 
 from kinference_common import subjects
 from kinference_common.bus import close as close_nats
-from kinference_common.messages import EndpointState, Observation
+from kinference_common.messages import EndpointState, Observation, ProviderKeyReport
 
 from .derive import DeriveConfig, EndpointTracker, GpuStats, gpu_stats_by_pod, merge_gpu_stats
 from .discovery import Discovery, Target
 from .metrics import ENDPOINT_STATES, CollectorMetrics, http_app
 from .promparse import parse_dcgm, parse_vllm
-from .providers import ProviderAggregator, ProviderConfig
+from .providers import ProviderAggregator, ProviderConfig, ProviderKeyReports
 from .publish import Bus, NatsBus, Publisher
 from .scrape import ScrapeError, context_window, describe, fetch, new_session
 from .shard import Membership as Shard
@@ -83,6 +83,9 @@ class _Remote:
                     and now - self.last_success <= self.stale_after)
 
 
+_KEYS_PREFIX = subjects.PROVIDER_KEYS_PREFIX + "."
+
+
 class Collector:
     """Scrapes, derives and offers states to a :class:`Publisher`."""
 
@@ -100,6 +103,9 @@ class Collector:
         self.publisher = publisher
         self.metrics = metrics or CollectorMetrics()
         self.providers = ProviderAggregator(config.providers)
+        #: the routers' reports of provider keys they cannot read (for the providers' status)
+        self.provider_keys = ProviderKeyReports()
+        self._keys_decoder = msgspec.json.Decoder(ProviderKeyReport)
         self._clock = clock
         self.trackers: dict[tuple[str, str, str, str], EndpointTracker] = {}
         self._dcgm: dict[tuple[str, str, str, str], _Dcgm] = {}
@@ -360,12 +366,29 @@ class Collector:
         if key is not None and self.leader:
             self.publisher.offer_provider(self.providers.state(key, now))
 
+    def on_routers_message(self, subject: str, data: bytes) -> None:
+        """One message of ``kinference.observations.>``: a router's key report or an observation."""
+        if subject.startswith(_KEYS_PREFIX):
+            self.on_key_report(data)
+        else:
+            self.on_observation(data)
+
+    def on_key_report(self, data: bytes) -> None:
+        """One router's ``kinference.observations._keys.<router>`` report; bad ones are counted and dropped."""
+        try:
+            report = self._keys_decoder.decode(data)
+        except msgspec.DecodeError:
+            self.metrics.observations.labels("invalid").inc()
+            return
+        self.provider_keys.receive(report, self._clock())
+
     # ---------------------------------------------------------- housekeeping
 
     def housekeeping(self) -> None:
         """Provider windows slide and endpoint counts move even with no new data."""
         now = self._clock()
         self.providers.prune(now)
+        self.provider_keys.prune(now)
         if self.leader:
             for key in self.providers.keys():
                 self.publisher.offer_provider(self.providers.state(key, now))
@@ -585,7 +608,7 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
     subs = [*await share_between_replicas(nc, collector, status=hasattr(discovery, "attach"))]
 
     async def on_msg(msg: object) -> None:
-        collector.on_observation(msg.data)  # type: ignore[attr-defined, union-attr]
+        collector.on_routers_message(msg.subject, msg.data)  # type: ignore[attr-defined, union-attr]
 
     sub = await nc.subscribe(f"{subjects.OBSERVATIONS_PREFIX}.>", cb=on_msg)  # type: ignore[attr-defined]
     await shard.start()  # the first view of the replicas before the first targets

@@ -91,3 +91,36 @@ def test_prune_forgets_long_silent_providers() -> None:
     assert agg.prune(199.0) == []
     assert agg.prune(201.0) == [("ns", "a")]
     assert agg.keys() == [("ns", "b")]
+
+
+def test_routers_key_reports_replace_each_other_and_expire() -> None:
+    from kinference_collector.kube_status import provider_status
+    from kinference_collector.providers import ProviderKeyReports
+    from kinference_common.messages import ProviderKey, ProviderKeyReport
+
+    def report(router: str, problem: str | None, at: float) -> ProviderKeyReport:
+        key = ProviderKey(namespace="ns", name="databricks", secret="ns/token", problem=problem,
+                          message="secret ns/token: not watched" if problem else "")
+        return ProviderKeyReport(router=router, sent_at=at, interval=10.0, providers=[key])
+
+    keys = ProviderKeyReports()
+    assert keys.problem("ns", "databricks", 0.0) is None
+    keys.receive(report("router-a", "SecretNotWatched", 0.0), 0.0)
+    keys.receive(report("router-b", "SecretNotWatched", 0.0), 0.0)
+    reason, message = keys.problem("ns", "databricks", 1.0)
+    assert reason == "SecretNotWatched"
+    assert message == "router router-a (and 1 other router replica(s)): secret ns/token: not watched"
+    keys.receive(report("router-a", None, 5.0), 5.0)  # fixed on router-a; router-b still says so
+    assert keys.problem("ns", "databricks", 6.0)[1].startswith("router router-b: ")
+    assert keys.problem("ns", "databricks", 31.0) is None  # router-b silent for three periods: gone
+    assert keys.problem("ns", "other", 6.0) is None
+
+    provider = {"apiVersion": "kinference.buoyant.io/v1alpha1", "kind": "InferenceProvider",
+                "metadata": {"name": "databricks", "namespace": "ns", "generation": 2},
+                "spec": {"url": "https://x.invalid", "auth": {"secretRef": {"name": "token", "key": "k"}},
+                         "models": [{"name": "m", "upstreamName": "m"}]}}
+    cond = provider_status(provider, None, 0.0, ("SecretNotWatched", "router r: why"))["conditions"][0]
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "SecretNotWatched", "router r: why")
+    assert provider_status(provider, None, 0.0)["conditions"][0]["reason"] == "Configured"
+    incomplete = {**provider, "spec": {"url": "https://x.invalid"}}
+    assert provider_status(incomplete, None, 0.0, ("SecretNotWatched", "w"))["conditions"][0]["reason"] == "Incomplete"

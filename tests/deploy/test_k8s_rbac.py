@@ -11,7 +11,7 @@ import pytest
 
 from kinference_common.kube import rbac
 
-from .k8s import K8S, SERVICES, build, of_kind
+from .k8s import K8S, SERVICES, build, container, of_kind
 
 spec = importlib.util.spec_from_file_location("rbac_gen", K8S / "rbac_gen.py")
 rbac_gen = importlib.util.module_from_spec(spec)
@@ -76,3 +76,51 @@ def test_a_rule_shape_change_is_still_understood() -> None:
     as_dict = [{"apiGroups": ["a"], "resources": ["x", "y"], "verbs": ["get"]}]
     assert rbac_gen.triples(as_dict) == {("a", "x", "get"), ("a", "y", "get")}
     assert rbac_gen.triples([(("a",), ("x",), ("get", "list"))]) == {("a", "x", "get"), ("a", "x", "list")}
+
+
+OVERLAYS = {"base": K8S, "example": K8S / "overlays" / "example", "gateway": K8S / "overlays" / "gateway"}
+
+
+def watched_namespaces(deployment: dict, monkeypatch: pytest.MonkeyPatch) -> set[str] | None:
+    """The namespaces whose Secrets a router Deployment watches, read as the router
+    reads its flags (None: not a router in Kubernetes mode)."""
+    from kinference_router.__main__ import parse_args
+    from kinference_router.kube_secrets import secret_namespaces
+
+    c = container(deployment)
+    if c.get("command") != ["kinference-router"]:
+        return None
+    args = parse_args(c.get("args", []))
+    if args.source != "kubernetes":
+        return None
+    monkeypatch.setenv("POD_NAMESPACE", deployment["metadata"]["namespace"])  # the downward API's value
+    names = secret_namespaces(args.secret_namespaces)
+    assert names is not None, "a router watches every namespace's Secrets ('*'): that needs a ClusterRoleBinding"
+    return set(names)
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_secrets_are_readable_exactly_where_each_router_watches_them(overlay: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ClusterRoleBinding grants Secrets; every router (and Endpoint Picker)
+    Deployment has a RoleBinding of kinference-router-secrets in each namespace
+    of its --secret-namespaces, and in no other."""
+    docs = build(OVERLAYS[overlay])
+    cluster_roles = of_kind(docs, "ClusterRole")
+    for b in (d for d in docs if d["kind"] == "ClusterRoleBinding"):
+        rules = cluster_roles[b["roleRef"]["name"]]["rules"]
+        assert not any({"secrets", "*"} & set(r["resources"]) for r in rules), b["metadata"]["name"]
+    role = rbac_gen.per_namespace_role("router")
+    assert rbac_gen.triples(cluster_roles[role]["rules"]) == rbac_gen.triples(rbac.SERVICE_RULES["router"])
+    routers = 0
+    for d in (d for d in docs if d["kind"] == "Deployment"):
+        watched = watched_namespaces(d, monkeypatch)
+        if watched is None:
+            continue
+        routers += 1
+        sa = (d["spec"]["template"]["spec"]["serviceAccountName"], d["metadata"]["namespace"])
+        bound = {b["metadata"]["namespace"] for b in docs if b["kind"] == "RoleBinding"
+                 and b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}
+                 and any((s["name"], s["namespace"]) == sa for s in b["subjects"] if s["kind"] == "ServiceAccount")}
+        assert bound == watched, (d["metadata"]["name"], "RoleBindings in", bound, "--secret-namespaces", watched)
+    assert routers == {"base": 1, "example": 1, "gateway": 2}[overlay]

@@ -26,11 +26,17 @@ G = "kinference.buoyant.io"
 
 async def test_a_restricted_user_gets_403_outside_its_rules(kube_api, tmp_path):
     kube_api.roles["router"] = SERVICE_RULES["router"]
+    kube_api.role_namespaces["router"] = {"default"}  # its Secrets rule, bound in `default` only
     kc = kube_api.write_kubeconfig(tmp_path / "kc", user="router", token="router-token")
     api = await api_client(kc, "kinference-router")
     rc = ResourceClient(api)
     try:
         await rc.list(kinds.SECRET, "default")  # allowed
+        for elsewhere in ("team-b", None):  # another namespace, and the cluster scope: no RoleBinding there
+            with pytest.raises(ApiException) as info:
+                await rc.list(kinds.SECRET, elsewhere)
+            assert info.value.status == 403
+        assert "at the cluster scope" in json.loads(info.value.body)["message"]
         with pytest.raises(ApiException) as info:
             await rc.list(kinds.INFERENCE_POLICY, "default")
         assert info.value.status == 403
@@ -71,27 +77,30 @@ def test_the_process_writes_a_kubeconfig_per_token_and_applies_roles(tmp_path):
     kc = tmp_path / "kc"
     proc = subprocess.Popen(
         [sys.executable, "-m", "kinference_simulators.kubeapi", "--port", "0", "--kubeconfig-out", str(kc),
-         "--token", "router=tok-r", "--role", "router=router"],
+         "--token", "router=tok-r", "--role", "router=router", "--role-namespaces", "router=default"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "serving on" in proc.stdout.readline()
         conf = yaml.safe_load((tmp_path / "kc.router").read_text())
         assert conf["users"][0]["user"]["token"] == "tok-r"
 
-        async def probe() -> tuple[int, int]:
+        async def probe() -> tuple[int, int, int]:
             api = await api_client(tmp_path / "kc.router", "probe")
             rc = ResourceClient(api)
             try:
-                ok = len((await rc.list(kinds.SECRET))[0])
-                try:
-                    await rc.list(kinds.POD)
-                    return ok, 200
-                except ApiException as exc:
-                    return ok, exc.status
+                ok = len((await rc.list(kinds.SECRET, "default"))[0])
+                statuses = []
+                for kind, ns in ((kinds.SECRET, None), (kinds.POD, "default")):  # Secrets cluster-wide; pods
+                    try:
+                        await rc.list(kind, ns)
+                        statuses.append(200)
+                    except ApiException as exc:
+                        statuses.append(exc.status)
+                return ok, *statuses
             finally:
                 await api.close()
 
-        assert asyncio.run(probe()) == (0, 403)
+        assert asyncio.run(probe()) == (0, 403, 403)
     finally:
         proc.terminate()
         proc.wait(10)

@@ -77,19 +77,21 @@ def test_only_opaque_secrets_keep_their_data() -> None:
     assert slim_secret(tls) == {"metadata": {"name": "ingress-tls", "namespace": "default", "labels": {}}}
 
 
-def manifests(upstream_url: str) -> str:
+def manifests(upstream_url: str, ns: str = "default", provider: str = "databricks",
+              secret_name: str = "databricks-token") -> str:
+    """A provider (its key in ``secret_name``), a policy that sends everything to it, and its pool ``cloud-pool``."""
     return f"""
 apiVersion: kinference.buoyant.io/v1alpha1
 kind: InferenceProvider
-metadata: {{name: databricks, namespace: default}}
+metadata: {{name: {provider}, namespace: {ns}}}
 spec:
   url: {upstream_url}
-  auth: {{secretRef: {{name: databricks-token, key: token}}}}
+  auth: {{secretRef: {{name: {secret_name}, key: token}}}}
   models: [{{name: qwen-2.5, upstreamName: db-qwen}}]
 ---
 apiVersion: kinference.buoyant.io/v1alpha1
 kind: InferencePolicy
-metadata: {{name: cloud, namespace: default}}
+metadata: {{name: cloud, namespace: {ns}}}
 spec:
   rules:
     - name: all-cloud
@@ -98,9 +100,9 @@ spec:
 ---
 apiVersion: kinference.buoyant.io/v1alpha1
 kind: InferencePool
-metadata: {{name: cloud-pool, namespace: default}}
+metadata: {{name: cloud-pool, namespace: {ns}}}
 spec:
-  destinations: [{{kind: InferenceProvider, name: databricks}}]
+  destinations: [{{kind: InferenceProvider, name: {provider}}}]
   policyRef: {{name: cloud}}
 """
 

@@ -107,6 +107,10 @@ class Informer:
                 return cache[(namespace, name)]
         return None
 
+    def listed(self, namespace: str) -> bool:
+        """Whether the scope holding ``namespace`` has been listed at least once."""
+        return namespace in self._synced_scopes or None in self._synced_scopes
+
     def _store(self, obj: Obj) -> Obj:
         return self.transform(obj) if self.transform else obj
 

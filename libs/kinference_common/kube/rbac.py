@@ -5,11 +5,16 @@ are written from it (and a test checks they match), and the tests record
 every request a service makes against the fake API server and assert it is
 covered by the service's rules here. A subresource is its own resource
 (``inferencepolicies/status``), as in RBAC.
+
+A rule marked ``per_namespace`` is granted namespace by namespace, never
+cluster-wide: the deployment writes it as a ClusterRole that no
+ClusterRoleBinding binds, and a RoleBinding of it in each namespace the
+service is told to read (the router's Secrets, ``--secret-namespaces``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from kinference_common import API_GROUP
@@ -23,6 +28,8 @@ class Rule:
     api_groups: tuple[str, ...]
     resources: tuple[str, ...]
     verbs: tuple[str, ...]
+    #: granted only in chosen namespaces (a RoleBinding in each), never at the cluster scope
+    per_namespace: bool = False
 
     def allows(self, verb: str, group: str, resource: str) -> bool:
         return (group in self.api_groups or "*" in self.api_groups) and \
@@ -56,9 +63,10 @@ SERVICE_RULES: dict[str, list[Rule]] = {
         Rule((API_GROUP,), ("inferenceworkersets/status", "inferenceproviders/status"), ("patch",)),
         Rule(("",), ("pods",), ("list", "watch")),
     ],
-    # kube_secrets.py: one informer on Secrets (provider keys, tenant keys)
+    # kube_secrets.py: one informer on Secrets (provider keys, tenant keys) per namespace of
+    # --secret-namespaces; bound in those namespaces only (docs/kubernetes-dataplane.md, "Which Secrets")
     "router": [
-        Rule(("",), ("secrets",), ("list", "watch")),
+        Rule(("",), ("secrets",), ("list", "watch"), per_namespace=True),
     ],
 }
 
@@ -70,6 +78,13 @@ def role_rules(service: str) -> list[dict[str, list[str]]]:
 
 def allowed(service: str, verb: str, group: str, resource: str) -> bool:
     return any(r.allows(verb, group, resource) for r in SERVICE_RULES[service])
+
+
+def allowed_at(rules: Iterable[Rule], verb: str, group: str, resource: str, namespace: str | None,
+               bound: Collection[str]) -> bool:
+    """Whether ``rules`` allow the call in ``namespace`` (None: the cluster scope,
+    all namespaces) when the per-namespace rules are bound in ``bound`` only."""
+    return any(r.allows(verb, group, resource) and (not r.per_namespace or namespace in bound) for r in rules)
 
 
 def not_allowed(service: str, used: Iterable[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
