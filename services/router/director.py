@@ -46,6 +46,7 @@ from kinference_router.classification import Classification, RequestTags
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 from kinference_router.metrics import RouterMetrics
+from kinference_router.recording import Recorder
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter
@@ -120,7 +121,7 @@ class Director:
                  auth: Callable[[], Authenticator], keeper: SnapshotKeeper, ledger: InFlightLedger, prefix: PrefixIndex,
                  metrics: RouterMetrics, flow: FlowQueue, classification: Classification,
                  events: EventPublisher, limiter: ProviderLimiter, calibration: Calibration,
-                 rng: random.Random) -> None:
+                 rng: random.Random, recorder: Recorder | None = None) -> None:
         #: the router's RouterSettings (namespace, pool, max_body_bytes, prefix_key)
         self.settings = settings
         namespace, pool = self.namespace, self.pool = settings.namespace, settings.pool
@@ -129,6 +130,8 @@ class Director:
         self.keeper, self.ledger, self.prefix = keeper, ledger, prefix
         self.metrics, self.flow, self.classification, self.events = metrics, flow, classification, events
         self.limiter, self.calibration, self.rng = limiter, calibration, rng
+        #: the decision records for replay (recording.py); None: not recording
+        self.recorder = recorder
         self.pool_label = f"{namespace}/{pool}"
         self._decisions_subject = subjects.decisions_subject(namespace, pool)
         self._observations_subject = subjects.observations_subject(namespace, pool)
@@ -175,6 +178,8 @@ class Director:
         started = time.perf_counter()
         d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=self.rng, avoid=avoid)
         self.metrics.decision.observe(time.perf_counter() - started)
+        if self.recorder is not None:
+            self.recorder.capture(d)
         return d
 
     def routing(self, tags: RequestTags, decision_id: str, *, avoid: frozenset[str] = frozenset(),
@@ -220,11 +225,17 @@ class Director:
 
     def publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace]) -> None:
         try:
-            data = encode_trace(build_trace(d, decision_id=decision_id, classifiers=traces, scores=False))
+            trace = build_trace(d, decision_id=decision_id, classifiers=traces, scores=False)
+            data = encode_trace(trace)
         except Exception as exc:  # a trace must never fail a request
             log.warning("decision event not built", error=str(exc))
             return
         self.events.publish(self._decisions_subject, data)
+        if self.recorder is not None:
+            try:
+                self.recorder.decision(d, decision_id, traces, trace.outcome)
+            except Exception as exc:  # nor a record
+                log.warning("decision record not built", error=str(exc))
 
     def count(self, rule: str, code: str, backend_type: str) -> None:
         """One answer in ``kinference_requests_total``."""
@@ -246,6 +257,8 @@ class Director:
 
     def publish_observation(self, obs: Observation) -> None:
         self.events.publish(self._observations_subject, encode(obs))
+        if self.recorder is not None:
+            self.recorder.observation(obs)
 
     @staticmethod
     def usage(payload: bytes, obs: Observation) -> None:
@@ -294,6 +307,8 @@ class Routing:
         # after a refused connection, decide again without what failed
         d = await tags.decide(snap, avoid, self._decide, ledger=dr.ledger, prefix=dr.prefix, rng=dr.rng,
                               observe=dr.metrics.decision.observe, latest=lambda: dr.keeper.snapshot)
+        if dr.recorder is not None and d.inputs is None:  # decided lazily, not by dr.decide
+            dr.recorder.capture(d)
         req, traces, snap = tags.req, tags.traces, d.snapshot
         flow_control = snap.pool.flow_control
         if flow_control is not None and (
