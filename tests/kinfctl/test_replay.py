@@ -233,3 +233,27 @@ def test_records_stay_small() -> None:
                                                                                 "x-api-key": "k", "x-team": "a"}),
         outcome=recording.OutcomeTrace(type="Routed", backend="Local/w"))
     assert recording.recordable_headers(rec.request.headers) == {"x-team": "a"}
+
+
+async def test_the_endpoint_pickers_decisions_are_recorded_too(env: Env, classifier: Any) -> None:  # noqa: F811
+    from kinference_router.epp import EppServer, EppSettings
+    from tests.epp.client import EppClient
+    from tests.epp.test_epp import CHAT, chat_body
+
+    server = EppServer(env.router, EppSettings())
+    await server.start("127.0.0.1", 0)
+    client = EppClient(server.port)
+    try:
+        rq = await client.exchange(CHAT, {}, chat_body(SECRET_PROMPT))
+        decision_id = rq.set_headers["x-kinference-decision-id"]
+    finally:
+        await client.close()
+        await server.close()
+    await asyncio.sleep(0.2)
+    export = env.tmp / "records.jsonl"
+    await kinfctl("replay", "--export", str(export), "--pool", "default/inference-all", "--nats-url", env.nats.url)
+    text = export.read_text()
+    assert decision_id in text and SECRET_PROMPT not in text
+    code, out, _ = await kinfctl("replay", str(policy_file(env.tmp, "p.yaml", POLICY)), "--pool",
+                                 "default/inference-all", "--file", str(export))
+    assert code == 0 and "1 of 1 decisions reproduced" in out, out

@@ -379,11 +379,11 @@ def replay(records: list[Record], namespace: str, pool: str, candidate: Candidat
             continue
         d, rng = decide_live(live_snap, r)
         got = outcome_of(d)
-        if got.same(rec):
+        if rng.unfit:  # the same pick or not, it was left to chance: not a reproduction
+            failures.append({"decision_id": r.decision_id, "why": "a random tie (tieBreak: Random) whose draw "
+                             f"the record does not hold: recorded {rec.label()}, replayed {got.label()}"})
+        elif got.same(rec):
             reproduced += 1
-        elif rng.unfit:
-            failures.append({"decision_id": r.decision_id, "why": "a random tie (tieBreak: Random) was drawn "
-                             f"among other candidates: recorded {rec.label()}, replayed {got.label()}"})
         else:
             failures.append({"decision_id": r.decision_id,
                              "why": f"recorded {rec.label()} (rule {rec.rule}), replayed {got.label()} "
