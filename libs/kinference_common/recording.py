@@ -49,11 +49,14 @@ DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_AGE_SECONDS = 24 * 3600.0
 DEFAULT_KEYFRAME_SECONDS = 60.0
 
-#: request headers never recorded (credentials), and any whose name contains one of
-#: :data:`SECRET_WORDS`
+#: request headers never recorded: credentials (and any whose name contains one of
+#: :data:`SECRET_WORDS`), and HTTP's own, which say nothing about the request
 SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "set-cookie"})
 SECRET_WORDS = ("key", "token", "secret", "password", "auth", "cookie", "session")
-
+HTTP_HEADERS = frozenset({"host", "user-agent", "accept", "accept-encoding", "accept-language", "content-type",
+                          "content-length", "connection", "keep-alive", "te", "transfer-encoding", "expect",
+                          "upgrade", "via", "forwarded", "x-forwarded-for", "x-forwarded-proto", "x-request-id",
+                          "traceparent", "tracestate"})
 #: field order of a recorded in-flight load (:class:`kinference_common.engine.ledger.EndpointLoad`)
 LOAD_FIELDS = ("in_flight", "pending_count", "pending_tokens", "unseen_count", "unseen_tokens",
                "drained_count", "peer_in_flight", "peer_pending_count", "peer_pending_tokens",
@@ -69,10 +72,29 @@ def pool_filter(namespace: str, pool: str) -> str:
     return f"{PREFIX}.{subjects.token(namespace)}.{subjects.token(pool)}.>"
 
 
+#: header names seen, and those of them not recorded (names repeat: one set lookup each)
+_seen: set[str] = set()
+_dropped: set[str] = set()
+
+
+def recordable(name: str) -> bool:
+    """Whether a (lower-case) header name is recorded."""
+    return not (name in SECRET_HEADERS or name in HTTP_HEADERS or name.startswith("x-stainless-")
+                or any(w in name for w in SECRET_WORDS))
+
+
 def recordable_headers(headers: dict[str, str]) -> dict[str, str]:
-    """The headers a policy may match on, without credentials."""
-    return {k: v for k, v in headers.items()
-            if k not in SECRET_HEADERS and not any(w in k for w in SECRET_WORDS)}
+    """The headers a policy may match on: without credentials, nor HTTP's own."""
+    new = headers.keys() - _seen
+    if new:
+        for name in new:
+            if not recordable(name):
+                _dropped.add(name)
+        if len(_seen) < 4096:  # a client sending random names: those are checked each time
+            _seen.update(new)
+        else:
+            return {k: v for k, v in headers.items() if recordable(k)}
+    return {k: v for k, v in headers.items() if k not in _dropped}
 
 
 class _R(Struct, kw_only=True, tag_field="kind", omit_defaults=True):
@@ -134,7 +156,7 @@ class DecisionRecord(_R, kw_only=True, tag="decision"):
     #: ledger keys the decision was told to avoid (refused connections, a gateway's subset)
     avoid: list[str] = []
     #: in-flight load per ledger key (:data:`LOAD_FIELDS` order), the pool's non-idle ones
-    loads: dict[str, list[int]] = {}
+    loads: dict[str, tuple[int, ...]] = {}
     #: prefix index: leading prompt blocks each endpoint holds
     matches: dict[str, int] = {}
     #: prefix index: blocks each endpoint holds, when no endpoint matched (PrefixAffinity)

@@ -19,6 +19,7 @@ decision used it, as a delta from the previous one recorded.
 from __future__ import annotations
 
 import asyncio
+import operator
 import os
 import time
 from dataclasses import dataclass
@@ -55,13 +56,13 @@ class Inputs:
 
     __slots__ = ("loads", "matches", "held", "predicted")
 
-    def __init__(self, loads: dict[str, list[int]], matches: dict[str, int], held: dict[str, int],
+    def __init__(self, loads: dict[str, tuple[int, ...]], matches: dict[str, int], held: dict[str, int],
                  predicted: float | None) -> None:
         self.loads, self.matches, self.held, self.predicted = loads, matches, held, predicted
 
 
-def _load_fields(load: Any) -> list[int]:
-    return [getattr(load, f) for f in recording.LOAD_FIELDS]
+#: an EndpointLoad's fields as a tuple, in the records' order
+_load_fields = operator.attrgetter(*recording.LOAD_FIELDS)
 
 
 class Recorder:
