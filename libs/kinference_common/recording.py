@@ -114,7 +114,8 @@ class SnapshotRecord(_R, kw_only=True, tag="snapshot"):
     stale_after: float
     provider_stale_after: float
     ejected: list[str] = []
-    ttft_model: TTFTModel = TTFTModel()
+    #: the PredictedTTFT model; in a delta only when it changed (its calibration is learned)
+    ttft_model: TTFTModel | None = None
     pool_revision: str
     #: the compiled pool, when its revision differs from the base's (always in a keyframe)
     compiled: CompiledPool | None = None

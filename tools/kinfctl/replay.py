@@ -48,6 +48,7 @@ from kinference_common.compiler.policy import PoolContext, compile_policy
 from kinference_common.engine import Decision, Request, Snapshot, decide
 from kinference_common.engine.lazy import outcome_key, tag_classes
 from kinference_common.engine.ledger import EndpointLoad
+from kinference_common.engine.ttft import TTFTModel
 from kinference_common.manifests import load_paths
 from kinference_common.recording import LOAD_FIELDS, DecisionRecord, ObservationRecord, Record, SnapshotRecord
 from kinfctl import records as rec_io
@@ -92,6 +93,7 @@ class _State:
     pool: CompiledPool
     endpoints: dict[str, Any]
     providers: dict[str, Any]
+    ttft_model: TTFTModel
 
 
 class Snapshots:
@@ -112,7 +114,7 @@ class Snapshots:
                 self.missing[key] = "its keyframe holds no compiled pool"
                 return
             self.states[key] = _State(r, r.compiled, {_endpoint_key(e): e for e in r.endpoints},
-                                      {_provider_key(p): p for p in r.providers})
+                                      {_provider_key(p): p for p in r.providers}, r.ttft_model or TTFTModel())
             return
         base = self.states.get((r.router, r.base))
         if base is None:
@@ -129,7 +131,7 @@ class Snapshots:
             prs.pop(k, None)
         prs.update((_provider_key(p), p) for p in r.providers)
         pool = r.compiled if r.compiled is not None else base.pool
-        self.states[key] = _State(r, pool, eps, prs)
+        self.states[key] = _State(r, pool, eps, prs, r.ttft_model or base.ttft_model)
 
     def why_missing(self, router: str, version: int) -> str:
         return self.missing.get((router, version), "its snapshot was not recorded (before --since, or past the "
@@ -149,7 +151,7 @@ class Snapshots:
         r = st.record
         snap = Snapshot(pool or st.pool, st.endpoints.values(), st.providers.values(), now=r.now,
                         stale_after=r.stale_after, provider_stale_after=r.provider_stale_after,
-                        ejected=frozenset(r.ejected), ttft_model=r.ttft_model)
+                        ejected=frozenset(r.ejected), ttft_model=st.ttft_model)
         self._built[key] = snap
         if len(self._built) > self._keep:
             self._built.popitem(last=False)
