@@ -165,6 +165,10 @@ class DecisionRecord(_R, kw_only=True, tag="decision"):
     #: ``tieBreak: Random`` draws, ``[n, drawn]`` each, in order
     draws: list[tuple[int, int]] = []
     outcome: OutcomeTrace
+    #: the outcome is not the engine's: ``flow_control`` (shed, or ``maxQueueWait`` after
+    #: the engine routed), ``upstream_error`` (the send failed after it left: a second
+    #: record of the same decision, with what the client saw)
+    amended: str = ""
     #: the pick's PredictedTTFT (Local) or EstimatedTTFT (Provider), seconds
     predicted_ttft: float | None = None
 

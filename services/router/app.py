@@ -301,7 +301,7 @@ class Router:
                 result = await self._send(request, chat, body, tags.req, d, d.snapshot, decision_id)
             except ApiError as err:
                 if err.decision is not None:
-                    self.director.publish_decision(err.decision, decision_id, tags.traces)
+                    self.director.publish_decision(err.decision, decision_id, tags.traces, err.amended)
                 raise
             if result is not _NOT_SENT:
                 return result  # type: ignore[return-value]
@@ -369,7 +369,7 @@ class Router:
             except UpstreamError as exc:
                 err = ApiError(502, "upstream_error", f"{cand.backend}: {exc}")
                 if isinstance(exc, SentNotAnswered):  # never re-sent: the event says why (retry.py)
-                    err.decision = retry.not_resent(d, cand.backend)
+                    err.decision, err.amended = retry.not_resent(d, cand.backend), "upstream_error"
                 raise err from None
             except ValueError as exc:  # a bad provider URL or header; never echo header values
                 outcome = "not_sent"

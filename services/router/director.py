@@ -91,6 +91,8 @@ class ApiError(Exception):
         self.rule = rule
         #: the decision its event should show (set by flow control's 429 and 503)
         self.decision: Decision | None = None
+        #: why ``decision``'s outcome is not the engine's (its record says so): flow_control | upstream_error
+        self.amended = ""
 
 
 def flow_control_rejection(d: Decision, err: ApiError) -> Decision:
@@ -220,10 +222,18 @@ class Director:
             else:
                 err = ApiError(503, "no_capacity", f"no capacity came back within the pool's maxQueueWait "
                                f"({settings.max_queue_wait_seconds:g}s)", retry_after=1)
-            err.decision = last if not last.routed and last.code == err.code else flow_control_rejection(last, err)
+            if not last.routed and last.code == err.code:
+                err.decision = last
+            else:  # the engine's decision, with flow control's outcome
+                err.decision, err.amended = flow_control_rejection(last, err), "flow_control"
             raise err from None
 
-    def publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace]) -> None:
+    def publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace],
+                         amended: str = "") -> None:
+        """The decision event (and record); ``amended``: the outcome is not
+        the engine's (``flow_control``: shed or ``maxQueueWait``;
+        ``upstream_error``: a send that failed after it left, published
+        again with what the client saw)."""
         try:
             trace = build_trace(d, decision_id=decision_id, classifiers=traces, scores=False)
             data = encode_trace(trace)
@@ -233,7 +243,7 @@ class Director:
         self.events.publish(self._decisions_subject, data)
         if self.recorder is not None:
             try:
-                self.recorder.decision(d, decision_id, traces, trace.outcome)
+                self.recorder.decision(d, decision_id, traces, trace.outcome, amended)
             except Exception as exc:  # nor a record
                 log.warning("decision record not built", error=str(exc))
 
@@ -327,7 +337,7 @@ class Routing:
                                                decide_fn=self._decide)
             except ApiError as err:
                 d = err.decision or d
-                dr.publish_decision(d, self.decision_id, traces)
+                dr.publish_decision(d, self.decision_id, traces, err.amended)
                 err.rule = d.rule or ""
                 raise
         d = validate.interpret(d)  # every candidate's context window too small: a 400

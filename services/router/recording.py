@@ -106,8 +106,10 @@ class Recorder:
 
     # ------------------------------------------------------- off the path
 
-    def decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace], outcome: OutcomeTrace) -> None:
-        """Record ``d`` (and its snapshot, when not recorded yet)."""
+    def decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace], outcome: OutcomeTrace,
+                 amended: str = "") -> None:
+        """Record ``d`` (and its snapshot, when not recorded yet); ``amended``:
+        see :meth:`kinference_router.director.Director.publish_decision`."""
         snap = d.snapshot
         if snap.inputs is None:  # built before recording started: nothing to refer to
             return
@@ -131,7 +133,8 @@ class Recorder:
             classifiers=traces, avoid=avoid,
             loads=inputs.loads if inputs else {}, matches=inputs.matches if inputs else {},
             held=inputs.held if inputs else {},
-            draws=list(d.context.draws or ()), outcome=outcome, predicted_ttft=inputs.predicted if inputs else None,
+            draws=list(d.context.draws or ()), outcome=outcome, amended=amended,
+            predicted_ttft=inputs.predicted if inputs else None,
         )
         self._publish(self._decision_subject, recording.encode(rec))
 

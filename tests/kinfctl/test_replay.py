@@ -185,10 +185,11 @@ async def test_offline_from_an_export_and_audit_since(env: Env, classifier: Any)
                                    "default/inference-all", "--file", str(export), "-o", "json")
     assert code == 0, err
     assert json.loads(out)["reproduced"]["count"] == 9
-    code, out, err = await kinfctl("audit", "--since", "1h", "--nats-url", env.nats.url, "-o", "json")
-    assert code == 0, err
-    total = json.loads(out)["total"]
-    assert total["requests"] == 9 and total["pii"] == 1 and total["refused"] == 1 and total["provider"] == 0
+    for pool in ([], ["--pool", "default/inference-all"]):
+        code, out, err = await kinfctl("audit", "--since", "1h", *pool, "--nats-url", env.nats.url, "-o", "json")
+        assert code == 0, err
+        total = json.loads(out)["total"]
+        assert total["requests"] == 9 and total["pii"] == 1 and total["refused"] == 1 and total["provider"] == 0
     code, out, _ = await kinfctl("audit", str(export), "-o", "json")
     assert code == 0 and json.loads(out)["total"]["pii"] == 1
 

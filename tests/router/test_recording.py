@@ -96,3 +96,31 @@ def _args(served: Any) -> Any:
     url = f"nats://127.0.0.1:{served.nc.connected_url.port}"
     return argparse.Namespace(nats_url=url, port_offset=None, timeout=5.0, nats_user=None, nats_password_file=None,
                               nats_tls_ca=None, nats_tls_cert=None, nats_tls_key=None)
+
+
+async def test_flow_controls_outcomes_are_named_not_replayed(start_pool: Any) -> None:
+    from tests.router.test_flow import MANIFESTS, answering_upstream
+
+    upstream = await answering_upstream()
+    try:
+        served = await start_pool(MANIFESTS, "queued", record=RecordSettings())
+        await served.endpoint("stub", "m", f"127.0.0.1:{upstream.port}", queued=10)  # saturated
+        body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+        async with aiohttp.ClientSession() as s:
+            async def one() -> int:
+                async with s.post(served.url, json=body) as r:
+                    return r.status
+
+            waiting = [asyncio.create_task(one()) for _ in range(2)]
+            while len(served.router.flow) < 2:
+                await asyncio.sleep(0.02)
+            assert await one() == 429  # the queue holds 2: shed
+            assert sorted(await asyncio.gather(*waiting)) == [503, 503]  # maxQueueWait
+        await asyncio.sleep(0.2)
+        got = await asyncio.to_thread(records.from_nats, _args(served), "default", "queued", 600.0)
+        assert sorted(r.amended for r in got if isinstance(r, records.DecisionRecord)) == ["", "", "flow_control"]
+        rep = replay.replay(got, "default", "queued", None)
+        assert rep["reproduced"] == {"count": 2, "of": 2, "not_reproduced": []}
+        assert rep["flow_control"]["count"] == 1
+    finally:
+        await upstream.close()

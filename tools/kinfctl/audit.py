@@ -122,7 +122,9 @@ def from_records(args: argparse.Namespace) -> list[DecisionTrace]:
     if args.pool:
         ns, name = records.split_pool(args.pool)
     got = records.from_nats(args, ns, name, since, snapshots=False)
-    return [as_trace(r) for r in got if isinstance(r, DecisionRecord)]
+    # a failed send is recorded twice: the decision, then what the client saw (the last counts)
+    last = {r.decision_id: r for r in got if isinstance(r, DecisionRecord)}
+    return [as_trace(r) for r in last.values()]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -139,8 +139,13 @@ def from_nats(args: argparse.Namespace, namespace: str | None, pool: str | None,
     ``since`` seconds, and the snapshot records those need (read from
     :data:`SNAPSHOT_MARGIN_SECONDS` earlier); sorted as stored."""
     events.local_nats(args)
-    subject = (recording.pool_filter(namespace, pool) if namespace is not None and pool is not None
-               else f"{recording.PREFIX}.>")
+    if namespace is not None and pool is not None:
+        subject = recording.pool_filter(namespace, pool)
+    else:
+        subject = f"{recording.PREFIX}.>"
+    if not snapshots:  # decisions only (kinfctl audit)
+        subject = (recording.subject(namespace, pool, "decision") if namespace is not None and pool is not None
+                   else f"{recording.PREFIX}.*.*.decision")
     start = time.time() - since - (SNAPSHOT_MARGIN_SECONDS if snapshots else 0.0)
     got = asyncio.run(_fetch(args, subject, start))
     cut = time.time() - since

@@ -350,8 +350,8 @@ def replay(records: list[Record], namespace: str, pool: str, candidate: Candidat
             if r.namespace == namespace and r.pool == pool:
                 snaps.add(r)
         elif isinstance(r, DecisionRecord):
-            if r.namespace == namespace and r.pool == pool:
-                decisions.append(r)
+            if r.namespace == namespace and r.pool == pool and r.amended != "upstream_error":
+                decisions.append(r)  # (a failed send's second record: the first is the decision)
         elif isinstance(r, ObservationRecord):
             observations[r.decision_id] = r
     if not decisions:
@@ -360,6 +360,9 @@ def replay(records: list[Record], namespace: str, pool: str, candidate: Candidat
                            + (f" (recorded pools: {', '.join(pools)})" if pools else
                               " (none at all: is the router recording? It does unless started with --no-record)"))
     reproduced = 0
+    #: decisions whose outcome was flow control's (shed, maxQueueWait): the queue is not replayed
+    queued = [r for r in decisions if r.amended == "flow_control"]
+    decisions = [r for r in decisions if r.amended != "flow_control"]
     failures: list[dict[str, str]] = []
     changes: dict[str, int] = defaultdict(int)
     moves: dict[str, int] = defaultdict(int)
@@ -450,11 +453,13 @@ def replay(records: list[Record], namespace: str, pool: str, candidate: Candidat
                             "rule_before": rec.rule, "rule_after": after.rule,
                             **({"tags_unknown": unknown} if unknown else {})})
     total = len(decisions)
+    at = [r.at for r in decisions + queued]
     out: dict[str, Any] = {
         "pool": f"{namespace}/{pool}",
         "decisions": total,
-        "window": [min(r.at for r in decisions), max(r.at for r in decisions)],
+        "window": [min(at), max(at)],
         "reproduced": {"count": reproduced, "of": total, "not_reproduced": failures},
+        "flow_control": {"count": len(queued), "decisions": [r.decision_id for r in queued]},
     }
     if candidate is None:
         return out
@@ -575,6 +580,9 @@ def print_text(rep: dict[str, Any], out: Any = None) -> None:
         w(f"  not reproduced {f['decision_id'][:12]}: {f['why']}\n")
     if len(rp["not_reproduced"]) > SHOWN:
         w(f"  ... and {len(rp['not_reproduced']) - SHOWN} more (-o json lists them)\n")
+    if rep["flow_control"]["count"]:
+        w(f"  and {rep['flow_control']['count']} decided by flow control (shed, or maxQueueWait after the engine "
+          "routed): the queue is not replayed, they are left out\n")
     if pol is None:
         return
     ch = rep["changes"]
