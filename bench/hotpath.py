@@ -110,6 +110,9 @@ def recording_cost(iterations: int = 5_000, rounds: int = 9) -> dict[str, float]
         rec.capture(d)
     record = per_call_us(lambda: rec.decision(next(d_it), "0" * 32, traces, outcome), iterations, rounds)
     size = len(pub.last)
+    # the baseline of the same run: the decision event every router already builds
+    event = per_call_us(lambda: encode_trace(build_trace(next(d_it), decision_id="0" * 32, classifiers=traces,
+                                                         scores=False)), iterations, rounds)
 
     def snapshot_record() -> None:
         rec._last = None
@@ -117,6 +120,7 @@ def recording_cost(iterations: int = 5_000, rounds: int = 9) -> dict[str, float]
 
     snapshot = per_call_us(snapshot_record, max(100, iterations // 10), rounds)
     return {"capture_us": round(capture, 2), "record_us": round(record, 2), "decision_record_bytes": size,
+            "decision_event_us": round(event, 2),
             "snapshot_record_us": round(snapshot, 2), "snapshot_record_bytes": len(pub.last)}
 
 

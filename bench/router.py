@@ -326,8 +326,9 @@ def cost_line(cost: dict[str, float]) -> str:
     return (f"In-process, the steadier figure (`bench.hotpath.recording_cost`, best of 9 rounds): "
             f"{cost['capture_us']:.1f} us per request on the request path (capturing the decision's inputs) "
             f"and {cost['record_us']:.1f} us after it (building, encoding and queuing a "
-            f"{cost['decision_record_bytes']:.0f}-byte decision record), against the router's "
-            f"~100 us of CPU per proxied request; a snapshot record (3 endpoints, 1 provider) costs "
+            f"{cost['decision_record_bytes']:.0f}-byte decision record); building and encoding the decision "
+            f"event, which every router publishes anyway, takes {cost['decision_event_us']:.1f} us in the same "
+            f"measurement; a snapshot record (3 endpoints, 1 provider) costs "
             f"{cost['snapshot_record_us']:.1f} us and {cost['snapshot_record_bytes']:.0f} bytes, once per snapshot "
             "a decision used (the router rebuilds its snapshot at most every 50 ms).")
 
