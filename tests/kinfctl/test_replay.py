@@ -210,6 +210,8 @@ async def test_bad_input_is_one_clear_line(tmp_path: Path, nats_server: NatsServ
          "no decision records"),
         (["replay", str(good), "--pool", "default/x", "--file", str(good)], "not a decision record"),
         (["audit", "--since", "soon", "--nats-url", nats_server.url], "--since"),
+        (["replay", str(EXAMPLES / "20-pool.yaml"), "--pool", "default/inference-all", "--file", str(empty)],
+         "holds pool default/inference-all but not all it names"),
     ]
     for argv, words in cases:
         code, out, err = await kinfctl(*argv)

@@ -533,10 +533,12 @@ class CandidateSource:
         if self.has_pool:
             res = compile_documents(self.loaded, in_process_classifiers=in_process)
             got = res.pools.get((self.namespace, self.pool))
-            if got is None:
-                st = res.pool_status.get((self.namespace, self.pool))
-                raise CommandError(f"{self.path}: pool {self.namespace}/{self.pool} does not compile"
-                                   + (f": {st}" if st is not None else ""))
+            st = res.pool_status.get((self.namespace, self.pool))
+            bad = [c.message for c in (st.conditions if st is not None else []) if c.status == "False"]
+            if got is None or bad:
+                raise CommandError(f"{self.path} holds pool {self.namespace}/{self.pool} but not all it names: "
+                                   + "; ".join(bad or ["it does not compile"])
+                                   + ". Give the InferencePolicy alone, or every manifest of the pool")
             self.name = got.policy.name
             return got
         obj = self._policy_for(recorded)
