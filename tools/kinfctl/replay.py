@@ -515,6 +515,8 @@ class CandidateSource:
         self.has_pool = (namespace, pool) in res.objects.get("InferencePool", {})
         if not self.policies and not self.has_pool:
             raise CommandError(f"{path} holds no InferencePolicy (nor the pool {namespace}/{pool})")
+        if self.has_pool:
+            self._whole_pool()
         self.name = ""
         self.warnings: list[str] = []
 
@@ -528,17 +530,22 @@ class CandidateSource:
         raise CommandError(f"{self.path}: which policy? the pool's live policy is {recorded.policy.name!r} "
                            f"and the file's policies in namespace {self.namespace} are: {names}")
 
+    def _whole_pool(self) -> CompiledPool:
+        """The file's own pool, compiled with everything it names (checked before any record is read)."""
+        res = compile_documents(self.loaded)
+        got = res.pools.get((self.namespace, self.pool))
+        st = res.pool_status.get((self.namespace, self.pool))
+        bad = [c.message for c in (st.conditions if st is not None else []) if c.status == "False"]
+        if got is None or bad:
+            raise CommandError(f"{self.path} holds pool {self.namespace}/{self.pool} but not all it names: "
+                               + "; ".join(bad or ["it does not compile"])
+                               + ". Give the InferencePolicy alone, or every manifest of the pool")
+        return got
+
     def compile(self, recorded: CompiledPool) -> CompiledPool:
         in_process = recorded.policy.in_process_classifiers
-        if self.has_pool:
-            res = compile_documents(self.loaded, in_process_classifiers=in_process)
-            got = res.pools.get((self.namespace, self.pool))
-            st = res.pool_status.get((self.namespace, self.pool))
-            bad = [c.message for c in (st.conditions if st is not None else []) if c.status == "False"]
-            if got is None or bad:
-                raise CommandError(f"{self.path} holds pool {self.namespace}/{self.pool} but not all it names: "
-                                   + "; ".join(bad or ["it does not compile"])
-                                   + ". Give the InferencePolicy alone, or every manifest of the pool")
+        if self.has_pool:  # as the policy-compiler, with the routers' in-process classifiers
+            got = compile_documents(self.loaded, in_process_classifiers=in_process).pools[(self.namespace, self.pool)]
             self.name = got.policy.name
             return got
         obj = self._policy_for(recorded)
