@@ -6,7 +6,6 @@ requests included; what cannot be replayed is named, with why."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
