@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how long records are kept, seconds or a duration such as 90m, 24h (default 24h)")
     p.add_argument("--record-keyframe-interval", type=_duration, default=recording.DEFAULT_KEYFRAME_SECONDS,
                    metavar="AGE", help="a complete snapshot record at least this often, deltas in between; "
-                                       "a replay from any time finds one within this (default 60s)")
+                                       "a replay from any time finds one within this; at most 5m (default 60s)")
     natsauth.add_arguments(p, default_user=natsauth.ROUTER)
     p.add_argument("--no-classify-batching", dest="classify_batching", action="store_false",
                    help="send one classify request per request instead of one batch per event-loop turn")
@@ -225,6 +225,9 @@ async def run(args: argparse.Namespace) -> int:
         limits(args)
     except ValueError as exc:
         print(f"kinference-router: {exc}", file=sys.stderr)
+        return 1
+    if args.record_keyframe_interval > 300:  # kinfctl replay reads snapshots from 5 minutes before --since
+        print("kinference-router: --record-keyframe-interval must be at most 5m", file=sys.stderr)
         return 1
     if (args.epp_port is not None or args.egress_port is not None) and not pool:
         print("kinference-router: --epp-port and --egress-port need --pool NS/NAME (an Endpoint Picker "

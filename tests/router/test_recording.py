@@ -123,3 +123,21 @@ async def test_flow_controls_outcomes_are_named_not_replayed(start_pool: Any) ->
         assert rep["flow_control"]["count"] == 1
     finally:
         await upstream.close()
+
+
+def test_record_flags_take_sizes_and_durations() -> None:
+    import subprocess
+    import sys
+
+    from kinference_router.__main__ import parse_args
+
+    args = parse_args(["--record-max-bytes", "512MiB", "--record-max-age", "90m", "--record-keyframe-interval", "30"])
+    assert (args.record, args.record_max_bytes, args.record_max_age, args.record_keyframe_interval) == (
+        True, 512 << 20, 5400.0, 30.0)
+    assert parse_args(["--no-record"]).record is False
+    for argv, words in ((["--record-max-bytes", "lots"], "not a size: 'lots'"),
+                        (["--record-max-age", "0"], "must be positive"),
+                        (["--record-keyframe-interval", "10m"], "at most 5m")):
+        proc = subprocess.run([sys.executable, "-m", "kinference_router", *argv], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode != 0 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
