@@ -72,6 +72,9 @@ def pool_filter(namespace: str, pool: str) -> str:
     return f"{PREFIX}.{subjects.token(namespace)}.{subjects.token(pool)}.>"
 
 
+#: client-library chatter, and identities a proxy adds (who the user is is not the record's business)
+_DROPPED_PREFIXES = ("x-stainless-", "x-forwarded-", "x-user-", "x-real-ip")
+
 #: header names seen, and those of them not recorded (names repeat: one set lookup each)
 _seen: set[str] = set()
 _dropped: set[str] = set()
@@ -79,7 +82,7 @@ _dropped: set[str] = set()
 
 def recordable(name: str) -> bool:
     """Whether a (lower-case) header name is recorded."""
-    return not (name in SECRET_HEADERS or name in HTTP_HEADERS or name.startswith("x-stainless-")
+    return not (name in SECRET_HEADERS or name in HTTP_HEADERS or name.startswith(_DROPPED_PREFIXES)
                 or any(w in name for w in SECRET_WORDS))
 
 

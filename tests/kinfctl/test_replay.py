@@ -259,6 +259,7 @@ async def test_an_unknown_pool_names_the_recorded_ones(recorded: Recorded) -> No
 def test_credentials_and_http_headers_are_not_recorded() -> None:
     headers = {"authorization": "Bearer sk", "x-api-key": "k", "cookie": "c", "x-session-id": "s",
                "user-agent": "OpenAI/Python", "x-stainless-lang": "python", "x-team": "a",
+               "x-user-email": "jane@example.com", "x-forwarded-for": "10.0.0.1",
                "x-gateway-inference-objective": "batch"}
     assert recording.recordable_headers(headers) == {"x-team": "a", "x-gateway-inference-objective": "batch"}
     assert recording.recordable_headers(headers) == {"x-team": "a", "x-gateway-inference-objective": "batch"}
