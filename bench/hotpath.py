@@ -10,7 +10,11 @@ chat completion (a system and a user message) against 3 local endpoints and
   token estimate, block hashes, headers);
 - ``decide``: :func:`kinference_common.engine.decide`;
 - ``trace``: ``encode_trace(build_trace(d, ..., scores=False))``, the
-  decision event.
+  decision event;
+- ``record``: the decision record (:mod:`kinference_router.recording`):
+  ``Recorder.capture`` when deciding, then building and encoding the
+  record (queued on a publisher that sends nothing); :func:`recording_cost`
+  gives the same to ``make bench-router``.
 
 A bare function call is timed the same way, so the figures can be read as
 ratios on whatever machine runs them.
@@ -78,6 +82,48 @@ def per_call_us(fn, iterations: int, rounds: int) -> float:
     return best
 
 
+class _NoPublisher:
+    def publish(self, subject: str, data: bytes) -> None:
+        self.last = data
+
+
+def recording_cost(iterations: int = 5_000, rounds: int = 9) -> dict[str, float]:
+    """The decision record's CPU per request, in-process: capture (on the
+    request path), build + encode + queue (after it), the record's size;
+    and one snapshot record's build + encode (once per snapshot a decision
+    used, at most every 50 ms)."""
+    from kinference_router.recording import Recorder, RecordSettings
+
+    rng = random.Random(7)
+    snap, ledger, prefix, _ = build_world(3, 1, rng)
+    snap.inputs = ({}, {})
+    reqs = [msgspec.structs.replace(engine_request(snap, HEADERS, parse(body(k), chat=True), "alice", rng),
+                                    tags=frozenset({"pii-none"})) for k in range(1024)]
+    decisions = [decide(snap, r, ledger=ledger, prefix=prefix, rng=rng) for r in reqs]
+    pub = _NoPublisher()
+    rec = Recorder(pub, snap.namespace, snap.name, RecordSettings())
+    traces = [ClassifierTrace(name="pii", ms=1.234, outcome="ok")]
+    outcome = build_trace(decisions[0], scores=False).outcome
+    d_it = itertools.cycle(decisions)
+    capture = per_call_us(lambda: rec.capture(next(d_it)), iterations, rounds)
+    for d in decisions:
+        rec.capture(d)
+    record = per_call_us(lambda: rec.decision(next(d_it), "0" * 32, traces, outcome), iterations, rounds)
+    size = len(pub.last)
+    # the baseline of the same run: the decision event every router already builds
+    event = per_call_us(lambda: encode_trace(build_trace(next(d_it), decision_id="0" * 32, classifiers=traces,
+                                                         scores=False)), iterations, rounds)
+
+    def snapshot_record() -> None:
+        rec._last = None
+        rec._snapshot(snap)
+
+    snapshot = per_call_us(snapshot_record, max(100, iterations // 10), rounds)
+    return {"capture_us": round(capture, 2), "record_us": round(record, 2), "decision_record_bytes": size,
+            "decision_event_us": round(event, 2),
+            "snapshot_record_us": round(snapshot, 2), "snapshot_record_bytes": len(pub.last)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=5_000, help="calls per round")
@@ -112,6 +158,10 @@ def main() -> None:
         if name != "  (suggested)":  # an alternative to the row above, not a step
             total += us
         print(f"{name:<16}{us:>10.2f}{us / base:>10.0f}")
+    cost = recording_cost(args.iterations, args.rounds)
+    record = cost["capture_us"] + cost["record_us"]
+    total += record
+    print(f"{'record':<16}{record:>10.2f}{record / base:>10.0f}")
     print(f"{'total':<16}{total:>10.2f}{total / base:>10.0f}")
     print(f"{'(bare call)':<16}{base:>10.3f}")
 

@@ -13,7 +13,10 @@ direct                      the stub itself (the baseline)
 kinference                  ``python -m kinference_router`` (uvloop), a real
                             nats-server, a compiled pool whose worker set's
                             endpoint is the stub (fresh telemetry on NATS),
-                            one catch-all rule, no classifier, auth none
+                            one catch-all rule, no classifier, auth none;
+                            decisions recorded (the default)
+kinference-no-record        the same with ``--no-record``: the cost of the
+                            decision records is the difference
 vllm-router-round_robin     the vLLM project's Rust router, ``--policy
                             round_robin``, the stub as its one worker
 vllm-router-cache_aware     the same with ``--policy cache_aware``
@@ -61,7 +64,11 @@ BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results" / "router.json"
 COMPETITORS = BENCH / ".venv-competitors"
 COMPETITOR_PACKAGES = ["vllm-router", "litellm[proxy]", "py-spy"]
-TARGETS = ["direct", "kinference", "vllm-router-round_robin", "vllm-router-cache_aware", "litellm"]
+TARGETS = ["direct", "kinference", "kinference-no-record", "vllm-router-round_robin", "vllm-router-cache_aware",
+           "litellm"]
+#: docs/benchmarks.md's block that ``make bench-router`` rewrites: the recording's cost
+PAGE = BENCH.parent / "docs" / "benchmarks.md"
+_RECORDING_BLOCK = re.compile(r"(<!-- router:recording -->\n)(.*?)(<!-- /router:recording -->)", re.S)
 MODES = ["plain", "stream"]
 PROMPT = "Write one sentence about the sea."
 
@@ -178,6 +185,9 @@ class Target:
         self.url = ""
         self.pid: int | None = None
         self._control: Any = None
+        self._ctl: Any = None
+        #: the decision records' stream after the run: bytes, messages, decisions recorded
+        self.records: dict[str, int] | None = None
 
     async def start(self) -> None:
         cpu = self.args.router_cpu
@@ -186,12 +196,13 @@ class Target:
             self.url = f"http://{stub}/v1/chat/completions"
             return
         port = harness.free_port()
-        if self.name == "kinference":
+        if self.name in ("kinference", "kinference-no-record"):
             control = harness.control_plane([stub], self.args.client_cpu)
             ctl = await control.__aenter__()
-            self._control = control  # entered: stop() leaves it
+            self._control, self._ctl = control, ctl  # entered: stop() leaves it
+            extra = ["--no-record"] if self.name == "kinference-no-record" else []
             p = await asyncio.to_thread(harness.start_kinference, port, harness.free_port(), ctl.url,
-                                        self.log_dir, cpu)
+                                        self.log_dir, cpu, extra)
             self.procs.append(p)
             await ctl.publish_telemetry()  # the router is subscribed now
             await asyncio.sleep(0.3)  # the snapshot rebuilt (every 50 ms)
@@ -234,6 +245,8 @@ class Target:
     async def stop(self) -> None:
         for p in self.procs:
             await asyncio.to_thread(p.stop)
+        if self._ctl is not None:
+            self.records = await record_stats(self._ctl.nc)
         if self._control is not None:
             await self._control.__aexit__(None, None, None)
 
@@ -297,6 +310,66 @@ async def measure_target(name: str, args: argparse.Namespace, load: Load, stub_p
                   f"p99 {row['p99_ms']:7.3f} ms  errors {row['errors']}", flush=True)
     finally:
         await target.stop()
+        if target.records and target.records.get("decisions"):
+            per = target.records["bytes"] / target.records["decisions"]
+            for row in rows:
+                if row["target"] == name and "error" not in row:
+                    row["record_bytes_per_request"] = round(per)
+
+
+async def record_stats(nc: Any) -> dict[str, int] | None:
+    """The records stream's size and how many decisions it holds (None: no stream)."""
+    from kinference_common import recording
+
+    try:
+        info = await nc.jetstream().stream_info(recording.STREAM, subjects_filter=f"{recording.PREFIX}.>")
+    except Exception:  # noqa: BLE001 - not recording (--no-record): no stream
+        return None
+    decisions = sum(n for subj, n in (info.state.subjects or {}).items() if subj.endswith(".decision"))
+    return {"bytes": info.state.bytes, "messages": info.state.messages, "decisions": decisions}
+
+
+def cost_line(cost: dict[str, float]) -> str:
+    return (f"In-process, the steadier figure (`bench.hotpath.recording_cost`, best of 9 rounds): "
+            f"{cost['capture_us']:.1f} us per request on the request path (capturing the decision's inputs) "
+            f"and {cost['record_us']:.1f} us after it (building, encoding and queuing a "
+            f"{cost['decision_record_bytes']:.0f}-byte decision record); building and encoding the decision "
+            f"event, which every router publishes anyway, takes {cost['decision_event_us']:.1f} us in the same "
+            f"measurement; a snapshot record (3 endpoints, 1 provider) costs "
+            f"{cost['snapshot_record_us']:.1f} us and {cost['snapshot_record_bytes']:.0f} bytes, once per snapshot "
+            "a decision used (the router rebuilds its snapshot at most every 50 ms).")
+
+
+def recording_table(rows: list[dict[str, Any]]) -> str:
+    """Recording on (``kinference``) against off (``kinference-no-record``), same run."""
+    idx = {(r["target"], r["mode"], r["concurrency"]): r for r in rows if "error" not in r}
+    lines = ["| mode | concurrency | req/s on / off | p50 ms on / off | p99 ms on / off | "
+             "CPU us/req on / off (+cost) | bytes recorded per request |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["target"] != "kinference" or "error" in r:
+            continue
+        off = idx.get(("kinference-no-record", r["mode"], r["concurrency"]))
+        if off is None:
+            continue
+        on_cpu, off_cpu = r.get("cpu_us_per_request"), off.get("cpu_us_per_request")
+        cost = f" (+{on_cpu - off_cpu:.1f})" if on_cpu is not None and off_cpu is not None else ""
+        lines.append(f"| {r['mode']} | {r['concurrency']} | {r['rps']:.0f} / {off['rps']:.0f} | "
+                     f"{r['p50_ms']:.3f} / {off['p50_ms']:.3f} | {r['p99_ms']:.3f} / {off['p99_ms']:.3f} | "
+                     f"{on_cpu if on_cpu is not None else '-'} / {off_cpu if off_cpu is not None else '-'}{cost} | "
+                     f"{r.get('record_bytes_per_request', '-')} |")
+    return "\n".join(lines)
+
+
+def rewrite_recording(page: str, rows: list[dict[str, Any]], when: str, cost: dict[str, float]) -> str | None:
+    """The page with its ``router:recording`` block rewritten; None when the run has no pair to compare."""
+    body = recording_table(rows)
+    if body.count("\n") < 2 or _RECORDING_BLOCK.search(page) is None:
+        return None
+    text = (f"Measured {when} by `make bench-router` (one run, recording on and off in the same run; "
+            "a shared 2-core machine, where the difference between two runs of the same router is often "
+            "larger than the recording's cost):\n\n" + body + "\n\n" + cost_line(cost) + "\n")
+    return _RECORDING_BLOCK.sub(lambda m: m.group(1) + text + m.group(3), page)
 
 
 # ------------------------------------------------------------------ report
@@ -390,7 +463,7 @@ async def amain(args: argparse.Namespace) -> int:
               f"{args.warmup:g}s warm-up + {args.duration:g}s per figure", flush=True)
         try:
             for name in targets:
-                if name not in ("direct", "kinference") and (args.no_competitors or competitor_error):
+                if not name.startswith(("direct", "kinference")) and (args.no_competitors or competitor_error):
                     why = "not run (--no-competitors)" if args.no_competitors else competitor_error
                     rows += [{"target": name, "mode": m, "concurrency": c, "error": why}
                              for m in MODES for c in args.concurrency]
@@ -406,6 +479,16 @@ async def amain(args: argparse.Namespace) -> int:
         print(line)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+    pair = recording_table(rows)
+    if pair.count("\n") >= 2:
+        from bench.hotpath import recording_cost
+
+        cost = recording_cost()
+        print("\ndecision records (recording on vs off):\n" + pair + "\n" + cost_line(cost))
+        page = rewrite_recording(PAGE.read_text(), rows, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), cost)
+        if page is not None:
+            PAGE.write_text(page)
+            print(f"rewrote the recording block of {PAGE.relative_to(harness.REPO)}")
     print(f"\nwrote {RESULTS.relative_to(harness.REPO)} in {time.monotonic() - started:.0f}s "
           "(a shared machine: figures move by 10-20% from run to run)")
     return 0

@@ -15,14 +15,17 @@ user                   publish                                     subscribe
 router                 classify requests (``kinference.classify.>``), ``_INBOX_router.>``, config and telemetry
                        decisions, observations, replica sync        subjects, replica sync (``kinference.router.>``:
                        (``kinference.router.>``); read-only          only routers read it)
-                       JetStream API on both KV buckets
+                       JetStream API on both KV buckets; decision
+                       records (``kinference.record.>``) and their
+                       stream (create, set its limits)
 policy-compiler        ``kinference.config.>``, its KV bucket       ``_INBOX_policy-compiler.>``
                        (create, put, read)
 telemetry-collector    ``kinference.telemetry.>``, its KV bucket    ``_INBOX_telemetry-collector.>``,
                                                                     ``kinference.observations.>``
 classifier             nothing but replies to requests it got       ``kinference.classify.>`` (queue group)
                        (``allow_responses``)
-observer (optional)    nothing                                      decisions and observations (``kinfctl events``)
+observer (optional)    the JetStream API of the records stream      decisions and observations (``kinfctl events``)
+                       (``kinfctl replay``, ``audit --since``)
 =====================  ==========================================  =========================================
 
 Each service connects with ``inbox_prefix=_INBOX_<user>`` so that its reply
@@ -75,7 +78,11 @@ def inbox_prefix(user: str) -> str:
 
 def _kv_read(bucket: str) -> list[str]:
     """The JetStream API subjects a KV reader uses (get, keys, watch) on one bucket."""
-    stream = f"KV_{bucket}"
+    return _stream_read(f"KV_{bucket}")
+
+
+def _stream_read(stream: str) -> list[str]:
+    """The JetStream API subjects a reader of one stream uses (info, get, consumers)."""
     return [
         "$JS.API.INFO",
         f"$JS.API.STREAM.INFO.{stream}",
@@ -100,6 +107,20 @@ def _kv_write(bucket: str) -> list[str]:
     return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$KV.{bucket}.>"]
 
 
+#: the decision records' stream (kinference_common.recording; not imported here: it imports the engine)
+RECORD_STREAM = "KINFERENCE_RECORDS"
+RECORD_SUBJECTS = "kinference.record.>"
+
+
+def _record_write() -> list[str]:
+    """A router: publishes records, creates the stream and sets its limits
+    (``STREAM.UPDATE``: a router that changed its subjects to capture the
+    classify subjects would gain nothing: it publishes those prompts itself,
+    and could publish them on its decisions subjects as well)."""
+    return [RECORD_SUBJECTS, "$JS.API.INFO", f"$JS.API.STREAM.INFO.{RECORD_STREAM}",
+            f"$JS.API.STREAM.CREATE.{RECORD_STREAM}", f"$JS.API.STREAM.UPDATE.{RECORD_STREAM}"]
+
+
 def permissions(user: str) -> dict[str, Any]:
     """nats-server ``permissions`` for ``user``: allow lists only (anything
     not listed is denied)."""
@@ -111,7 +132,8 @@ def permissions(user: str) -> dict[str, Any]:
                                   f"{subjects.ROUTER_PREFIX}.>",
                                   *_kv_read(subjects.CONFIG_BUCKET),
                                   *[s for s in _kv_read(subjects.TELEMETRY_BUCKET) if s not in
-                                    _kv_read(subjects.CONFIG_BUCKET)]]},
+                                    _kv_read(subjects.CONFIG_BUCKET)],
+                                  *[s for s in _record_write() if s not in _kv_read(subjects.CONFIG_BUCKET)]]},
             "subscribe": {"allow": [inbox, f"{subjects.CONFIG_PREFIX}.>", "kinference.telemetry.>",
                                     f"{subjects.ROUTER_PREFIX}.>"]},
         }
@@ -130,7 +152,8 @@ def permissions(user: str) -> dict[str, Any]:
         return {"publish": {"deny": [">"]}, "subscribe": {"allow": [classify, inbox]},
                 "allow_responses": {"max": 1}}
     if user == OBSERVER:
-        return {"publish": {"deny": [">"]},
+        # reads the decision records (kinfctl replay, audit --since): that stream's API only
+        return {"publish": {"allow": _stream_read(RECORD_STREAM)},
                 "subscribe": {"allow": [f"{subjects.DECISIONS_PREFIX}.>", f"{subjects.OBSERVATIONS_PREFIX}.>",
                                         f"{inbox_prefix(OBSERVER)}.>"]}}
     raise ValueError(f"unknown NATS user {user!r}; one of {', '.join(USERS)}")

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from kinference_common import bus, logs
+from kinference_common import bus, logs, recording
 from kinference_common import natsauth
 from kinference_router import provider_request, replica_sync
 from kinference_router.classification import Classification
@@ -20,6 +20,7 @@ from kinference_router.classification import configure as configure_classificati
 from kinference_router.app import Router, RouterSettings
 from kinference_router.http_server import HttpLimits
 from kinference_router.pools import MultiPoolRouter
+from kinference_router.recording import RecordSettings
 from kinference_router.tenants import Authenticator, TenantsFileError
 from kinference_router.upstream import SecretFiles
 
@@ -115,6 +116,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the egress tokens' key, the same file on every replica (default: derived from the "
                         "router's NATS password)")
     p.add_argument("--no-uvloop", action="store_true", help="use asyncio's own event loop")
+    p.add_argument("--no-record", dest="record", action="store_false",
+                   help="do not record decisions for `kinfctl replay` and `kinfctl audit --since` (default: "
+                        f"recorded on the JetStream stream {recording.STREAM}, without prompts)")
+    p.add_argument("--record-max-bytes", type=_size, default=recording.DEFAULT_MAX_BYTES, metavar="SIZE",
+                   help="the records stream's size limit, bytes or a size such as 512MiB, 2GiB; the oldest "
+                        "records go first (default 1GiB)")
+    p.add_argument("--record-max-age", type=_duration, default=recording.DEFAULT_MAX_AGE_SECONDS, metavar="AGE",
+                   help="how long records are kept, seconds or a duration such as 90m, 24h (default 24h)")
+    p.add_argument("--record-keyframe-interval", type=_duration, default=recording.DEFAULT_KEYFRAME_SECONDS,
+                   metavar="AGE", help="a complete snapshot record at least this often, deltas in between; "
+                                       "a replay from any time finds one within this; at most 5m (default 60s)")
     natsauth.add_arguments(p, default_user=natsauth.ROUTER)
     p.add_argument("--no-classify-batching", dest="classify_batching", action="store_false",
                    help="send one classify request per request instead of one batch per event-loop turn")
@@ -123,6 +135,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "answers miss their deadline (default %(default)s)")
     logs.add_arguments(p)
     return p.parse_args(argv)
+
+
+_SIZES = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def _size(text: str) -> int:
+    """Bytes: a whole number with an optional unit (KB, MB, GB, KiB, MiB, GiB)."""
+    t = text.strip().lower()
+    digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(digits):]
+    try:
+        n = float(digits) * _SIZES[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or e.g. 512MiB, 2GiB)") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"a size must be positive, not {text!r}")
+    return int(n)
+
+
+def _duration(text: str) -> float:
+    from kinference_common.durations import DurationError, parse_duration
+
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = parse_duration(text)
+        except DurationError:
+            raise argparse.ArgumentTypeError(f"not a duration: {text!r} (seconds, or e.g. 90m, 24h)") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"a duration must be positive, not {text!r}")
+    return seconds
 
 
 def limits(args: argparse.Namespace) -> tuple[frozenset[str], HttpLimits]:
@@ -186,6 +230,9 @@ async def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kinference-router: {exc}", file=sys.stderr)
         return 1
+    if args.record_keyframe_interval > 300:  # kinfctl replay reads snapshots from 5 minutes before --since
+        print("kinference-router: --record-keyframe-interval must be at most 5m", file=sys.stderr)
+        return 1
     if (args.epp_port is not None or args.egress_port is not None) and not pool:
         print("kinference-router: --epp-port and --egress-port need --pool NS/NAME (an Endpoint Picker "
               "serves exactly one pool)", file=sys.stderr)
@@ -247,7 +294,11 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
                               connect_timeout=args.connect_timeout, first_byte_timeout=args.first_byte_timeout,
                               stale_after=args.stale_after, provider_headers=provider_headers,
                               http=http, metrics_on_data_port=args.metrics_on_data_port,
-                              replica_sync=args.replica_sync)
+                              replica_sync=args.replica_sync,
+                              record=RecordSettings(max_bytes=args.record_max_bytes,
+                                                    max_age_seconds=args.record_max_age,
+                                                    keyframe_seconds=args.record_keyframe_interval)
+                              if args.record else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

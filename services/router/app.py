@@ -40,6 +40,7 @@ from kinference_router.classification import Classification, RequestTags
 from kinference_router.director import (FAIRNESS_HEADER, OBJECTIVE_HEADERS, ApiError, Director, Routing,
                                         engine_request, flow_control_rejection, new_decision_id)
 from kinference_router.events import EventPublisher
+from kinference_router.recording import Recorder, RecordSettings, ensure_stream
 from kinference_router.flow import FlowQueue
 from kinference_router.metrics import RouterMetrics
 from kinference_router.http_server import HttpLimits, HttpServer, Request as HttpRequest, Response
@@ -83,6 +84,8 @@ class RouterSettings:
     replica_sync: bool = True
     #: the block-hash key (replica_sync.hash_key); None: unkeyed, per-process hashes
     prefix_key: bytes | None = None
+    #: record decisions for replay (recording.py; the CLI's default is on); None: not recorded
+    record: RecordSettings | None = None
 
     def __post_init__(self) -> None:
         if self.replica_sync and self.prefix_key is None:  # replicas' hashes must agree
@@ -137,6 +140,11 @@ class Router:
                                          stale_after=self.settings.stale_after, ejected=self.health.excluded,
                                          healthy=self.health.seen_healthy)
         self.events = EventPublisher(self.nc, self.metrics.dropped_events)
+        self.recorder: Recorder | None = None
+        if self.settings.record is not None:
+            self.recorder = Recorder(self.events, self.settings.namespace, self.settings.pool, self.settings.record)
+            self.keeper.record_inputs = True
+        self._record_stream: asyncio.Task[bool] | None = None
         #: the pool's metrics label, formatted once
         self.pool_label = f"{self.settings.namespace}/{self.settings.pool}"
         self.upstream: UpstreamClient | None = None
@@ -150,7 +158,8 @@ class Router:
         self.director = Director(
             settings=self.settings, auth=lambda: self.auth, keeper=self.keeper, ledger=self.ledger,
             prefix=self.prefix, metrics=self.metrics, flow=self.flow, classification=self.classification,
-            events=self.events, limiter=self.limiter, calibration=self.calibration, rng=self.rng)
+            events=self.events, limiter=self.limiter, calibration=self.calibration, rng=self.rng,
+            recorder=self.recorder)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -158,6 +167,9 @@ class Router:
         self.upstream = UpstreamClient()
         self.events.start()
         self.flow.start()
+        if self.nc is not None and self.settings.record is not None:  # off the start-up path
+            self._record_stream = asyncio.create_task(ensure_stream(self.nc, self.settings.record),
+                                                      name="record-stream")
         if self.nc is not None:
             await self.keeper.start(self.nc)
             if self.sync is not None:
@@ -168,6 +180,9 @@ class Router:
             await self.sync.stop()
         await self.flow.stop()
         await self.keeper.stop()
+        if self._record_stream is not None and not self._record_stream.done():
+            self._record_stream.cancel()
+            await asyncio.gather(self._record_stream, return_exceptions=True)
         await self.events.stop()
         if self.upstream is not None:
             await self.upstream.close()
@@ -286,7 +301,7 @@ class Router:
                 result = await self._send(request, chat, body, tags.req, d, d.snapshot, decision_id)
             except ApiError as err:
                 if err.decision is not None:
-                    self.director.publish_decision(err.decision, decision_id, tags.traces)
+                    self.director.publish_decision(err.decision, decision_id, tags.traces, err.amended)
                 raise
             if result is not _NOT_SENT:
                 return result  # type: ignore[return-value]
@@ -354,7 +369,7 @@ class Router:
             except UpstreamError as exc:
                 err = ApiError(502, "upstream_error", f"{cand.backend}: {exc}")
                 if isinstance(exc, SentNotAnswered):  # never re-sent: the event says why (retry.py)
-                    err.decision = retry.not_resent(d, cand.backend)
+                    err.decision, err.amended = retry.not_resent(d, cand.backend), "upstream_error"
                 raise err from None
             except ValueError as exc:  # a bad provider URL or header; never echo header values
                 outcome = "not_sent"

@@ -46,6 +46,7 @@ from kinference_router.classification import Classification, RequestTags
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
 from kinference_router.metrics import RouterMetrics
+from kinference_router.recording import Recorder
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter
@@ -90,6 +91,8 @@ class ApiError(Exception):
         self.rule = rule
         #: the decision its event should show (set by flow control's 429 and 503)
         self.decision: Decision | None = None
+        #: why ``decision``'s outcome is not the engine's (its record says so): flow_control | upstream_error
+        self.amended = ""
 
 
 def flow_control_rejection(d: Decision, err: ApiError) -> Decision:
@@ -120,7 +123,7 @@ class Director:
                  auth: Callable[[], Authenticator], keeper: SnapshotKeeper, ledger: InFlightLedger, prefix: PrefixIndex,
                  metrics: RouterMetrics, flow: FlowQueue, classification: Classification,
                  events: EventPublisher, limiter: ProviderLimiter, calibration: Calibration,
-                 rng: random.Random) -> None:
+                 rng: random.Random, recorder: Recorder | None = None) -> None:
         #: the router's RouterSettings (namespace, pool, max_body_bytes, prefix_key)
         self.settings = settings
         namespace, pool = self.namespace, self.pool = settings.namespace, settings.pool
@@ -129,6 +132,8 @@ class Director:
         self.keeper, self.ledger, self.prefix = keeper, ledger, prefix
         self.metrics, self.flow, self.classification, self.events = metrics, flow, classification, events
         self.limiter, self.calibration, self.rng = limiter, calibration, rng
+        #: the decision records for replay (recording.py); None: not recording
+        self.recorder = recorder
         self.pool_label = f"{namespace}/{pool}"
         self._decisions_subject = subjects.decisions_subject(namespace, pool)
         self._observations_subject = subjects.observations_subject(namespace, pool)
@@ -175,6 +180,8 @@ class Director:
         started = time.perf_counter()
         d = decide(snap, req, ledger=self.ledger, prefix=self.prefix, rng=self.rng, avoid=avoid)
         self.metrics.decision.observe(time.perf_counter() - started)
+        if self.recorder is not None:
+            self.recorder.capture(d)
         return d
 
     def routing(self, tags: RequestTags, decision_id: str, *, avoid: frozenset[str] = frozenset(),
@@ -215,16 +222,30 @@ class Director:
             else:
                 err = ApiError(503, "no_capacity", f"no capacity came back within the pool's maxQueueWait "
                                f"({settings.max_queue_wait_seconds:g}s)", retry_after=1)
-            err.decision = last if not last.routed and last.code == err.code else flow_control_rejection(last, err)
+            if not last.routed and last.code == err.code:
+                err.decision = last
+            else:  # the engine's decision, with flow control's outcome
+                err.decision, err.amended = flow_control_rejection(last, err), "flow_control"
             raise err from None
 
-    def publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace]) -> None:
+    def publish_decision(self, d: Decision, decision_id: str, traces: list[ClassifierTrace],
+                         amended: str = "") -> None:
+        """The decision event (and record); ``amended``: the outcome is not
+        the engine's (``flow_control``: shed or ``maxQueueWait``;
+        ``upstream_error``: a send that failed after it left, published
+        again with what the client saw)."""
         try:
-            data = encode_trace(build_trace(d, decision_id=decision_id, classifiers=traces, scores=False))
+            trace = build_trace(d, decision_id=decision_id, classifiers=traces, scores=False)
+            data = encode_trace(trace)
         except Exception as exc:  # a trace must never fail a request
             log.warning("decision event not built", error=str(exc))
             return
         self.events.publish(self._decisions_subject, data)
+        if self.recorder is not None:
+            try:
+                self.recorder.decision(d, decision_id, traces, trace.outcome, amended)
+            except Exception as exc:  # nor a record
+                log.warning("decision record not built", error=str(exc))
 
     def count(self, rule: str, code: str, backend_type: str) -> None:
         """One answer in ``kinference_requests_total``."""
@@ -246,6 +267,8 @@ class Director:
 
     def publish_observation(self, obs: Observation) -> None:
         self.events.publish(self._observations_subject, encode(obs))
+        if self.recorder is not None:
+            self.recorder.observation(obs)
 
     @staticmethod
     def usage(payload: bytes, obs: Observation) -> None:
@@ -294,6 +317,8 @@ class Routing:
         # after a refused connection, decide again without what failed
         d = await tags.decide(snap, avoid, self._decide, ledger=dr.ledger, prefix=dr.prefix, rng=dr.rng,
                               observe=dr.metrics.decision.observe, latest=lambda: dr.keeper.snapshot)
+        if dr.recorder is not None and d.inputs is None:  # decided lazily, not by dr.decide
+            dr.recorder.capture(d)
         req, traces, snap = tags.req, tags.traces, d.snapshot
         flow_control = snap.pool.flow_control
         if flow_control is not None and (
@@ -312,7 +337,7 @@ class Routing:
                                                decide_fn=self._decide)
             except ApiError as err:
                 d = err.decision or d
-                dr.publish_decision(d, self.decision_id, traces)
+                dr.publish_decision(d, self.decision_id, traces, err.amended)
                 err.rule = d.rule or ""
                 raise
         d = validate.interpret(d)  # every candidate's context window too small: a 400

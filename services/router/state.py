@@ -76,6 +76,9 @@ class SnapshotKeeper:
         self._task: asyncio.Task[None] | None = None
         self._subs: list[object] = []
         self.updates = 0
+        #: keep each snapshot's inputs for the decision records (recording.py)
+        self.record_inputs = False
+        self._version = 0
 
     # ------------------------------------------------------------- inputs
 
@@ -110,10 +113,18 @@ class SnapshotKeeper:
         c = round(self.calibration(), 3)  # steps under 0.1% are not worth a new model
         if c != self._ttft_model.calibration:
             self._ttft_model = TTFTModel(calibration=c)
-        self.snapshot = Snapshot(
-            self.pool, self.endpoints.values(), self.providers.values(), now=self.clock(),
+        endpoints, providers = self.endpoints, self.providers
+        if self.record_inputs:  # the dictionaries change after this: the records need these
+            endpoints, providers = dict(endpoints), dict(providers)
+        snap = Snapshot(
+            self.pool, endpoints.values(), providers.values(), now=self.clock(),
             stale_after=self.stale_after, ejected=frozenset(self.ejected()), ttft_model=self._ttft_model,
         )
+        self._version += 1
+        snap.version = self._version
+        if self.record_inputs:
+            snap.inputs = (endpoints, providers)
+        self.snapshot = snap
         if self.on_rebuild is not None:
             self.on_rebuild()
 

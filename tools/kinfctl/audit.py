@@ -1,5 +1,9 @@
-"""``kinfctl audit FILE``: the PII record an auditor asks for, from decision
-events (one JSON object per line, as ``kinfctl events -o json`` prints them).
+"""``kinfctl audit --since 1h`` or ``kinfctl audit FILE``: the PII record an
+auditor asks for, from the routers' decision records (``--since``: the
+JetStream stream the routers record to; as ``kinfctl replay`` reads it) or
+from a file of decision events (one JSON object per line, as ``kinfctl
+events -o json`` prints them, or records written by ``kinfctl replay
+--export``).
 
 Every request that carried a PII tag (``pii-confirmed`` or ``pii-unknown``),
 by tenant and rule: how many were kept local, refused, or sent to a provider
@@ -19,7 +23,9 @@ from typing import Any
 
 import msgspec
 
-from kinference_common.engine.trace import DecisionTrace
+from kinference_common import natsauth, recording
+from kinference_common.engine.trace import DecisionTrace, ModelTrace
+from kinference_common.recording import DecisionRecord
 from kinfctl.main import EXIT_OK, CommandError
 from kinfctl.output import print_json, table
 
@@ -30,8 +36,20 @@ _decoder = msgspec.json.Decoder(DecisionTrace)
 def register(sub: Any) -> None:
     p = sub.add_parser("audit", help="every PII-tagged request and what the policy did with it",
                        description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
-    p.add_argument("file", type=Path, help="decision events, one JSON object per line (- for stdin)")
+    p.add_argument("file", type=Path, nargs="?",
+                   help="decision events or exported records, one JSON object per line (- for stdin); "
+                        "without it, the recorded decisions of --since from NATS")
     p.add_argument("--pool", metavar="NS/NAME", help="only this pool")
+    p.add_argument("--since", metavar="AGE",
+                   help="the recorded decisions of the last AGE from NATS, a duration such as 1h (default 1h "
+                        "when no FILE is given)")
+    p.add_argument("--port-offset", type=int, default=None, metavar="N",
+                   help="the local stack's port offset, as in `KINFERENCE_PORT_OFFSET=N make run` "
+                        "(default: $KINFERENCE_PORT_OFFSET, else 0)")
+    p.add_argument("--nats-url", default=None,
+                   help="NATS holding the records (default: nats://127.0.0.1:4222 plus the port offset)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for NATS to answer (default 5)")
+    natsauth.add_arguments(p, default_user=natsauth.OBSERVER)
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format (default text)")
     p.set_defaults(run=run)
 
@@ -72,16 +90,48 @@ def read(path: Path, pool: str | None) -> list[DecisionTrace]:
         if not line.strip():
             continue
         try:
-            t = _decoder.decode(line)
-        except msgspec.DecodeError as exc:
+            if line.lstrip().startswith('{"kind"'):  # a record of kinfctl replay --export
+                rec = recording.decode(line)
+                if not isinstance(rec, DecisionRecord):
+                    continue
+                t = as_trace(rec)
+            else:
+                t = _decoder.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise CommandError(f"{path}:{n}: not a decision event: {exc}") from None
         if pool is None or t.pool == pool:
             out.append(t)
     return out
 
 
+def as_trace(rec: DecisionRecord) -> DecisionTrace:
+    """The parts of a decision event a record holds."""
+    q = rec.request
+    requested = q.requested_model or q.model
+    return DecisionTrace(decision_id=rec.decision_id, pool=f"{rec.namespace}/{rec.pool}", tenant=q.tenant,
+                         model=ModelTrace(requested=requested, rewritten=q.model if q.model != requested else None,
+                                          canonical=q.model),
+                         tags=q.tags, classifiers=rec.classifiers, outcome=rec.outcome, decide_us=0.0)
+
+
+def from_records(args: argparse.Namespace) -> list[DecisionTrace]:
+    from kinfctl import records
+
+    since = records.since_seconds(args.since or "1h")
+    ns = name = None
+    if args.pool:
+        ns, name = records.split_pool(args.pool)
+    got = records.from_nats(args, ns, name, since, snapshots=False)
+    # a failed send is recorded twice: the decision, then what the client saw (the last counts)
+    last = {r.decision_id: r for r in got if isinstance(r, DecisionRecord)}
+    return [as_trace(r) for r in last.values()]
+
+
 def run(args: argparse.Namespace) -> int:
-    result = audit(read(args.file, args.pool))
+    if args.file is not None and args.since is not None:
+        raise CommandError("give FILE or --since, not both")
+    traces = read(args.file, args.pool) if args.file is not None else from_records(args)
+    result = audit(traces)
     total = result["total"]
     if args.output == "json":
         print_json(result)

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 
 #: module names under ``kinfctl``, in the order ``--help`` lists them
-COMMANDS = ["lint", "get", "explain", "classify", "events", "audit"]
+COMMANDS = ["lint", "get", "explain", "classify", "events", "audit", "replay"]
 
 EXIT_OK = 0
 EXIT_INVALID = 1

@@ -11,13 +11,15 @@ from typing import Any, TextIO
 import msgspec
 
 
-def print_json(value: Any, out: TextIO = sys.stdout) -> None:
+def print_json(value: Any, out: TextIO | None = None) -> None:
+    out = out or sys.stdout  # at call time: redirect_stdout and the like apply
     out.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode())
     out.write("\n")
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO = sys.stdout) -> None:
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO | None = None) -> None:
     """Columns padded to their widest cell with three spaces between, as kubectl prints."""
+    out = out or sys.stdout
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]

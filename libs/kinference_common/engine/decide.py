@@ -98,7 +98,7 @@ class Decision:
     """The result: a pick (``routed``) or a rejection, and how it was reached."""
 
     __slots__ = ("routed", "candidate", "rule", "reason", "code", "canonical_model",
-                 "steps", "decide_us", "request", "snapshot", "context")
+                 "steps", "decide_us", "request", "snapshot", "context", "inputs")
 
     def __init__(self) -> None:
         self.routed = False
@@ -113,6 +113,10 @@ class Decision:
         #: whose ``matches`` did not hold (cheaper than a RuleStep per rule)
         self.steps: list[RuleStep | RuleRuntime] = []
         self.decide_us = 0.0
+        #: what the router captured of the state behind this decision when it
+        #: was taken (the ledger's loads, the prefix matches), for its record
+        #: (``kinference_router.recording``); None when not recording
+        self.inputs: object = None
 
     @property
     def type(self) -> str:
@@ -192,7 +196,13 @@ def _prefix_affinity(tied: list[Candidate], ctx: DecisionContext, rng: random.Ra
 
 
 def _random(tied: list[Candidate], ctx: DecisionContext, rng: random.Random) -> list[Candidate]:
-    return [tied[rng.randrange(len(tied))]]
+    i = rng.randrange(len(tied))
+    # kept with the decision: a replay of it draws the same (kinfctl replay)
+    if ctx.draws is None:
+        ctx.draws = [(len(tied), i)]
+    else:
+        ctx.draws.append((len(tied), i))
+    return [tied[i]]
 
 
 #: ``tieBreak`` value -> narrows candidates that rank equal (never to none)

@@ -156,6 +156,10 @@ class PrefixIndex:
                 if not owners:
                     del self._holders[h]
 
+    def held(self) -> dict[str, int]:
+        """Blocks held per endpoint key (what :meth:`blocks` says of each)."""
+        return {k: len(lru) for k, lru in self._by_endpoint.items() if lru}
+
     def blocks(self, key: str) -> int:
         lru = self._by_endpoint.get(key)
         return len(lru) if lru else 0

@@ -25,7 +25,7 @@ class DecisionContext:
     """Per-decision values: the ledger's loads, the request's size and prefix
     matches, and a cache of PredictedTTFT per candidate."""
 
-    __slots__ = ("loads", "prompt_tokens", "block_hashes", "prefix", "model", "_matches", "ttft")
+    __slots__ = ("loads", "prompt_tokens", "block_hashes", "prefix", "model", "_matches", "ttft", "draws")
 
     def __init__(
         self,
@@ -43,6 +43,9 @@ class DecisionContext:
         self._matches: dict[str, int] | None = None
         #: candidate index -> PredictedTTFT, filled as computed
         self.ttft: dict[int, float | None] = {}
+        #: ``tieBreak: Random``'s draws, ``(n, drawn)`` each (None: no draw):
+        #: what a replay needs to take the same decision again
+        self.draws: list[tuple[int, int]] | None = None
 
     # -- prefix index ----------------------------------------------------
 

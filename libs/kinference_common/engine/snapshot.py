@@ -189,6 +189,14 @@ class Snapshot:
         self.ttft_model = ttft_model
         self.rng = rng if rng is not None else random.Random()
         self.now = now
+        # the inputs, kept so that the snapshot can be recorded and built again (replay)
+        self.stale_after, self.provider_stale_after = stale_after, provider_stale_after
+        self.ejected = frozenset(ejected)
+        #: the keeper's number for this snapshot (recorded decisions name it)
+        self.version = 0
+        #: what it was built from, ``(endpoints, providers)`` by key, when the
+        #: router records decisions (else None)
+        self.inputs: tuple[dict[str, EndpointState], dict[str, ProviderState]] | None = None
         #: every canonical model some destination serves
         self.served: frozenset[str] = frozenset(m.name for d in pool.destinations for m in d.models)
         #: models some worker set serves (ServeLocal can route them, given capacity)
