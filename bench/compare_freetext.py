@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.eval_freetext import CLEAN, FreeTextGenerator, generate
+from bench.eval_freetext import generate, hard_clean_prose
 
 OUT = Path(__file__).resolve().parent / "results" / "compare_freetext.json"
 _CAPS = re.compile(r"\b([A-Z][a-zà-ÿ]+)[ \t]+([A-Z][a-zà-ÿ'-]+)\b")
@@ -76,7 +76,8 @@ def _names_dataset() -> Callable[[str], bool]:
     def found(t: str) -> bool:
         for first, last in _CAPS.findall(t):
             f = nd.search(first).get("first_name") or {}
-            if f and min((f.get("rank") or {}).values(), default=10**9) <= 5000 and nd.search(last).get("last_name"):
+            ranks = [r for r in (f.get("rank") or {}).values() if r is not None]
+            if ranks and min(ranks) <= 5000 and nd.search(last).get("last_name"):
                 return True
         return False
 
@@ -92,17 +93,6 @@ MEANS: dict[str, tuple[Callable[[], Callable[[str], bool]], tuple[str, ...]]] = 
 }
 
 
-def _prose(kb: int, n: int = 8) -> list[str]:
-    gen = FreeTextGenerator(5)
-    out = []
-    for _ in range(n):
-        parts: list[str] = []
-        while sum(len(p) + 1 for p in parts) < kb * 1024:
-            parts.append(gen.pick(list(CLEAN.values()))(gen))
-        out.append("\n".join(parts)[: kb * 1024])
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seed", type=int, default=31337, help="the eval's seed (default: the report seed)")
@@ -112,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     texts = generate(args.per_kind, args.per_kind // 2, args.seed)
     clean = [t for t in texts if t.label.startswith("clean:")]
-    sizes = {kb: _prose(kb) for kb in (1, 8)}
+    sizes = {kb: hard_clean_prose(kb) for kb in (1, 8)}
     rows = []
     for name, (make, kinds) in MEANS.items():
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -272,22 +272,27 @@ def evaluate(texts: list[Text], classifiers_by_name: dict[str, object]) -> dict[
     return out
 
 
+def hard_clean_prose(kb: int, n: int = 8, seed: int = 5) -> list[str]:
+    """``n`` texts of ``kb`` KB made of the hard clean kinds, one after another (the latency
+    benches' free-text content: capitalised words, numbers and dates that are no PII)."""
+    gen = FreeTextGenerator(seed)
+    out = []
+    for _ in range(n):
+        parts: list[str] = []
+        while sum(len(p) + 1 for p in parts) < kb * 1024:
+            parts.append(gen.pick(list(CLEAN.values()))(gen))
+        out.append("\n".join(parts)[: kb * 1024])
+    return out
+
+
 def latency(classifiers_by_name: dict[str, object], rounds: int = 400) -> dict[str, dict[tuple[int, str], tuple[float, float]]]:
     """In-process p50/p99 (microseconds) per size for each variant, on bench.classifier's prompts
     and on prose with names and addresses of the free-text kinds (clean: capitalised, numbers)."""
     from bench.classifier import prompts
 
     data = prompts()
-    gen = FreeTextGenerator(5)
     for kb in (1, 8, 64):
-        prose = []
-        for _ in range(8):
-            parts: list[str] = []
-            while sum(len(p) + 1 for p in parts) < kb * 1024:
-                fn = gen.pick(list(CLEAN.values()))
-                parts.append(fn(gen))
-            prose.append("\n".join(parts)[: kb * 1024])
-        data[(kb, "hard clean")] = prose
+        data[(kb, "hard clean")] = hard_clean_prose(kb)
     res: dict[str, dict[tuple[int, str], tuple[float, float]]] = {}
     for name, cl in classifiers_by_name.items():
         rows = {}
