@@ -116,3 +116,37 @@ def test_findings_name_the_rule_never_the_text() -> None:
     found = {(entity, rule) for entity, rule, _s, _e, verdict in findings(text) if verdict}
     assert ("person", "person_salutation") in found
     assert ("address", "address_number_first") in found
+
+
+def test_every_street_type_the_rules_know_is_found_by_the_scan() -> None:
+    """The cue is built from the validator's own lists: a type known to one is never missed by
+    the other (main's cue lacked `Contrada`, `Strada`, `Borgo`... that its validator knew)."""
+    from kinference_common.detectors import freetext
+
+    c = _ENGINES.get("auto") or Classifiers(engine="auto")
+    missed = []
+    for street_type in sorted(freetext._TYPES_BEFORE):
+        word = street_type.capitalize()
+        text = f"Spedire a {word} Garibaldi 12, per favore."
+        if c.classify("pii", [text]).tags != ["pii-confirmed"]:
+            missed.append(word)
+    for street_type in sorted(freetext._TYPES_AFTER_NUMBER):
+        text = f"Envoyez-le au 14 {street_type} des Roses, merci."
+        if c.classify("pii", [text]).tags != ["pii-confirmed"]:
+            missed.append(street_type)
+    assert missed == []
+
+
+def test_free_text_cues_are_bounded_and_need_what_starts_a_name() -> None:
+    """Cheap on clean text: no cue needs Hyperscan's start-of-match tracking, and the person
+    cues do not fire where no capital follows, so Python judges nothing there."""
+    from kinference_common.detectors import freetext
+    from kinference_common.detectors.patterns import build_scanner
+
+    assert [p.name for _e, _r, p, _v in freetext.CUES if p.max_width is None] == []
+    scanner = build_scanner([p for _e, _r, p, _v in freetext.CUES], "auto")
+    names = [p.name for _e, _r, p, _v in freetext.CUES]
+    text = "i'm using it. this is fine. hi all, dear team. name: build. best wishes to you. born and raised."
+    fired = {names[i] for i in scanner.scan(text).fired()}
+    assert fired.isdisjoint({"person_weak", "person_intro", "person_salutation", "person_field",
+                             "person_signature", "dob_born"}), fired

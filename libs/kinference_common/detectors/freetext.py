@@ -174,6 +174,18 @@ def _cue_alt(words: Iterable[str]) -> str:
     return "|".join(out)
 
 
+def _cue_words(words: Iterable[str]) -> str:
+    """Whole words, caseless: ``\b`` after those ending in ASCII; after those ending in a
+    non-ASCII letter (``allée``, ``località``), where ``\b`` cannot hold, the next character
+    must be no letter or digit."""
+    words = set(words)
+    ascii_end = {w for w in words if w[-1].isascii()}
+    alts = [rf"(?i:{_cue_alt(ascii_end)})\b"]
+    if words - ascii_end:
+        alts.append(rf"(?i:{_cue_alt(words - ascii_end)})(?:[^A-Za-z0-9_]|$)")
+    return "(?:" + "|".join(alts) + ")"
+
+
 #: English street types written after the name ("221B Baker Street"): USPS Publication 28's
 #: suffixes and their usual abbreviations, British ones (close, mews, crescent) besides
 _SUFFIX_EN = frozenset("""
@@ -209,8 +221,8 @@ _UNIT = frozenset(("apt", "apt.", "suite", "unit", "flat", "#", "ste", "ste.", "
 #: and Swiss also before it), Spanish, Catalan, Italian, Portuguese, Polish
 _TYPES_BEFORE = frozenset("""
     rue avenue boulevard chemin allée impasse quai chaussée faubourg sentier ruelle montée voie
-    calle avenida avda paseo plaza camino carretera ctra ronda travesía vía vial glorieta rambla pasaje cuesta
-    cañada callejón acceso bajada subida pasadizo urbanización urb barrio polígono bulevar alameda senda
+    calle avenida paseo plaza camino carretera ronda travesía vía vial glorieta rambla pasaje cuesta
+    cañada callejón acceso bajada subida pasadizo urbanización barrio polígono bulevar alameda senda
     costanilla prolongación muelle carrer passeig plaça avinguda travessera
     via viale piazza piazzale piazzetta corso vicolo vico largo contrada strada stradella stradone lungomare
     lungolago lungarno lungotevere borgo borgata frazione località salita discesa calata traversa rotonda
@@ -657,7 +669,7 @@ CUES: tuple[tuple[str, str, Pattern, object], ...] = (
             # so that a match never swallows the real address after an unrelated number
             r"\b[0-9]{1,5}[A-Za-z]?(?:[ \t]?(?:bis|ter))?,?[ \t]{1,3}(?:"
             r"(?:(?:[A-Z0-9]|" + _NA + r")[^ \t\r\n,;()]{0,24}[ \t]{1,3}){1,4}(?i:" + _cue_alt(_SUFFIX_EN) + r")\b"
-            r"|(?i:" + _cue_alt(_TYPES_AFTER_NUMBER) + r")\b)",
+            r"|" + _cue_words(_TYPES_AFTER_NUMBER) + ")",
         ),
         address_number_first,
     ),
@@ -667,7 +679,8 @@ CUES: tuple[tuple[str, str, Pattern, object], ...] = (
         Pattern(
             "address_type_first",
             # a street type, then a capital or a particle ("Via Roma", "Rua de Correia", "Av. da")
-            r"\b(?i:" + _cue_alt(_TYPES_BEFORE | _ABBR - {"c/"}) + r")\b\.?[ \t]{1,3}(?:[A-Z]|" + _NA
+            # (no \b after the type: the dot or blank that must follow ends the word, "località" too)
+            r"\b(?i:" + _cue_alt(_TYPES_BEFORE | _ABBR - {"c/"}) + r")\.?[ \t]{1,3}(?:[A-Z]|" + _NA
             + r"|(?i:d[aeiou]|d[aeiou]l|dell?[aeio]|de[il]|degli|dos|das|du|des|la|le|les|el|los|las|l|d|san|sant[ao]?)[ \t'])"
             r"|\bC/[ \t]{0,2}(?:[A-Z]|" + _NA + r")",
         ),
