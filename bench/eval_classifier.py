@@ -654,8 +654,9 @@ def _compare_lines() -> list[str]:
         return ["Measured comparison: run `make compare-freetext` (not run for this report).", ""]
     rows = json.loads(path.read_text())
     out = [
-        "Measured by `make compare-freetext` (`bench/compare_freetext.py`: the same generator, report seed, "
-        "fewer texts; how each library is asked is in its docstring). CPU time per call on hard clean prose, "
+        "Measured by `make compare-freetext` (`bench/compare_freetext.py`: the same generator and report seed, "
+        "100 texts per kind and split, so its rows differ a little from the table above; how each library is "
+        "asked is in its docstring). CPU time per call on hard clean prose, "
         "this machine shared with other work. `-`: the library does not look for that kind.",
         "",
         "| means | person dev / held-out | address dev / held-out | hard clean none | CPU 1 KB p50 / p99 (us) "
@@ -808,8 +809,9 @@ def render(samples: list[Sample], result: dict[str, object], args: argparse.Name
         "| transformer NER (Presidio's default, spaCy `*_trf`) | a model download at run time, 100 ms to "
         "seconds per request on CPU | not run: no weights may be downloaded, and the cost is 50x the budget | rejected |",
         "| `usaddress`, `probablepeople` (CRF parsers) | a shipped CRF model | measured above: they parse a string "
-        "already known to be an address or a name, so in prose they label something in nearly every text (clean "
-        "ones too) or miss the European orders; tens of ms per 8 KB | rejected |",
+        "already known to be an address or a name; asked about prose they find a minority of the addresses "
+        "(none of the European orders) and almost none of the names, flag some hard clean texts, and cost "
+        "tens of ms per 8 KB | rejected |",
         "| `pyap` | regexes | measured above: US, Canadian and British addresses only (no `Via Roma 12`, "
         "`Hauptstraße 12`), and about 100x the budget per 8 KB | rejected |",
         "| `names-dataset` | a name list of hundreds of MB in memory, seconds to load | measured above: a "

@@ -103,6 +103,7 @@ CLEAN = [
     "Spring 2023 release notes; String 3 chars",
     "Open Notepad 2 times",
     "Er wurde Platz 2 im Finale.",
+    "bind to ::1 Property court room professional case",
 ]
 
 

@@ -215,7 +215,7 @@ _SUFFIX_EN = frozenset("""
 _PLURAL_EN = frozenset(w for w in _SUFFIX_EN if w.endswith("s") and w[:-1] in _SUFFIX_EN | {"avenue", "place", "terrace", "way", "vista", "estate"})
 #: street types that are no common word: "98 Tormay Street last spring" is an address anyway
 _STRONG_SUFFIX = frozenset(("street", "avenue", "road", "boulevard", "blvd", "lane", "drive", "terrace", "crescent"))
-_UNIT = frozenset(("apt", "apt.", "suite", "unit", "flat", "#", "ste", "ste.", "floor", "fl", "fl.", "room", "rm"))
+_UNIT = frozenset(("apt", "apt.", "suite", "unit", "flat", "#", "ste", "ste.", "floor"))
 
 #: street types written before the name: French (after the number: "14 rue des Lilas"; Belgian
 #: and Swiss also before it), Spanish, Catalan, Italian, Portuguese, Polish
@@ -314,7 +314,7 @@ def address_number_first(text: str, start: int, end: int) -> Verdict:
         return NONE
     number = text[start : head.end()].split()[0].rstrip(",")
     unit_slash = start > 1 and text[start - 1] == "/" and text[start - 2].isdigit()  # "333/478 Dustin Run"
-    if _ordinal(number) or (start > 0 and text[start - 1] in ".,/-" and not unit_slash):
+    if _ordinal(number) or (start > 0 and text[start - 1] in ".,/-:" and not unit_slash):  # 3.5, ::1, 12:30
         return NONE
     words = _words(text, head.end(), 6)
     if not words:
