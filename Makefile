@@ -66,8 +66,8 @@ bench-kube: install  ## Kubernetes-mode compiler: start-up, edit->status, idle w
 bench-collector: install  ## scrape/parse/derive throughput -> bench/results/collector.json
 	$(BIN)/python -m bench.collector
 
-bench-classifier: install  ## classifier latency table -> bench/results/classifier.json
-	$(BIN)/python -m bench.classifier
+bench-classifier: install  ## classifier latency table -> bench/results/classifier.json (against a revision: CLASSIFIER_ARGS="--against main")
+	$(BIN)/python -m bench.classifier $(CLASSIFIER_ARGS)
 
 bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> bench/results/router.json
 	$(BIN)/python -m bench.router
