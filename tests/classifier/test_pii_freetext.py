@@ -104,6 +104,7 @@ CLEAN = [
     "Open Notepad 2 times",
     "Er wurde Platz 2 im Finale.",
     "bind to ::1 Property court room professional case",
+    "if name is None:\n    raise ValueError('name is Required')",
 ]
 
 

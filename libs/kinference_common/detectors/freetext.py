@@ -60,6 +60,7 @@ _STOP = frozenset(
     Update Question Problem Issue Request Hallo Bonjour Salut Hola Ciao Buongiorno Bonsoir Guten Tag
     Morgen Abend Herr Frau Monsieur Mme Mlle Señor Señora Signor Signora Mr Mrs Ms Miss Dr Prof Equipo
     Sehr Geehrte Geehrter Damen Herren Mesdames Messieurs Tutti Todos Allen Alle Allemaal Iedereen
+    None True False Null Nil Undefined NaN Empty Missing Required Optional Unknown Invalid Blank
     """.split()
 )
 
@@ -187,7 +188,9 @@ def _cue_words(words: Iterable[str]) -> str:
 
 
 #: English street types written after the name ("221B Baker Street"): USPS Publication 28's
-#: suffixes and their usual abbreviations, British ones (close, mews, crescent) besides
+#: suffixes and their usual abbreviations, British ones (close, mews, crescent) and the
+#: Australian and New Zealand ones (parade, circuit, quad, pocket) besides, less those that are
+#: everyday words in a heading ("3 Final Steps", "Top 10 ... End")
 _SUFFIX_EN = frozenset("""
     street st avenue ave road rd lane ln drive dr boulevard blvd court ct place pl way terrace ter crescent
     cres close square sq parkway pkwy circle cir trail trl alley aly row mews grove gardens garden gdns green
@@ -209,6 +212,7 @@ _SUFFIX_EN = frozenset("""
     rest routes unions well
     parade circuit esplanade promenade quay rise chase mall strand broadway laneway ridgeway lookout gap grange
     glade vale wynd boulevarde concourse approach brae link outlook retreat wharf quadrant frontage plateau
+    quad quays circlet pocket riviera fairway nook cul-de-sac walkway crossway gully knoll ramble
 """.split())
 #: plural suffixes are also how headings count things ("3 Green Mountains"): after a one-digit
 #: number they need what follows an address (a unit, or a comma and a postcode or a town)
@@ -246,6 +250,9 @@ _COMPOUND = (
     "markt", "hof", "berg", "graben", "gürtel", "kai", "zeile", "stieg", "wall", "promenade", "siedlung", "anger",
     "straat", "laan", "gracht", "plein", "kade", "singel", "dreef", "steeg", "dijk", "baan", "boulevard",
     "plantsoen", "burgwal", "haven", "kanaal", "hoven", "ring", "pad", "lei", "kaai", "vest", "steenweg",
+    # Swedish, Danish, Norwegian: "Storgatan 12", "Vesterbrogade 3", "Karl Johans gate 1"
+    "gatan", "gata", "vägen", "väg", "gränd", "torget", "stigen", "backen", "gången", "slingan", "gade", "vej",
+    "vejen", "stræde", "torv", "veien", "vei",
 )
 _HOUSE = r"(?:S/N|s/n|[0-9]{1,5}(?:[ \t]?[A-Za-z](?![A-Za-z]))?(?:[/-][0-9]{1,4}[A-Za-z]?)?)"
 _HOUSE_RE = re.compile(rf"(?:n[º°o]\.?|nr\.?)?{_HOUSE}")
@@ -254,7 +261,7 @@ _ADDR_COMPOUND = re.compile(
     rf"\.?,?[ \t]+(?:Nr\.?[ \t]*)?{_HOUSE}(?![0-9.,:]*[0-9])(?![ \t]*(?:%|km|m\b|kg|min|h\b|€|euro|x\b))"
 )
 _ADDR_COMPOUND_2W = re.compile(
-    rf"[{_UP}][{_LO}]+(?:er|e)?[ \t]+(?:Straße|Strasse|Str|Weg|Gasse|Platz|Allee|Damm|Ring|Gürtel|Kai|Laan|Weg|Plein)"
+    rf"[{_UP}][{_LO}]+(?:er|e|s)?[ \t]+(?:Straße|Strasse|Str|Weg|Gasse|Platz|Allee|Damm|Ring|Gürtel|Kai|Laan|Plein|gate|vei|väg|vej)"
     rf"\.?,?[ \t]+{_HOUSE}(?![0-9.,:]*[0-9])"
 )
 
