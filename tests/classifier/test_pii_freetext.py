@@ -52,6 +52,8 @@ CONFIRMED = [
     ("I live at 93938 Duncan Centers Suite 233.", "address"),
     ("Mieszkam przy ul. Władysława Łokietka 95/96, 13-405 Goleniów", "address"),
     ("Ich wohne am Kaiserring 12.", "address"),
+    ("Au 3 place de la Concorde, Paris", "address"),
+    ("Au 3 Place Vendôme, 75001 Paris", "address"),
     ("DOB: 1985-07-03, policy 55", "dob"),
     ("Geburtsdatum: 03.07.1985", "dob"),
     ("my son was born on 4 March 2019 and has a fever", "dob"),
@@ -105,6 +107,10 @@ CLEAN = [
     "Er wurde Platz 2 im Finale.",
     "bind to ::1 Property court room professional case",
     "if name is None:\n    raise ValueError('name is Required')",
+    "Order 3 Place Settings today; we need 2 square meters of fabric.",
+    "Studio 54 Disco Club",
+    "Formula 1 Grand Prix Circuit",
+    "The 3 Musketeers Trail",
 ]
 
 

@@ -189,8 +189,9 @@ def _cue_words(words: Iterable[str]) -> str:
 
 #: English street types written after the name ("221B Baker Street"): USPS Publication 28's
 #: suffixes and their usual abbreviations, British ones (close, mews, crescent) and the
-#: Australian and New Zealand ones (parade, circuit, quad, pocket) besides, less those that are
-#: everyday words in a heading ("3 Final Steps", "Top 10 ... End")
+#: Australian and New Zealand ones (parade, circuit, quad, pocket) besides; not the ones that
+#: are mostly everyday words ("End", "Top", "Steps", "Return"). Everyday words that stay
+#: ("Point", "Run", "Well") count only where the street ends the phrase or a unit follows.
 _SUFFIX_EN = frozenset("""
     street st avenue ave road rd lane ln drive dr boulevard blvd court ct place pl way terrace ter crescent
     cres close square sq parkway pkwy circle cir trail trl alley aly row mews grove gardens garden gdns green
@@ -212,8 +213,12 @@ _SUFFIX_EN = frozenset("""
     rest routes unions well
     parade circuit esplanade promenade quay rise chase mall strand broadway laneway ridgeway lookout gap grange
     glade vale wynd boulevarde concourse approach brae link outlook retreat wharf quadrant frontage plateau
-    quad quays circlet pocket riviera fairway nook cul-de-sac walkway crossway gully knoll ramble
+    quad quays circlet pocket riviera fairway nook cul-de-sac walkway crossway gully knoll ramble coves
+    views keys points walks ways tracks paths loops
 """.split())
+#: plurals that are how prose counts things ("10 Scenic Views", "3 API Keys"): only with a unit
+#: or a town after them ("6340 William Views Apt. 618")
+_NEEDS_TAIL = frozenset("views keys points walks ways tracks paths loops lights locks".split())
 #: plural suffixes are also how headings count things ("3 Green Mountains"): after a one-digit
 #: number they need what follows an address (a unit, or a comma and a postcode or a town)
 _PLURAL_EN = frozenset(w for w in _SUFFIX_EN if w.endswith("s") and w[:-1] in _SUFFIX_EN | {"avenue", "place", "terrace", "way", "vista", "estate"})
@@ -239,6 +244,8 @@ _TYPES_BEFORE = frozenset("""
 _TYPES_AFTER_NUMBER = _TYPES_BEFORE | frozenset(
     "place cours route square passage rond-point esplanade promenade cité résidence hameau traverse parvis".split()
 )
+#: French types that are English words too: after a number they need a particle or a town
+_ENGLISH_TOO = frozenset("place square passage route cours promenade esplanade cité traverse".split())
 #: abbreviations written with a dot ("Av. da Liberdade, 12"); one letter ones ("C.", "R.") need more
 _ABBR = frozenset("c/ av avda c r pza pç tv trav bd ctra urb ul al pl os estr lgo sta".split())
 #: lower-case types that are idiomatic in running text ("abito in via Roma 12", "calle Mayor 5")
@@ -309,6 +316,17 @@ _TAIL = re.compile(
 )
 
 
+_PREV_WORD = re.compile(r"([^ \t\r\n,;:()]+)[ \t]+$")
+#: words before a house number that belong to the address ("Unit 4 7 Gordon Lookout")
+_UNIT_BEFORE = frozenset("unit flat apt apt. suite ste level lot no no. nr nr. box house".split())
+
+
+def _after_a_name(text: str, start: int) -> bool:
+    """The number follows a capitalised word on its line ("Studio 54", "The 3 Musketeers")."""
+    m = _PREV_WORD.search(text, max(0, start - 30), start)
+    return m is not None and m.group(1)[:1].isupper() and m.group(1).lower() not in _UNIT_BEFORE
+
+
 def address_number_first(text: str, start: int, end: int) -> Verdict:
     """``221B Baker Street``, ``14 Rue des Lilas``: the house number, then the street.
 
@@ -327,8 +345,17 @@ def address_number_first(text: str, start: int, end: int) -> Verdict:
     if not words:
         return NONE
     first = words[0][0].lower().rstrip(".")
-    if first in _TYPES_AFTER_NUMBER and len(words) > 1 and not words[0][0].isupper():
-        return CONFIRMED
+    if first in _TYPES_AFTER_NUMBER and len(words) > 1:
+        if first not in _ENGLISH_TOO:
+            return CONFIRMED
+        # "3 place de la Concorde", "3 place Vendôme", "3 Place Vendôme, 75001 Paris";
+        # not "3 Place Settings", "2 square meters"
+        nxt = words[1][0]
+        if nxt.lower() in _PARTICLES or nxt.lower() in ("saint", "sainte", "st", "ste") or (
+            words[0][0][0].islower() and nxt[0].isupper()
+        ) or _tail_is_address(text, words[1][2]):
+            return CONFIRMED
+        return NONE
     digits = len(number.rstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
     for k in range(1, min(5, len(words))):
         if not (words[k - 1][0][:1].isupper() or words[k - 1][0][:1].isdigit()):
@@ -337,10 +364,14 @@ def address_number_first(text: str, start: int, end: int) -> Verdict:
         low = word.lower().rstrip(".")
         if low not in _SUFFIX_EN:
             continue
-        if low in _PLURAL_EN and digits < 2 and not _tail_is_address(text, stop):
-            return NONE
-        after = text[stop : stop + 1]
         nxt = words[k + 1][0].lower() if k + 1 < len(words) else ""
+        tail = nxt in _UNIT or _tail_is_address(text, stop)
+        if (low in _NEEDS_TAIL or low in _PLURAL_EN and digits < 2) and not tail:
+            return NONE
+        if (low not in _STRONG_SUFFIX and not tail and _after_a_name(text, start)
+                and "," not in text[start : head.end()]):
+            return NONE  # "Studio 54 Disco Club", "Formula 1 Grand Prix Circuit": a name's number
+        after = text[stop : stop + 1]
         if after in ("", ",", "\n", "\r", ";", ")") or word.endswith("."):  # the street ends the phrase
             return NONE if _year_like(number) and after != "," else CONFIRMED
         if nxt in _UNIT or (low in _STRONG_SUFFIX and not _year_like(number)):
