@@ -656,7 +656,8 @@ def _compare_lines() -> list[str]:
     out = [
         "Measured by `make compare-freetext` (`bench/compare_freetext.py`: the same generator and report seed, "
         "100 texts per kind and split, so its rows differ a little from the table above; how each library is "
-        "asked is in its docstring). CPU time per call on hard clean prose, "
+        "asked is in its docstring). The rules' row is the `pii` classifier as shipped, shaped identifiers "
+        "included (a public IP in one piece of real code). CPU time per call on hard clean prose, "
         "this machine shared with other work. `-`: the library does not look for that kind.",
         "",
         "| means | person dev / held-out | address dev / held-out | hard clean none | CPU 1 KB p50 / p99 (us) "
@@ -819,8 +820,8 @@ def render(samples: list[Sample], result: dict[str, object], args: argparse.Name
         "`Adobe Photoshop`): context decides, not the list | rejected |",
         "| a CRF trained on our own generated data (`python-crfsuite`) | a model file built by a make target | "
         "measured above (trained on the dev split of another seed): close to the rules on dev, far below them "
-        "held-out (it learns the generator's templates and locales), and 60x their CPU per 8 KB (features "
-        "computed in Python per token) | rejected |",
+        "held-out (it learns the generator's templates and locales), and 40 to 100 times their CPU per 8 KB "
+        "(features computed in Python per token) | rejected |",
         "| spaCy with a pipeline trained here | spaCy and a trained pipeline shipped with the project | not built: "
         "the CRF above shows what a model trained on generated text learns (the generator), at a larger cost | "
         "not pursued |",
