@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
         bench-classifier bench-router bench-routing bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
-        chaos eval-classifier lint docs compose clean
+        chaos eval-classifier compare-freetext lint docs compose clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | awk -F'\t' '{printf "%-22s%s\n", $$1, $$2}'
@@ -66,8 +66,8 @@ bench-kube: install  ## Kubernetes-mode compiler: start-up, edit->status, idle w
 bench-collector: install  ## scrape/parse/derive throughput -> bench/results/collector.json
 	$(BIN)/python -m bench.collector
 
-bench-classifier: install  ## classifier latency table -> bench/results/classifier.json
-	$(BIN)/python -m bench.classifier
+bench-classifier: install  ## classifier latency table -> bench/results/classifier.json (against a revision: CLASSIFIER_ARGS="--against main")
+	$(BIN)/python -m bench.classifier $(CLASSIFIER_ARGS)
 
 bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> bench/results/router.json
 	$(BIN)/python -m bench.router
@@ -95,6 +95,10 @@ chaos: install  ## kill each process in turn under load, table -> bench/results/
 
 eval-classifier: install  ## regenerate docs/classifier-eval.md
 	$(BIN)/python -m bench.eval_classifier
+
+compare-freetext: install  ## name and address libraries against the classifier's rules -> bench/results/compare_freetext.json
+	$(BIN)/pip install --quiet -e '.[compare]'
+	$(BIN)/python -m bench.compare_freetext
 
 docs: install  ## build the documentation site into site/ (strict: a broken link or missing page fails)
 	$(BIN)/python tools/docgen.py

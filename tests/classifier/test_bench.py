@@ -91,7 +91,23 @@ def test_bench_in_process_rows(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     out = tmp_path / "classifier.json"
     assert bench.main(["--no-nats", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert len(rows) == len(bench.SIZES_KB) * 2
+    assert len(rows) == len(bench.SIZES_KB) * 3
+    assert {r["content"] for r in rows} == {"clean", "pii", "hard clean"}
     for row in rows:
-        assert set(row) == {"size_kb", "content", "path", "p50_us", "p99_us"}
+        assert set(row) == {"size_kb", "content", "path", "p50_us", "p99_us", "cpu_us", "cpu_p99_us"}
         assert row["path"] == "in-process" and row["p99_us"] >= row["p50_us"] > 0
+        assert row["cpu_p99_us"] >= row["cpu_us"] > 0
+
+
+def test_bench_against_a_revision_measures_both_in_the_same_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench, "_iterations", lambda kb, quick: 10)
+    monkeypatch.setattr(bench, "SIZES_KB", (1,))
+    out = tmp_path / "classifier.json"
+    assert bench.main(["--no-nats", "--against", "HEAD", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {r["path"] for r in rows} == {"in-process", "in-process@HEAD"}
+    assert "x of HEAD" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no-such-ref"):
+        bench.main(["--no-nats", "--against", "no-such-ref", "--out", str(out)])

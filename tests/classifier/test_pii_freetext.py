@@ -37,6 +37,23 @@ CONFIRMED = [
     ("Calle de Alcalá, 45, 28014 Madrid", "address"),
     ("We live at Kerkstraat 12a in Utrecht.", "address"),
     ("Deliver to Marta-Fritsch-Gasse 3-2, 43246 Bad Brückenau", "address"),
+    # street types the first rules lacked, in every order (each missed before)
+    ("Abito in Stretto Elena, 0, 63069 Marcelli", "address"),
+    ("Deliver to\nRotonda Bertoni, 961 Piano 6, 54016 Sciglio", "address"),
+    ("La consegna va a Borgo Bruno, 68.", "address"),
+    ("Mi dirección: Vial Josefa Rubio 689, Teruel", "address"),
+    ("Envíelo a C. de Débora Melero 42.", "address"),
+    ("Moro na R. Magalhães, S/N", "address"),
+    ("Envie para Av Nair Soares, 25", "address"),
+    ("We wonen op Meganboulevard 15, 6293JQ Beerzerveld", "address"),
+    ("Ik woon op de Dinabaan 54 sinds mei.", "address"),
+    ("Address: rue de Rousset", "address"),
+    ("I live at rue Coulon, 67538 Jacquot.", "address"),
+    ("I live at 93938 Duncan Centers Suite 233.", "address"),
+    ("Mieszkam przy ul. Władysława Łokietka 95/96, 13-405 Goleniów", "address"),
+    ("Ich wohne am Kaiserring 12.", "address"),
+    ("Au 3 place de la Concorde, Paris", "address"),
+    ("Au 3 Place Vendôme, 75001 Paris", "address"),
     ("DOB: 1985-07-03, policy 55", "dob"),
     ("Geburtsdatum: 03.07.1985", "dob"),
     ("my son was born on 4 March 2019 and has a fever", "dob"),
@@ -74,6 +91,26 @@ CLEAN = [
     "Take Route 66 for 3 days; the 3 lanes merge at exit 12.",
     "A 34-year-old man was elected in 1961.",
     "Picture feel clear Mrs. Too catch eye white however.",
+    # numbers before capitalised words that are no street
+    "Top 10 Scenic Views.",
+    "I saw 3 Great Lakes.",
+    "Windows 10, 20000 Users were affected.",
+    "Python 3, 10000 Lines of code to port.",
+    "Read Chapter 3, 1200 Soldiers died.",
+    "Grand Theft Auto 5, 2013 Rockstar",
+    "Plaza Hotel 5 stars, near the station.",
+    "Via Appia 2 was built by Appius Claudius.",
+    "sent via Route 9 to the depot",
+    "Monitoring 2 nodes and Rendering 3 frames",
+    "Spring 2023 release notes; String 3 chars",
+    "Open Notepad 2 times",
+    "Er wurde Platz 2 im Finale.",
+    "bind to ::1 Property court room professional case",
+    "if name is None:\n    raise ValueError('name is Required')",
+    "Order 3 Place Settings today; we need 2 square meters of fabric.",
+    "Studio 54 Disco Club",
+    "Formula 1 Grand Prix Circuit",
+    "The 3 Musketeers Trail",
 ]
 
 
@@ -87,3 +124,37 @@ def test_findings_name_the_rule_never_the_text() -> None:
     found = {(entity, rule) for entity, rule, _s, _e, verdict in findings(text) if verdict}
     assert ("person", "person_salutation") in found
     assert ("address", "address_number_first") in found
+
+
+def test_every_street_type_the_rules_know_is_found_by_the_scan() -> None:
+    """The cue is built from the validator's own lists: a type known to one is never missed by
+    the other (main's cue lacked `Contrada`, `Strada`, `Borgo`... that its validator knew)."""
+    from kinference_common.detectors import freetext
+
+    c = _ENGINES.get("auto") or Classifiers(engine="auto")
+    missed = []
+    for street_type in sorted(freetext._TYPES_BEFORE):
+        word = street_type.capitalize()
+        text = f"Spedire a {word} Garibaldi 12, per favore."
+        if c.classify("pii", [text]).tags != ["pii-confirmed"]:
+            missed.append(word)
+    for street_type in sorted(freetext._TYPES_AFTER_NUMBER):
+        text = f"Envoyez-le au 14 {street_type} des Roses, merci."
+        if c.classify("pii", [text]).tags != ["pii-confirmed"]:
+            missed.append(street_type)
+    assert missed == []
+
+
+def test_free_text_cues_are_bounded_and_need_what_starts_a_name() -> None:
+    """Cheap on clean text: no cue needs Hyperscan's start-of-match tracking, and the person
+    cues do not fire where no capital follows, so Python judges nothing there."""
+    from kinference_common.detectors import freetext
+    from kinference_common.detectors.patterns import build_scanner
+
+    assert [p.name for _e, _r, p, _v in freetext.CUES if p.max_width is None] == []
+    scanner = build_scanner([p for _e, _r, p, _v in freetext.CUES], "auto")
+    names = [p.name for _e, _r, p, _v in freetext.CUES]
+    text = "i'm using it. this is fine. hi all, dear team. name: build. best wishes to you. born and raised."
+    fired = {names[i] for i in scanner.scan(text).fired()}
+    assert fired.isdisjoint({"person_weak", "person_intro", "person_salutation", "person_field",
+                             "person_signature", "dob_born"}), fired

@@ -368,3 +368,24 @@ async def test_not_ready_without_nats_and_sigterm_still_exits() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_free_text_findings_are_logged_by_kind_never_by_text(
+    service: ClassifierService, nc: NATS
+) -> None:
+    """The debug line names what was found (kinds), never a name, street or date of the prompt."""
+    import structlog
+
+    text = "Hi, I'm Maria Gonzalez, 14 Rue des Lilas, Lyon, born 03/07/1985"
+    with structlog.testing.capture_logs() as logs:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(10))
+        try:
+            reply = await classify(nc, "pii", [text], 2.0)
+        finally:
+            structlog.reset_defaults()
+    assert reply.tags == ["pii-confirmed"] and reply.findings[0] in {"person", "address", "dob"}
+    classified = [e for e in logs if e.get("event") == "classified"]
+    assert classified and classified[0]["findings"] == reply.findings
+    dumped = repr(logs)
+    for secret in ("Maria", "Gonzalez", "Lilas", "Lyon", "1985"):
+        assert secret not in dumped
