@@ -51,6 +51,10 @@ test: install  ## install, then run the whole test suite
 run: install  ## start the whole stack locally with simulated GPUs (Ctrl-C stops it)
 	$(BIN)/python -m kinference_simulators.stack
 
+.PHONY: run-ha
+run-ha: install  ## the same stack with NATS as a cluster of three servers (kill one: nothing stops)
+	$(BIN)/python -m kinference_simulators.stack --nats-cluster $(RUN_ARGS)
+
 .PHONY: run-envoy
 run-envoy: install  ## the same stack behind a real Envoy and the router's Endpoint Picker (prints Envoy's address)
 	$(BIN)/python -m kinference_simulators.stack --envoy $(RUN_ENVOY_ARGS)

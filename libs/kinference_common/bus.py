@@ -171,7 +171,7 @@ def add_kv_replicas_argument(parser: Any) -> None:
              "one server: 1 whatever is asked)")
 
 
-async def open_kv(js: Any, config: Any, *, heal: bool = True) -> Any:
+async def open_kv(js: Any, config: Any, *, heal: bool = True, on_created: Callable[[], None] | None = None) -> Any:
     """Open the KV bucket ``config`` (a ``nats.js.api.KeyValueConfig``)
     describes, creating it when missing, and return it.
 
@@ -181,7 +181,8 @@ async def open_kv(js: Any, config: Any, *, heal: bool = True) -> Any:
     its own keys, is healed (``heal``): its stream's configuration is updated
     (JetStream copies the data to the new replicas itself). When healing is
     refused (fewer servers up than replicas, no permission) the bucket is
-    used as it is and the next open tries again."""
+    used as it is and the next open tries again. ``on_created`` is called
+    when the bucket had to be created (a NATS that lost its storage)."""
     from nats.js.api import StreamConfig
     from nats.js.errors import NotFoundError
     from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE
@@ -196,6 +197,8 @@ async def open_kv(js: Any, config: Any, *, heal: bool = True) -> Any:
         info = None
     if info is None:
         kv = await _create_kv(js, config)
+        if on_created is not None:
+            on_created()
         return kv
     found: StreamConfig = info.config
     wrong_subjects = list(found.subjects or []) != own
