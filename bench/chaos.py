@@ -14,7 +14,11 @@ Faults, one at a time, each preceded and followed by load: kill -9 and
 restart of the classifier, NATS (keeping its storage, and with its storage
 wiped), the collector, the compiler (and the compiler with a broken
 manifest file), one vLLM pod while streams are under way, every pod; a
-provider answering 500 to everything and one that never answers.
+provider answering 500 to everything and one that never answers. Then the
+same stack with NATS as a cluster of three (:func:`ha_faults`): the config
+bucket's leader kill -9'd, then it and one more (no quorum), measured with
+:class:`ClusterProbe` (decision events, KV writes, catch-up, what the router
+said).
 
 For each fault: requests, success rate (200 and a complete body), p50/p99
 latency, where requests went (``x-kinference-backend``, or the error status),

@@ -17,7 +17,7 @@ router                 classify requests (``kinference.classify.>``), ``_INBOX_r
                        (``kinference.router.>``); read-only          only routers read it)
                        JetStream API on both KV buckets
 policy-compiler        ``kinference.config.>``, its KV bucket       ``_INBOX_policy-compiler.>``
-                       (create, put, read)
+                       (create, update, put, read)
 telemetry-collector    ``kinference.telemetry.>``, its KV bucket    ``_INBOX_telemetry-collector.>``,
                                                                     ``kinference.observations.>``
 classifier             nothing but replies to requests it got       ``kinference.classify.>`` (queue group)
