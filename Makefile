@@ -51,6 +51,10 @@ test: install  ## install, then run the whole test suite
 run: install  ## start the whole stack locally with simulated GPUs (Ctrl-C stops it)
 	$(BIN)/python -m kinference_simulators.stack
 
+.PHONY: run-ha
+run-ha: install  ## the same stack with NATS as a cluster of three servers (kill one: nothing stops)
+	$(BIN)/python -m kinference_simulators.stack --nats-cluster $(RUN_ARGS)
+
 .PHONY: run-envoy
 run-envoy: install  ## the same stack behind a real Envoy and the router's Endpoint Picker (prints Envoy's address)
 	$(BIN)/python -m kinference_simulators.stack --envoy $(RUN_ENVOY_ARGS)
@@ -90,7 +94,7 @@ load-router: install  ## 500 concurrent streams for a minute through the router 
 load-burst: install  ## 200 streams at once (180 clean, 20 PII) on the make-run stack -> bench/results/burst.json
 	$(BIN)/python -m bench.burst $(BURST_ARGS)
 
-chaos: install  ## kill each process in turn under load, table -> bench/results/chaos.json (--short: CHAOS_ARGS=--short)
+chaos: install  ## kill each process in turn under load, then NATS servers of a cluster of three; table -> bench/results/chaos.json (--short: CHAOS_ARGS=--short)
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 eval-classifier: install  ## regenerate docs/classifier-eval.md

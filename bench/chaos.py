@@ -14,7 +14,11 @@ Faults, one at a time, each preceded and followed by load: kill -9 and
 restart of the classifier, NATS (keeping its storage, and with its storage
 wiped), the collector, the compiler (and the compiler with a broken
 manifest file), one vLLM pod while streams are under way, every pod; a
-provider answering 500 to everything and one that never answers.
+provider answering 500 to everything and one that never answers. Then the
+same stack with NATS as a cluster of three (:func:`ha_faults`): the config
+bucket's leader kill -9'd, then it and one more (no quorum), measured with
+:class:`ClusterProbe` (decision events, KV writes, catch-up, what the router
+said).
 
 For each fault: requests, success rate (200 and a complete body), p50/p99
 latency, where requests went (``x-kinference-backend``, or the error status),
@@ -50,7 +54,7 @@ from pathlib import Path
 
 import aiohttp
 
-from kinference_simulators.stack import PORTS, Stack
+from kinference_simulators.stack import NATS_CLUSTER_PORTS, PORTS, Stack
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "chaos.json"
@@ -93,6 +97,7 @@ class Shot:
     ok: bool = False
     backend: str = ""
     error: str = ""
+    decision_id: str = ""
 
 
 @dataclass
@@ -113,6 +118,18 @@ class Result:
     went: dict[str, int] = field(default_factory=dict)
     #: failures by kind of request (clean, pii, side)
     failed: dict[str, int] = field(default_factory=dict)
+    # ---- NATS as a cluster of three (make chaos runs these faults on a second stack)
+    #: answered requests whose decision event no observer received (three observers, one per server)
+    decisions_lost: int | None = None
+    #: KV writes (a probe key, every 100 ms): acknowledged ones missing afterwards, the longest time
+    #: without a successful write, and the writes that failed
+    kv_acked_lost: int | None = None
+    kv_longest_unwritable_s: float | None = None
+    kv_writes_failed: int | None = None
+    #: from the killed servers' restart until every replica of the buckets is current again
+    catchup_s: float | None = None
+    #: "config_store_unavailable" lines the router logged in the phase (kill two: once)
+    router_said_unavailable: int | None = None
 
 
 # ------------------------------------------------------------------ the load
@@ -151,6 +168,7 @@ async def fire(http: aiohttp.ClientSession, url: str, shot: Shot, body: dict, he
             async with http.post(url, json=body, headers=headers) as r:
                 shot.status = r.status
                 shot.backend = r.headers.get("x-kinference-backend", "")
+                shot.decision_id = r.headers.get("x-kinference-decision-id", "")
                 data = await r.read()
                 if r.status == 200:
                     shot.ok = b"[DONE]" in data if shot.stream else b'"choices"' in data
@@ -232,6 +250,9 @@ class Chaos:
         self.mend: list[tuple[Path, str]] = []
         #: clean requests a fault asks the load to send at once
         self.spike = [0]
+        #: NATS as a cluster: the observers and the KV writer (:class:`ClusterProbe`)
+        self.probe: ClusterProbe | None = None
+        self.catchup_s: float | None = None
 
     def url(self, base: int, path: str) -> str:
         return f"http://127.0.0.1:{self.stack.port(base)}{path}"
@@ -282,6 +303,34 @@ class Chaos:
         await asyncio.sleep(0.3)  # the running compiler sees it and keeps the last good version
         await self.down_and_up(["policy-compiler"])
 
+    async def kill_nats(self, n: int) -> None:
+        """kill -9 ``n`` servers of the cluster, the config bucket's leader
+        first; held down ``cfg.down`` seconds, started again; then wait until
+        every bucket's replicas are current (:attr:`catchup_s`)."""
+        from kinference_common import subjects
+
+        leader = await self.probe.leader(f"KV_{subjects.CONFIG_BUCKET}")
+        names = self.stack.nats_names
+        order = ([leader] if leader in names else []) + [x for x in names if x != leader]
+        victims = order[:n]
+        procs = [self.stack.proc(v) for v in victims]
+        for p in procs:
+            p.held = True
+        try:
+            await asyncio.gather(*(self.stack.kill(v, signal.SIGKILL) for v in victims))
+            await asyncio.sleep(self.cfg.down)
+            restarted = time.monotonic()
+            for p in procs:
+                await self.stack.spawn(p)
+                p.restarts += 1
+            for p in procs:
+                await self.stack._wait_ready(p, 60)
+            await self.probe.caught_up(60)
+            self.catchup_s = round(time.monotonic() - restarted, 2)
+        finally:
+            for p in procs:
+                p.held = False
+
     async def healthy(self, timeout: float = 60.0) -> None:
         """Every process ready, and the router deciding on fresh endpoint telemetry."""
         deadline = time.monotonic() + timeout
@@ -300,6 +349,16 @@ class Chaos:
                     pass
                 await asyncio.sleep(0.2)
         raise RuntimeError("the stack did not become healthy again")
+
+
+def ha_faults() -> list[tuple[str, Fault]]:
+    """The faults of NATS as a cluster of three (``Stack(nats_cluster=True)``):
+    the config bucket's leader killed (the worst one to lose), then that
+    server and one more (no quorum until they are back)."""
+    return [
+        ("nats 1 of 3 kill -9 (leader)", lambda c: c.kill_nats(1)),
+        ("nats 2 of 3 kill -9", lambda c: c.kill_nats(2)),
+    ]
 
 
 def faults() -> list[tuple[str, Fault]]:
@@ -398,6 +457,119 @@ class ProviderLog:
         return data.decode("utf-8", "replace")
 
 
+class ClusterProbe:
+    """What a cluster fault is measured with: three observers (user
+    ``observer``), one first connected to each server, collecting decision
+    ids (an event any of them saw was delivered); a KV writer (the
+    compiler's user) putting a counter to ``_chaos.probe`` in the config
+    bucket every 100 ms; bucket leaders and replicas from each owner."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.seen: set[str] = set()
+        self.acked = 0
+        self.failed = 0
+        self.last_ok = 0.0
+        self.longest = 0.0
+        self._ncs: list[object] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    def _auth(self, user: str) -> dict[str, object]:
+        from kinference_common import natsauth
+
+        password = (self.stack.run_dir / "nats-auth" / user).read_text().strip()
+        return {"user": user, "password": password, "inbox_prefix": natsauth.inbox_prefix(user)}
+
+    async def start(self) -> None:
+        from kinference_common import bus
+
+        urls = bus.servers(self.stack.nats_url)
+        for i in range(len(urls)):
+            nc = await bus.connect(urls[i:] + urls[:i], name=f"chaos-observer-{i}", dont_randomize=True,
+                                   **self._auth("observer"))
+
+            async def on(msg: object) -> None:
+                try:
+                    self.seen.add(json.loads(msg.data)["decision_id"])  # type: ignore[attr-defined]
+                except Exception:
+                    pass
+
+            await nc.subscribe("kinference.decisions.>", cb=on)
+            self._ncs.append(nc)
+        self.compiler = await bus.connect(urls, name="chaos-kv-writer", **self._auth("policy-compiler"))
+        self.collector = await bus.connect(urls, name="chaos-replicas", **self._auth("telemetry-collector"))
+        self._ncs += [self.compiler, self.collector]
+        self._writer = asyncio.create_task(self._write())
+
+    async def _write(self) -> None:
+        from kinference_common import subjects
+
+        js = self.compiler.jetstream(timeout=1.0)  # type: ignore[attr-defined]
+        n = 0
+        self.last_ok = time.monotonic()
+        while True:
+            try:
+                kv = await js.key_value(subjects.CONFIG_BUCKET)
+                await kv.put("_chaos.probe", str(n + 1).encode())
+                n += 1
+                self.acked = n
+                now = time.monotonic()
+                self.longest = max(self.longest, now - self.last_ok)
+                self.last_ok = now
+            except Exception:
+                self.failed += 1
+            await asyncio.sleep(0.1)
+
+    def phase(self) -> None:
+        """Measure the next phase from here."""
+        self.failed, self.longest, self.last_ok = 0, 0.0, time.monotonic()
+
+    async def acked_lost(self) -> int:
+        """Acknowledged writes the bucket does not hold (0: its value is the last acknowledged one or later)."""
+        from kinference_common import subjects
+
+        acked = self.acked
+        for _ in range(50):
+            try:
+                kv = await self.compiler.jetstream(timeout=1.0).key_value(subjects.CONFIG_BUCKET)  # type: ignore[attr-defined]
+                return max(0, acked - int((await kv.get("_chaos.probe")).value))
+            except Exception:
+                await asyncio.sleep(0.2)
+        return acked
+
+    async def leader(self, stream: str) -> str | None:
+        try:
+            info = await self.compiler.jetstream(timeout=2.0).stream_info(stream)  # type: ignore[attr-defined]
+            return info.cluster.leader if info.cluster is not None else None
+        except Exception:
+            return None
+
+    async def caught_up(self, timeout: float) -> None:
+        from kinference_common import bus, subjects
+
+        await asyncio.gather(
+            bus.wait_current(self.compiler.jetstream(timeout=1.0), f"KV_{subjects.CONFIG_BUCKET}", timeout),  # type: ignore[attr-defined]
+            bus.wait_current(self.collector.jetstream(timeout=1.0), f"KV_{subjects.TELEMETRY_BUCKET}", timeout))  # type: ignore[attr-defined]
+
+    async def stop(self) -> None:
+        from kinference_common import bus
+
+        if self._writer is not None:
+            self._writer.cancel()
+            await asyncio.gather(self._writer, return_exceptions=True)
+        for nc in self._ncs:
+            await bus.close(nc)  # type: ignore[arg-type]
+
+
+def said(log: Path | None, event: str, since: int) -> int:
+    """Lines naming ``event`` in ``log`` past byte ``since``."""
+    if log is None or not log.exists():
+        return 0
+    with open(log, "rb") as f:
+        f.seek(since)
+        return f.read().decode("utf-8", "replace").count(f'"{event}"')
+
+
 # ------------------------------------------------------------------ running
 
 
@@ -405,10 +577,11 @@ def free_offset(rng: random.Random | None = None, tries: int = 50) -> int:
     """A multiple of 100 whose every stack port is free, below the kernel's
     ephemeral range (so an outgoing connection cannot hold one of them)."""
     rng = rng or random.Random()
-    top = max(PORTS.values())
+    ports = [*PORTS.values(), *NATS_CLUSTER_PORTS.values()]
+    top = max(ports)
     for _ in range(tries):
         offset = rng.randrange(100, 32_000 - top, 100)
-        if all(_free(base + offset) for base in PORTS.values()):
+        if all(_free(base + offset) for base in ports):
             return offset
     raise RuntimeError("no free port offset found")
 
@@ -423,8 +596,10 @@ def _free(port: int) -> bool:
 
 
 async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] | None = None,
-                    say: Callable[[str], None] = print) -> list[Result]:
-    stack = Stack(run_dir, offset, vllm_args=["--max-num-seqs", str(cfg.max_num_seqs)])
+                    say: Callable[[str], None] = print, nats_cluster: bool = False) -> list[Result]:
+    """Every fault of :func:`faults` on a stack with one NATS server, or with
+    ``nats_cluster`` those of :func:`ha_faults` on NATS as a cluster of three."""
+    stack = Stack(run_dir, offset, vllm_args=["--max-num-seqs", str(cfg.max_num_seqs)], nats_cluster=nats_cluster)
     stack.prepare()
     for f in (run_dir / "manifests").glob("*.yaml"):  # a hanging provider is seen within a phase
         f.write_text(f.read_text().replace("firstToken: 30s", f"firstToken: {cfg.provider_first_token}"))
@@ -437,12 +612,19 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
     url = chaos.url(PORTS["router"], "/v1/chat/completions")
     try:
         await chaos.healthy()
+        if nats_cluster:
+            chaos.probe = ClusterProbe(stack)
+            await chaos.probe.start()
         connector = aiohttp.TCPConnector(limit=512)
         async with aiohttp.ClientSession(connector=connector) as http:
-            for phase, (name, fault) in enumerate(faults()):
+            for phase, (name, fault) in enumerate(ha_faults() if nats_cluster else faults()):
                 if only is not None and name not in only:
                     continue
                 plog.new_text()  # only what this phase sends counts
+                router_log = stack.proc("router").log
+                router_at = router_log.stat().st_size if router_log is not None and router_log.exists() else 0
+                if chaos.probe is not None:
+                    chaos.probe.phase()
                 shots: list[Shot] = []
                 stop = asyncio.Event()
                 loader = asyncio.create_task(load(http, url, cfg, phase, stop, shots, chaos.spike))
@@ -459,6 +641,15 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
                     await asyncio.gather(loader, return_exceptions=True)
                     raise
                 result = summarise(name, shots, fault_at, fault_end, plog.new_text())
+                if chaos.probe is not None:
+                    await asyncio.sleep(1.0)  # the last events on their way
+                    ids = {s.decision_id for s in shots if s.decision_id}
+                    result.decisions_lost = len(ids - chaos.probe.seen)
+                    result.kv_acked_lost = await chaos.probe.acked_lost()
+                    result.kv_longest_unwritable_s = round(chaos.probe.longest, 2)
+                    result.kv_writes_failed = chaos.probe.failed
+                    result.catchup_s, chaos.catchup_s = chaos.catchup_s, None
+                    result.router_said_unavailable = said(router_log, "config_store_unavailable", router_at)
                 results.append(result)
                 for path, text in chaos.mend:
                     path.write_text(text)
@@ -467,6 +658,8 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
                     f"recovery {result.recovery_s}s, pii leaked {result.pii_leaked}")
                 await chaos.healthy()
     finally:
+        if chaos.probe is not None:
+            await chaos.probe.stop()
         stop_supervising.set()
         await supervisor
         await stack.stop()
@@ -481,6 +674,15 @@ def table(results: list[Result]) -> str:
         rec = "never" if r.recovery_s is None else f"{r.recovery_s:.2f}"
         lines.append(f"{r.fault:<32} {r.requests:>8} {r.success_rate:>8.1%} {r.p50_ms:>8.0f} {r.p99_ms:>8.0f} "
                      f"{r.to_provider:>8} {rec:>10} {r.pii_leaked_message:>7} {r.pii_leaked_side:>8} {r.hung:>5}")
+    ha = [r for r in results if r.decisions_lost is not None]
+    if ha:
+        head = (f"{'NATS cluster fault':<32} {'decisions lost':>14} {'kv acked lost':>13} {'kv unwritable s':>15} "
+                f"{'kv failed':>9} {'catch-up s':>10} {'router said':>11}")
+        lines += ["", head, "-" * len(head)]
+        for r in ha:
+            lines.append(f"{r.fault:<32} {r.decisions_lost:>14} {r.kv_acked_lost:>13} "
+                         f"{r.kv_longest_unwritable_s:>15.2f} {r.kv_writes_failed:>9} "
+                         f"{'-' if r.catchup_s is None else f'{r.catchup_s:.2f}':>10} {r.router_said_unavailable:>11}")
     return "\n".join(lines)
 
 
@@ -492,6 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", default=str(REPO / ".run-chaos"))
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--only", action="append", metavar="FAULT", help="run only this fault (repeat)")
+    p.add_argument("--nats", choices=("single", "cluster", "both"), default="both",
+                   help="the faults of one NATS server, of NATS as a cluster of three (a second stack), "
+                        "or both (default)")
     args = p.parse_args(argv)
     cfg = SHORT if args.short else FULL
     offset = args.port_offset if args.port_offset is not None else free_offset()
@@ -504,8 +709,15 @@ def main(argv: list[str] | None = None) -> int:
         assert task is not None
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
-        return await run_chaos(cfg, Path(args.run_dir), offset, only=args.only,
-                               say=lambda m: print(m, flush=True))
+        results: list[Result] = []
+        if args.nats in ("single", "both"):
+            results += await run_chaos(cfg, Path(args.run_dir), offset, only=args.only,
+                                       say=lambda m: print(m, flush=True))
+        if args.nats in ("cluster", "both"):
+            print("chaos: the same stack with NATS as a cluster of three", flush=True)
+            results += await run_chaos(cfg, Path(args.run_dir + "-ha"), offset, only=args.only,
+                                       say=lambda m: print(m, flush=True), nats_cluster=True)
+        return results
 
     try:
         results = asyncio.run(interruptible())

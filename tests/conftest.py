@@ -62,3 +62,11 @@ async def kube_api():
 def kubeconfig(kube_api, tmp_path: Path) -> Path:
     """A kubeconfig file pointing at ``kube_api`` (user "test", no token)."""
     return kube_api.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+def nats_cluster() -> Iterator[natsserver.NatsCluster]:
+    """Three real nats-servers clustered over routes on loopback (JetStream,
+    replicated buckets possible); the test may kill and restart any of them."""
+    with natsserver.start_cluster(3) as cluster:
+        yield cluster

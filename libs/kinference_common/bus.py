@@ -6,13 +6,18 @@
   ``quiet_seconds`` for repeated failures (the client retries twice a second).
 - Callbacks for disconnect/reconnect so services can resynchronise.
 - Stopping never waits on a server that does not answer (:func:`close`).
+- A cluster: ``url`` may name every server, comma-separated
+  (:func:`servers`); the client reconnects to any of them.
+- KV buckets at the replicas asked for, healed when found with fewer
+  (:func:`open_kv`); an unavailable store said once (:class:`Availability`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import nats
@@ -24,8 +29,18 @@ log = structlog.get_logger("nats")
 Callback = Callable[[], Awaitable[None]]
 
 
+def servers(url: str | Sequence[str]) -> list[str]:
+    """The servers of ``--nats-url``: one URL, or several separated by commas
+    (every server of a cluster; the client connects and reconnects to any)."""
+    parts = [url] if isinstance(url, str) else list(url)
+    found = [u.strip() for part in parts for u in part.split(",") if u.strip()]
+    if not found:
+        raise ValueError("no NATS server URL given")
+    return found
+
+
 async def connect(
-    url: str,
+    url: str | Sequence[str],
     *,
     name: str,
     on_disconnect: Callback | None = None,
@@ -33,9 +48,12 @@ async def connect(
     quiet_seconds: float = 10.0,
     **options: object,
 ) -> nats.NATS:
-    """``options``: more ``nats.connect`` arguments, e.g. credentials and TLS
+    """``url``: one server or every server of a cluster (:func:`servers`).
+    ``options``: more ``nats.connect`` arguments, e.g. credentials and TLS
     from :func:`kinference_common.natsauth.connect_options`."""
     last_logged: dict[str, float] = {}
+    pool = servers(url)
+    url = ",".join(pool)
 
     async def error_cb(exc: Exception) -> None:
         key = type(exc).__name__
@@ -50,12 +68,14 @@ async def connect(
             await on_disconnect()
 
     async def reconnected_cb() -> None:
-        log.info("nats reconnected", url=url)
+        where = client[0].connected_url if client else None
+        log.info("nats reconnected", url=url, server=where.netloc if where is not None else None)
         if on_reconnect is not None:
             await on_reconnect()
 
-    return await nats.connect(
-        url,
+    client: list[nats.NATS] = []
+    nc = await nats.connect(
+        pool,
         name=name,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
@@ -65,6 +85,8 @@ async def connect(
         reconnected_cb=reconnected_cb,
         **options,  # type: ignore[arg-type]
     )
+    client.append(nc)
+    return nc
 
 
 async def sync(nc: nats.NATS, timeout: float = 10.0) -> None:
@@ -130,3 +152,169 @@ async def kv_items(kv: Any, want: Callable[[str], bool] | None = None) -> AsyncI
             continue
         if entry.value:
             yield key, entry.value
+
+
+# ------------------------------------------------------------------ KV buckets
+
+#: nats-server's error codes met when creating a replicated stream
+_NOT_CLUSTERED = 10074  # replicas > 1 not supported in non-clustered mode
+_INSUFFICIENT = 10023  # insufficient resources (fewer servers up than replicas)
+
+
+def add_kv_replicas_argument(parser: Any) -> None:
+    """``--kv-replicas``: the replicas of the KV buckets a service creates."""
+    parser.add_argument(
+        "--kv-replicas", type=int, choices=range(1, 6), metavar="N",
+        default=int(os.environ.get("KINFERENCE_KV_REPLICAS", "1")),
+        help="replicas of the KV buckets this service creates, and heals a bucket found with fewer to "
+             "(env KINFERENCE_KV_REPLICAS; default 1; 3 on a cluster of three NATS servers; "
+             "one server: 1 whatever is asked)")
+
+
+async def open_kv(js: Any, config: Any, *, heal: bool = True, on_created: Callable[[], None] | None = None) -> Any:
+    """Open the KV bucket ``config`` (a ``nats.js.api.KeyValueConfig``)
+    describes, creating it when missing, and return it.
+
+    Replicas: created at ``config.replicas``; on a single server (which
+    refuses more than one) at 1, said once in the log. A bucket found with
+    fewer replicas than asked, or whose stream listens on other subjects than
+    its own keys, is healed (``heal``): its stream's configuration is updated
+    (JetStream copies the data to the new replicas itself). When healing is
+    refused (fewer servers up than replicas, no permission) the bucket is
+    used as it is and the next open tries again. ``on_created`` is called
+    when the bucket had to be created (a NATS that lost its storage)."""
+    from nats.js.api import StreamConfig
+    from nats.js.errors import NotFoundError
+    from nats.js.client import KV_PRE_TEMPLATE, KV_STREAM_TEMPLATE
+    from nats.js.kv import KeyValue
+
+    bucket = config.bucket
+    stream = KV_STREAM_TEMPLATE.format(bucket=bucket)
+    own = [f"$KV.{bucket}.>"]
+    try:
+        info = await js.stream_info(stream)
+    except NotFoundError:
+        info = None
+    if info is None:
+        kv = await _create_kv(js, config)
+        if on_created is not None:
+            on_created()
+        return kv
+    found: StreamConfig = info.config
+    wrong_subjects = list(found.subjects or []) != own
+    # a single server (no cluster, or one without a name) keeps one copy whatever the configuration says
+    clustered = info.cluster is not None and bool(info.cluster.name)
+    fewer = clustered and (found.num_replicas or 1) < config.replicas
+    if heal and (fewer or wrong_subjects):
+        if wrong_subjects:
+            log.error("kv_bucket_subjects_reset", bucket=bucket, found=found.subjects, expected=own)
+        try:
+            updated = await js.update_stream(config=found.evolve(
+                num_replicas=max(config.replicas if fewer else 1, found.num_replicas or 1), subjects=own))
+            log.info("kv_bucket_healed", bucket=bucket, replicas_before=found.num_replicas or 1,
+                     replicas=updated.config.num_replicas)
+            found = updated.config
+            _said.discard(f"heal {bucket}")
+            await wait_current(js, stream)
+        except Exception as exc:  # too few servers up now, or not allowed: used as it is, tried again later
+            _once(f"heal {bucket}", "kv_bucket_not_healed", bucket=bucket, replicas=found.num_replicas or 1,
+                  wanted=config.replicas, error=describe(exc))
+    return KeyValue(name=bucket, stream=stream, pre=KV_PRE_TEMPLATE.format(bucket=bucket), js=js,
+                    direct=bool(found.allow_direct))
+
+
+async def wait_current(js: Any, stream: str, timeout: float = 10.0) -> bool:
+    """After a change of replicas the stream elects a leader again and the new
+    replicas copy the data (about a second); reads and writes meanwhile time
+    out, and a leader lost before its followers are current leaves no one to
+    take over. So wait until there is a leader and every follower is current
+    (also how to tell that a restarted server caught up: its ``/healthz`` may
+    answer before); False after ``timeout`` (the caller's next operation
+    says what is wrong)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = await js.stream_info(stream)
+            c = info.cluster
+            followers = list(c.replicas or []) if c is not None else []
+            if c is None or (c.leader and len(followers) >= (info.config.num_replicas or 1) - 1
+                             and all(r.current for r in followers)):
+                return True
+        except Exception:
+            pass
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def _create_kv(js: Any, config: Any) -> Any:
+    from nats.js.errors import APIError
+
+    replicas = config.replicas
+    single = False
+    while True:
+        try:
+            kv = await js.create_key_value(config.evolve(replicas=replicas))
+        except APIError as exc:
+            if exc.err_code == _NOT_CLUSTERED and replicas > 1:
+                _once(f"single {config.bucket}", "kv_bucket_single_replica", bucket=config.bucket,
+                      wanted=replicas, reason="NATS is a single server")
+                replicas, single = 1, True
+                continue
+            if exc.err_code == _INSUFFICIENT and replicas > 1:
+                # fewer servers up than asked: create it smaller, a later open heals it
+                replicas -= 1
+                continue
+            raise
+        if replicas < config.replicas and not single:
+            log.warning("kv_bucket_created_with_fewer_replicas", bucket=config.bucket, replicas=replicas,
+                        wanted=config.replicas)
+        return kv
+
+
+#: what :func:`_once` has said in this process (a heal that keeps failing is said once, not every open)
+_said: set[str] = set()
+
+
+def _once(key: str, event: str, **fields: object) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.warning(event, **fields)
+
+
+def describe(exc: BaseException) -> str:
+    """One line about an error (its type when it has no message)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text[:200]
+
+
+class Availability:
+    """Says once that something became unavailable and once that it is back,
+    however many attempts fail in between (a KV bucket without a JetStream
+    quorum: reads and writes time out until two of three servers are up).
+
+    ``what`` names it in the log lines (``<what>_unavailable`` with
+    ``consequence``, ``<what>_available`` with how long it was away);
+    :attr:`available` is for a metric or a readiness condition."""
+
+    def __init__(self, what: str, consequence: str, *, logger: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.what, self.consequence = what, consequence
+        self._log = logger or log
+        self._clock = clock
+        self.available = True
+        self.since = clock()
+        #: times it went away
+        self.outages = 0
+
+    def failed(self, exc: BaseException | None = None) -> None:
+        if self.available:
+            self.available, self.since = False, self._clock()
+            self.outages += 1
+            self._log.warning(f"{self.what}_unavailable", consequence=self.consequence,
+                              error=describe(exc) if exc is not None else None)
+
+    def ok(self) -> None:
+        if not self.available:
+            away = self._clock() - self.since
+            self.available, self.since = True, self._clock()
+            self._log.info(f"{self.what}_available", unavailable_s=round(away, 2))

@@ -19,7 +19,7 @@ router                 classify requests (``kinference.classify.>``), ``_INBOX_r
                        records (``kinference.record.>``) and their
                        stream (create, set its limits)
 policy-compiler        ``kinference.config.>``, its KV bucket       ``_INBOX_policy-compiler.>``
-                       (create, put, read)
+                       (create, update, put, read)
 telemetry-collector    ``kinference.telemetry.>``, its KV bucket    ``_INBOX_telemetry-collector.>``,
                                                                     ``kinference.observations.>``
 classifier             nothing but replies to requests it got       ``kinference.classify.>`` (queue group)
@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from kinference_common import subjects
+from kinference_common.natsserver import ClusterMember
 
 ROUTER = "router"
 COMPILER = "policy-compiler"
@@ -100,11 +101,17 @@ def _stream_read(stream: str) -> list[str]:
 
 
 def _kv_write(bucket: str) -> list[str]:
-    """A KV owner: reads, creates its stream, puts and deletes keys. Never
-    ``STREAM.UPDATE``: a stream's subjects could be changed to capture the
-    classify subjects, whose prompts the owner could then read back."""
+    """A KV owner: reads, creates its stream, puts and deletes keys, and
+    updates its stream's configuration (``STREAM.UPDATE``: to heal a bucket
+    found with fewer replicas than the cluster has, :func:`bus.open_kv`).
+    That update could also change the stream's subjects to capture the
+    classify subjects; NATS permissions cannot restrict a stream's
+    configuration, so the owner's credentials can do what its create could
+    already do on a new NATS (docs/nats-security.md), and every owner resets
+    foreign subjects it finds on its stream."""
     stream = f"KV_{bucket}"
-    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$KV.{bucket}.>"]
+    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}",
+            f"$KV.{bucket}.>"]
 
 
 #: the decision records' stream (kinference_common.recording; not imported here: it imports the engine)
@@ -171,10 +178,13 @@ class Tls:
 
 
 def server_config(passwords: Mapping[str, str], *, listen: str = "0.0.0.0:4222", store_dir: str | None = None,
-                  tls: Tls | None = None, http_port: int | None = None) -> str:
+                  tls: Tls | None = None, http_port: int | None = None,
+                  cluster: ClusterMember | None = None) -> str:
     """A nats-server configuration: JetStream (when ``store_dir``), one user
-    per entry of ``passwords`` with :func:`permissions`, and a ``tls`` block.
-    Written as JSON, which nats-server's configuration format accepts."""
+    per entry of ``passwords`` with :func:`permissions`, a ``tls`` block, and
+    a ``cluster`` block (``cluster``: this server's place in a cluster, its
+    routes authenticated with their own user and password). Written as JSON,
+    which nats-server's configuration format accepts."""
     users = []
     for user, password in passwords.items():
         if not password:
@@ -185,6 +195,8 @@ def server_config(passwords: Mapping[str, str], *, listen: str = "0.0.0.0:4222",
         conf["jetstream"] = {"store_dir": store_dir}
     if http_port is not None:
         conf["http_port"] = http_port
+    if cluster is not None:
+        conf.update(cluster.config())
     if tls is not None:
         block: dict[str, Any] = {"cert_file": tls.cert, "key_file": tls.key}
         if tls.ca:
@@ -225,16 +237,28 @@ class LocalAuth:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 
-    def server_config(self, listen: str, store_dir: str) -> Path:
-        """Write (passwords kept if present) and return the configuration file."""
+    def server_config(self, listen: str, store_dir: str, *, cluster: ClusterMember | None = None,
+                      http_port: int | None = None) -> Path:
+        """Write (passwords kept if present) and return the configuration
+        file; with ``cluster``, one file per member (``nats-<n>.conf``)."""
         passwords = {}
         for user in USERS:
             path = self.directory / user
             passwords[user] = path.read_text().strip() if path.exists() else secrets.token_urlsafe(24)
         write_password_files(self.directory, passwords)
-        conf = self.directory / "nats-server.conf"
-        write_private(conf, server_config(passwords, listen=listen, store_dir=store_dir))
+        name = f"{cluster.server_name}.conf" if cluster is not None else "nats-server.conf"
+        conf = self.directory / name
+        write_private(conf, server_config(passwords, listen=listen, store_dir=store_dir, cluster=cluster,
+                                          http_port=http_port))
         return conf
+
+    def route_password(self) -> str:
+        """The cluster routes' password (``<directory>/cluster-route``, made once)."""
+        path = self.directory / "cluster-route"
+        if not path.exists():
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_private(path, secrets.token_hex(24) + "\n")
+        return path.read_text().strip()
 
     def flags(self, user: str) -> list[str]:
         return ["--nats-user", user, "--nats-password-file", str(self.directory / user)]

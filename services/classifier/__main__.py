@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--nats-url",
         default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
-        help="NATS server URL (env NATS_URL; default %(default)s)",
+        help="NATS server URL, or every server of a cluster comma-separated (env NATS_URL; default %(default)s)",
     )
     p.add_argument("--health-host", default="0.0.0.0", help="health/metrics bind address")
     p.add_argument(

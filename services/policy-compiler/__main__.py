@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
 
-from kinference_common import logs, natsauth
+from kinference_common import bus, logs, natsauth
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_policy_compiler.service import PolicyCompilerService, Settings
 
@@ -30,7 +31,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="read manifests from a directory (default) or watch a Kubernetes API server")
     p.add_argument("--manifests", type=Path, metavar="DIR",
                    help="directory of YAML/JSON manifests (--source directory)")
-    p.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="NATS server (default nats://127.0.0.1:4222)")
+    p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+                   help="NATS server, or every server of a cluster comma-separated (env NATS_URL; "
+                        "default nats://127.0.0.1:4222)")
+    bus.add_kv_replicas_argument(p)
     p.add_argument("--status-dir", type=Path, metavar="DIR",
                    help="write <Kind>/<namespace>/<name>.yaml status files and errors.yaml here")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between directory polls (default 0.5)")
@@ -86,6 +90,7 @@ async def run(args: argparse.Namespace) -> int:
         manifests=args.manifests or Path("."), nats_url=args.nats_url, status_dir=args.status_dir,
         interval=args.interval, resync=args.resync, http_host=args.http_host, http_port=args.http_port,
         watched_namespaces=args.namespaces, in_process_classifiers=args.in_process, nats_options=nats_options,
+        kv_replicas=args.kv_replicas,
     )
     if args.source == "kubernetes":
         return await run_kubernetes(args, settings)

@@ -12,7 +12,9 @@ resync (:meth:`ConfigPublisher.resync`) the bucket is opened again (created
 when missing: a NATS restarted with empty storage) and its keys are read;
 then only the differences from the desired state are written. So a bus that
 lost everything is given everything again, and one that kept everything is
-given nothing.
+given nothing. The bucket is made with ``replicas`` copies (3 on a cluster
+of three NATS servers), and one found with fewer is healed when opened
+(:func:`kinference_common.bus.open_kv`).
 
 Next to the pools, the bucket keeps the last good text of every manifest
 file (``_sources.<sha256 of the file's name>``, a JSON object ``{file,
@@ -28,7 +30,7 @@ import hashlib
 import msgspec
 import nats
 import structlog
-from nats.js.errors import BucketNotFoundError
+from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 
 from kinference_common import bus, subjects
@@ -52,8 +54,9 @@ def source_digest(name: str) -> str:
 
 
 class ConfigPublisher:
-    def __init__(self, nc: nats.NATS) -> None:
+    def __init__(self, nc: nats.NATS, replicas: int = 1) -> None:
         self._nc = nc
+        self.replicas = replicas
         self._kv: KeyValue | None = None
         #: what the bucket held when last read, plus what was written since
         self._published: dict[tuple[str, str], str] = {}  # pool key -> revision
@@ -75,15 +78,14 @@ class ConfigPublisher:
         return dict(self._sources)
 
     async def _sync(self) -> None:
-        js = self._nc.jetstream()
-        try:
-            kv = await js.key_value(subjects.CONFIG_BUCKET)
-        except BucketNotFoundError:
-            kv = await js.create_key_value(bucket=subjects.CONFIG_BUCKET, history=5)
+        def created() -> None:
             if self._opened_once:
                 self.recreated += 1
                 log.warning("config bucket was missing (NATS lost its storage): recreated, republishing",
                             bucket=subjects.CONFIG_BUCKET, pools=len(self._published))
+
+        kv = await bus.open_kv(self._nc.jetstream(), KeyValueConfig(
+            bucket=subjects.CONFIG_BUCKET, history=5, replicas=self.replicas), on_created=created)
         self._kv = kv
         self._opened_once = True
         published: dict[tuple[str, str], str] = {}

@@ -53,6 +53,8 @@ class Settings:
     nats_options: dict[str, Any] = field(default_factory=dict)
     #: classifiers routers run in their own process (``--in-process-classifier``)
     in_process_classifiers: Collection[str] = ()
+    #: replicas of the config bucket (``--kv-replicas``: 3 on a cluster of three NATS servers)
+    kv_replicas: int = 1
 
 
 class StatusSink(Protocol):
@@ -101,7 +103,7 @@ class PolicyCompilerService:
     async def start(self) -> None:
         self._nc = await bus.connect(self.settings.nats_url, name="kinference-policy-compiler",
                                      on_reconnect=self._on_reconnect, **self.settings.nats_options)
-        self._publisher = ConfigPublisher(self._nc)
+        self._publisher = ConfigPublisher(self._nc, replicas=self.settings.kv_replicas)
         await self._restore_last_good()
         if self._runner is None:
             await self._start_http()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import signal
 import sys
 from pathlib import Path
@@ -48,7 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the router's own namespace ($POD_NAMESPACE). '*' watches every namespace and needs a "
                         "ClusterRoleBinding instead. A provider whose Secret lies elsewhere is reported "
                         "(its status: Ready=False, SecretNotWatched)")
-    p.add_argument("--nats-url", default="nats://127.0.0.1:4222", help="NATS server (default nats://127.0.0.1:4222)")
+    p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+                   help="NATS server, or every server of a cluster comma-separated (env NATS_URL; "
+                        "default nats://127.0.0.1:4222)")
     p.add_argument("--host", default="127.0.0.1", help="data port address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="data port (default 8080)")
     p.add_argument("--admin-host", default="127.0.0.1", help="admin port address (default 127.0.0.1)")

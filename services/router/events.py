@@ -4,6 +4,15 @@ The request path only puts a message on a bounded queue (never awaits NATS);
 a background task publishes. When NATS is away or slow and the queue fills,
 new messages are dropped and counted: the response never waits for them.
 
+A server's death loses nothing (a cluster of NATS servers, docs/operations.md):
+each batch is confirmed (the server answered a PING sent after it, so it
+handed the messages on); a batch not confirmed, because the connection broke
+under it, stays queued and goes again once the client is connected to
+another server, as does everything queued while it reconnects. So decision
+events are delivered at least once: around a server's death a subscriber
+may see one twice (the same ``decision_id``). Only a closed connection or
+a full queue drops messages (counted).
+
 The task lingers ``linger`` seconds (2 ms) after the first message of a batch
 so that a busy router sends many messages per socket write to NATS instead of
 one or two (a write to a local socket costs about as much CPU as building the
@@ -18,15 +27,21 @@ from collections import deque
 
 import nats
 import structlog
+from nats.errors import MaxPayloadError
 from prometheus_client import Counter
+
+from kinference_common import bus
 
 log = structlog.get_logger("router.events")
 
 
 class EventPublisher:
     def __init__(self, nc: nats.NATS | None, dropped: Counter, capacity: int = 10_000,
-                 linger: float = 0.002) -> None:
+                 linger: float = 0.002, confirm_timeout: float = 2.0) -> None:
         self._nc = nc
+        self._confirm = confirm_timeout
+        #: messages published again because their batch was not confirmed
+        self.resent = 0
         self._linger = linger
         self._pending: deque[tuple[str, bytes]] = deque()
         self._capacity = capacity
@@ -71,14 +86,29 @@ class EventPublisher:
             await self._drain()
 
     async def _drain(self) -> None:
-        """Publish everything queued, in order; what cannot go is counted as dropped."""
+        """Publish everything queued, in order, batch by confirmed batch;
+        while the client reconnects, wait (new messages queue up to
+        ``capacity``); with no connection for good, count them as dropped."""
         pending, nc = self._pending, self._nc
         while pending:
-            subject, data = pending.popleft()
-            if nc is None or not nc.is_connected:
-                self._dropped.inc()
+            if nc is None or nc.is_closed:
+                self._dropped.inc(len(pending))
+                pending.clear()
+                return
+            if not nc.is_connected:  # reconnecting (to another server of the cluster)
+                await asyncio.sleep(0.02)
                 continue
+            batch = [pending.popleft() for _ in range(min(len(pending), 1000))]
+            sent = 0
             try:
-                await nc.publish(subject, data)
-            except Exception:  # outbound buffer full, connection lost mid-publish
+                for subject, data in batch:
+                    await nc.publish(subject, data)
+                    sent += 1
+                await bus.sync(nc, timeout=self._confirm)
+            except MaxPayloadError:  # this message can never go
                 self._dropped.inc()
+                pending.extendleft(reversed(batch[sent + 1:]))
+            except Exception:  # the connection broke under the batch: all of it again once connected
+                self.resent += len(batch)
+                pending.extendleft(reversed(batch))
+                await asyncio.sleep(0.02)

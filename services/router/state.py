@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import nats
 import structlog
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from kinference_common import bus, subjects
 from kinference_common.compiled import CompiledPool, decode_pool
@@ -50,6 +50,7 @@ class SnapshotKeeper:
         ejected: Callable[[], set[str]] = set,
         config_resync: float = 30.0,
         healthy: Callable[[str, float], None] | None = None,
+        store_probe: float = 2.0,
     ) -> None:
         self.namespace, self.pool_name = namespace, pool
         self.ledger = ledger
@@ -79,6 +80,12 @@ class SnapshotKeeper:
         #: keep each snapshot's inputs for the decision records (recording.py)
         self.record_inputs = False
         self._version = 0
+        #: the KV buckets answering: checked every ``store_probe`` seconds; an
+        #: outage (a NATS cluster without a quorum) is said once, and once when over
+        self.store_probe = store_probe
+        self.store = bus.Availability(
+            "config_store", "routing on the last snapshot; telemetry and configuration still arrive on their "
+            "subjects, a restarted router would wait for the buckets", logger=log)
 
     # ------------------------------------------------------------- inputs
 
@@ -210,12 +217,35 @@ class SnapshotKeeper:
         except Exception as exc:  # NATS away or JetStream not ready: the next period retries
             log.debug("configuration resync failed", error=str(exc))
 
+    async def probe_store(self) -> None:
+        """Read this pool's key from the config bucket's stream (one request,
+        answered only by the stream's leader: a cluster without a quorum has
+        none, or one that steps down within seconds): :attr:`store` says when
+        that stops and starts working. A missing key or bucket is an answer."""
+        if self._nc is None or not self._nc.is_connected:
+            return
+        key = subjects.config_key(self.namespace, self.pool_name)
+        try:
+            await self._nc.jetstream(timeout=max(0.5, self.store_probe / 2)).get_last_msg(
+                f"KV_{subjects.CONFIG_BUCKET}", f"$KV.{subjects.CONFIG_BUCKET}.{key}")
+        except NotFoundError:
+            pass
+        except Exception as exc:
+            self.store.failed(exc)
+            return
+        self.store.ok()
+
     async def _rebuild_loop(self) -> None:
         next_config = time.monotonic() + self.config_resync
+        next_probe = time.monotonic() + self.store_probe
         reading: asyncio.Task[None] | None = None
+        probing: asyncio.Task[None] | None = None
         try:
             while True:
                 await asyncio.sleep(self.rebuild_interval)
+                if self.store_probe and time.monotonic() >= next_probe and (probing is None or probing.done()):
+                    next_probe = time.monotonic() + self.store_probe
+                    probing = asyncio.create_task(self.probe_store(), name="config-store-probe")
                 if time.monotonic() >= next_config and (reading is None or reading.done()):
                     # every config_resync, and every second while there is no pool; in
                     # its own task, so a slow JetStream never holds up the rebuilds
@@ -228,8 +258,9 @@ class SnapshotKeeper:
                     except Exception as exc:  # never let one bad state stop routing updates
                         log.error("snapshot rebuild failed", error=str(exc))
         finally:
-            if reading is not None and not reading.done():
-                reading.cancel()
+            for task in (reading, probing):
+                if task is not None and not task.done():
+                    task.cancel()
 
 
 # ------------------------------------------------------------ several pools
@@ -251,6 +282,9 @@ class FedKeeper(SnapshotKeeper):
         self.rebuild()
 
     async def resync_config(self) -> None:  # the follower owns the configuration
+        return
+
+    async def probe_store(self) -> None:  # one follower for every pool: it resyncs on reconnect
         return
 
 

@@ -19,6 +19,12 @@ envoy (``--envoy``)   Envoy in front of the router's Endpoint       8088 (admin 
                       Picker (EPP 9012, egress 8082)
 ====================  ============================================  ===========
 
+``--nats-cluster`` (``make run-ha``) runs NATS as a JetStream cluster of three
+servers on loopback instead of one (``nats-0`` to ``nats-2``: clients on 4222,
+4232, 4242, routes on 6252, 6262, 6272 with their own password, monitoring on
+8225, 8235, 8245), every service given the three URLs and the KV buckets made
+at three replicas: the same cluster deploy/k8s runs, to kill a server of.
+
 ``--envoy`` (``make run-envoy``) also runs the router's Endpoint Picker and
 provider egress and a real Envoy (``deploy/envoy/envoy-fallback.yaml``, rendered by
 :mod:`kinference_simulators.envoy`) in front of it: requests to the Envoy
@@ -59,7 +65,7 @@ from pathlib import Path
 import yaml
 
 from kinference_common.natsauth import LocalAuth
-from kinference_common.natsserver import find_binary
+from kinference_common.natsserver import cluster_members, find_binary
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
@@ -78,6 +84,10 @@ PORTS = {
     "nats": 4222, "compiler": 8090, "classifier": 8083, **{pod: port for _ws, pod, port in PODS},
     "dcgm": 9410, "provider": 8300, "collector": 9091, "router": 8080, "admin": 8081,
 }
+#: NATS as a cluster of three (``--nats-cluster``): each server's client, route and monitoring port, same rule
+NATS_CLUSTER = [(4222, 6252, 8225), (4232, 6262, 8235), (4242, 6272, 8245)]
+NATS_CLUSTER_PORTS = {f"nats-{what}-{i}": port for i, ports in enumerate(NATS_CLUSTER)
+                      for what, port in zip(("client", "route", "monitor"), ports, strict=True)}
 #: the gateway path's ports (``--envoy``), same rule
 ENVOY_PORTS = {"envoy": 8088, "envoy-admin": 9907, "epp": 9012, "egress": 8082}
 POOL = "default/inference-all"
@@ -116,6 +126,8 @@ class Stack:
     fail_open: bool = False
     #: extra router flags (tests: --epp-conformance-hooks)
     router_args: list[str] = field(default_factory=list)
+    #: NATS as a cluster of three servers (make run-ha)
+    nats_cluster: bool = False
 
     def port(self, base: int) -> int:
         return base + self.offset
@@ -125,9 +137,34 @@ class Stack:
         """nats-server's JetStream storage."""
         return self.run_dir / "nats"
 
+    @property
+    def nats_names(self) -> list[str]:
+        """The NATS processes: ``nats-server``, or ``nats-0`` to ``nats-2``."""
+        return [f"nats-{i}" for i in range(len(NATS_CLUSTER))] if self.nats_cluster else ["nats-server"]
+
+    @property
+    def nats_url(self) -> str:
+        """What the services are given: the server, or every server of the cluster."""
+        ports = [c for c, _r, _m in NATS_CLUSTER] if self.nats_cluster else [4222]
+        return ",".join(f"nats://127.0.0.1:{self.port(p)}" for p in ports)
+
+    def _nats_procs(self, nats_bin: str, auth: LocalAuth) -> list[Proc]:
+        if not self.nats_cluster:
+            conf = auth.server_config(f"127.0.0.1:{self.port(4222)}", str(self.nats_dir))
+            return [Proc("nats-server", [nats_bin, "-c", str(conf)], ready_port=self.port(4222))]
+        members = cluster_members("127.0.0.1", [self.port(r) for _c, r, _m in NATS_CLUSTER], auth.route_password())
+        procs = []
+        for member, (client, _route, monitor) in zip(members, NATS_CLUSTER, strict=True):
+            conf = auth.server_config(f"127.0.0.1:{self.port(client)}", str(self.nats_dir / member.server_name),
+                                      cluster=member, http_port=self.port(monitor))
+            procs.append(Proc(member.server_name, [nats_bin, "-c", str(conf)], ready_port=self.port(client)))
+        # the cluster is up once the last one joined and a JetStream leader is elected
+        procs[-1].ready_port, procs[-1].ready_url = None, f"http://127.0.0.1:{self.port(NATS_CLUSTER[-1][2])}/healthz"
+        return procs
+
     def plan(self, speed_profile: str, time_scale: float) -> list[Proc]:
         py = sys.executable
-        nats_url = f"nats://127.0.0.1:{self.port(4222)}"
+        nats_url = self.nats_url
         status = self.run_dir / "status"
         secrets = self.run_dir / "secrets"
         nats_bin = find_binary()
@@ -136,10 +173,12 @@ class Stack:
         # NATS with a user per service and subject permissions (natsauth.py): the
         # classify subjects carry prompts, only routers and classifiers touch them
         auth = LocalAuth(self.run_dir / "nats-auth")
-        conf = auth.server_config(f"127.0.0.1:{self.port(4222)}", str(self.run_dir / "nats"))
+        # the buckets at three replicas on a cluster of three
+        replicas = ["--kv-replicas", str(len(NATS_CLUSTER))] if self.nats_cluster else []
         procs = [
-            Proc("nats-server", [nats_bin, "-c", str(conf)], ready_port=self.port(4222)),
+            *self._nats_procs(nats_bin, auth),
             Proc("policy-compiler", [py, "-m", "kinference_policy_compiler", "--manifests", str(self.run_dir / "manifests"),
+                                     *replicas,
                                      "--status-dir", str(status), "--nats-url", nats_url, *auth.flags("policy-compiler"),
                                      "--http-port", str(self.port(8090)), "--log-format", "json"],
                  ready_url=f"http://127.0.0.1:{self.port(8090)}/readyz"),
@@ -165,7 +204,7 @@ class Stack:
                                        "--log-file", str(self.run_dir / "provider-requests.jsonl")],
                           ready_port=self.port(8300)))
         procs.append(Proc("telemetry-collector", [
-            py, "-m", "kinference_collector", "--nats-url", nats_url, *auth.flags("telemetry-collector"),
+            py, "-m", "kinference_collector", "--nats-url", nats_url, *auth.flags("telemetry-collector"), *replicas,
             "--endpoints-file", str(self.run_dir / "endpoints.yaml"),
             "--dcgm", f"127.0.0.1:{self.port(PORTS['dcgm'])}", "--http-host", "127.0.0.1",
             "--http-port", str(self.port(PORTS['collector'])), "--log-format", "json",
@@ -249,7 +288,8 @@ class Stack:
             print(f"  started {proc.name:<22} pid {proc.process.pid}", flush=True)
 
     def _ports(self) -> list[int]:
-        return [self.port(p) for p in (PORTS | (ENVOY_PORTS if self.envoy else {})).values()]
+        return [self.port(p) for p in (PORTS | (ENVOY_PORTS if self.envoy else {})
+                                       | (NATS_CLUSTER_PORTS if self.nats_cluster else {})).values()]
 
     # ---------------------------------------------------------- supervision
 
@@ -375,7 +415,7 @@ def smoke_request(port: int) -> dict[str, object]:
 
 
 def banner(stack: Stack) -> str:
-    port, admin, nats_port = stack.port(8080), stack.port(8081), stack.port(4222)
+    port, admin = stack.port(8080), stack.port(8081)
     gateway = ""
     if stack.envoy:
         gateway = (f"  Envoy (gateway path)  http://127.0.0.1:{stack.port(ENVOY_PORTS['envoy'])}/v1        through the "
@@ -383,6 +423,10 @@ def banner(stack: Stack) -> str:
                    f"(Fail{'Open' if stack.fail_open else 'Close'}), egress :{stack.port(ENVOY_PORTS['egress'])}\n"
                    f"  Envoy admin           http://127.0.0.1:{stack.port(ENVOY_PORTS['envoy-admin'])}/stats\n")
         port = stack.port(ENVOY_PORTS["envoy"])
+    cluster = ""
+    if stack.nats_cluster:
+        cluster = ("NATS is a cluster of three (nats-0..2 above, buckets at three replicas): kill -9 the pid\n"
+                   "of any one, requests keep being served; the stack starts it again and it catches up.\n\n")
     return f"""
 Kinference is running.
 
@@ -396,16 +440,17 @@ Try:
        -d '{{"model": "qwen-2.5", "messages": [{{"role": "user", "content": "Hello!"}}]}}' -i
 
 Watch decisions:
-  .venv/bin/kinfctl events --nats-url nats://127.0.0.1:{nats_port} \\
+  .venv/bin/kinfctl events --nats-url {stack.nats_url} \\
        --nats-user observer --nats-password-file {stack.run_dir / 'nats-auth' / 'observer'}
   (NATS requires a user per service; passwords in {stack.run_dir / 'nats-auth'}/)
 
-Press Ctrl-C to stop everything.
+{cluster}Press Ctrl-C to stop everything.
 """
 
 
 async def amain(args: argparse.Namespace) -> int:
-    stack = Stack(Path(args.run_dir).resolve(), args.port_offset, envoy=args.envoy, fail_open=args.fail_open)
+    stack = Stack(Path(args.run_dir).resolve(), args.port_offset, envoy=args.envoy, fail_open=args.fail_open,
+                  nats_cluster=args.nats_cluster)
     stack.prepare()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -453,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also the router's Endpoint Picker and egress, behind a real Envoy (make run-envoy)")
     p.add_argument("--fail-open", action="store_true",
                    help="with --envoy: Envoy serves from any pod while the Endpoint Picker is down (FailOpen)")
+    p.add_argument("--nats-cluster", action="store_true",
+                   help="NATS as a cluster of three servers, KV buckets at three replicas (make run-ha)")
     args = p.parse_args(argv)
     if args.run_dir is None:
         args.run_dir = str(REPO / (f".run-{args.port_offset}" if args.port_offset else ".run"))

@@ -40,9 +40,11 @@ class Bus(Protocol):
 class NatsBus:
     """Subject publish plus KV put, on a connected nats-py client."""
 
-    def __init__(self, nc: object, bucket: str = subjects.TELEMETRY_BUCKET) -> None:
+    def __init__(self, nc: object, bucket: str = subjects.TELEMETRY_BUCKET, replicas: int = 1) -> None:
         self._nc = nc
         self._bucket = bucket
+        #: the bucket's replicas (3 on a cluster of three NATS servers; one found with fewer is healed)
+        self.replicas = replicas
         self._kv: object | None = None
         self._opened_once = False
         self._opening = asyncio.Lock()  # the flusher sends many keys at once: one of them opens
@@ -52,20 +54,21 @@ class NatsBus:
     async def start(self) -> None:
         """Open the KV bucket, creating it when missing (at start, or when a
         NATS restarted with empty storage lost it: said once in the log)."""
-        from nats.js.errors import BucketNotFoundError
+        from nats.js.api import KeyValueConfig
+
+        from kinference_common.bus import open_kv
+
+        def created() -> None:
+            if self._opened_once:
+                self.recreated += 1
+                log.warning("telemetry_bucket_recreated", bucket=self._bucket,
+                            reason="missing after reconnect (NATS lost its storage)")
 
         async with self._opening:
             if self._kv is not None:  # opened by a concurrent put meanwhile
                 return
-            js = self._nc.jetstream()  # type: ignore[attr-defined]
-            try:
-                kv = await js.key_value(self._bucket)
-            except BucketNotFoundError:
-                kv = await js.create_key_value(bucket=self._bucket, history=1)
-                if self._opened_once:
-                    self.recreated += 1
-                    log.warning("telemetry_bucket_recreated", bucket=self._bucket,
-                                reason="missing after reconnect (NATS lost its storage)")
+            kv = await open_kv(self._nc.jetstream(), KeyValueConfig(  # type: ignore[attr-defined]
+                bucket=self._bucket, history=1, replicas=self.replicas), on_created=created)
             self._kv = kv
             self._opened_once = True
 

@@ -27,6 +27,7 @@ from aiohttp import web
 
 from kinference_common import subjects
 from kinference_common.bus import close as close_nats
+from kinference_common.bus import servers as nats_servers
 from kinference_common.messages import EndpointState, Observation, ProviderKeyReport
 
 from .derive import DeriveConfig, EndpointTracker, GpuStats, gpu_stats_by_pod, merge_gpu_stats
@@ -505,7 +506,7 @@ async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = Non
     while not stop.is_set():
         try:
             return await nats.connect(
-                url, name="kinference-telemetry-collector", max_reconnect_attempts=-1,
+                nats_servers(url), name="kinference-telemetry-collector", max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5, connect_timeout=2, error_cb=on_error,
                 disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, **(options or {}),
             )
@@ -594,7 +595,7 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
         if runner is not None:
             await runner.cleanup()
         return 0
-    bus: Bus = NatsBus(nc)
+    bus: Bus = NatsBus(nc, replicas=config.kv_replicas)
     reopen.append(bus.reopen)  # type: ignore[attr-defined]  # the server may have lost the bucket
     try:
         await bus.start()  # type: ignore[attr-defined]

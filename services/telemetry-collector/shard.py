@@ -35,7 +35,7 @@ import msgspec
 import structlog
 
 from kinference_common import subjects
-from kinference_common.bus import kv_items
+from kinference_common.bus import kv_items, open_kv
 
 from .discovery import Target
 
@@ -103,16 +103,12 @@ class Membership:
 
     async def _open(self) -> object:
         from nats.js.api import KeyValueConfig
-        from nats.js.errors import BucketNotFoundError
 
         if self._kv is None:
-            js = self._nc.jetstream()  # type: ignore[attr-defined]
-            try:
-                self._kv = await js.key_value(self.bucket)
-            except BucketNotFoundError:
-                # entries older than a few TTLs are gone by themselves (a replica that died)
-                self._kv = await js.create_key_value(KeyValueConfig(
-                    bucket=self.bucket, history=1, ttl=max(10.0, 10 * self.ttl), replicas=self.replicas))
+            # entries older than a few TTLs are gone by themselves (a replica that died);
+            # created at ``replicas``, healed when found with fewer
+            self._kv = await open_kv(self._nc.jetstream(), KeyValueConfig(  # type: ignore[attr-defined]
+                bucket=self.bucket, history=1, ttl=max(10.0, 10 * self.ttl), replicas=self.replicas))
         return self._kv
 
     async def beat(self) -> None:

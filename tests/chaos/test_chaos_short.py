@@ -39,3 +39,23 @@ async def test_short_chaos_suite_keeps_its_invariants(tmp_path: Path) -> None:
         assert r.success_rate >= FLOOR.get(r.fault, 0.8), r
     went = {r.fault: r.went for r in results}
     assert any(k.startswith("Provider/") for k in went["all pods kill -9"]), went  # clean prompts burst
+
+
+@pytest.mark.timeout(300)
+async def test_short_nats_cluster_loses_one_server_and_nothing_else(tmp_path: Path) -> None:
+    """The same stack on NATS as a cluster of three (``make run-ha``), under
+    the chaos load: the config bucket's leader kill -9'd. Requests keep
+    being served, every answered request's decision event arrives, the KV
+    probe's acknowledged writes are all there and writes resume, and the
+    server rejoins and catches up (``make chaos`` also kills two)."""
+    from bench.chaos import ha_faults
+
+    offset = free_offset(random.Random())
+    (name, _), *_ = ha_faults()
+    (r,) = await run_chaos(SHORT, tmp_path / "run", offset, say=lambda _: None, nats_cluster=True, only=[name])
+    print(table([r]))
+    assert r.requests >= 20 and r.hung == 0 and r.no_http_answer == 0, r
+    assert r.success_rate >= 0.8 and r.recovery_s is not None, r
+    assert r.decisions_lost == 0 and r.kv_acked_lost == 0, r
+    assert r.kv_writes_failed is not None and r.kv_longest_unwritable_s is not None, r
+    assert r.catchup_s is not None and r.router_said_unavailable <= 1, r

@@ -213,7 +213,8 @@ def test_nats_is_a_statefulset_with_jetstream_on_a_volume() -> None:
 def test_nats_requires_tls_and_a_user_per_service() -> None:
     conf = nats_conf()
     assert re.search(r"^tls \{", conf, re.M)
-    users = [u.strip('"') for u in re.findall(r"user:\s*(\S+)", conf)]
+    clients = conf.split("\nauthorization {", 1)[1]  # the clients' users (the routes have their own)
+    users = [u.strip('"') for u in re.findall(r"user:\s*(\S+)", clients)]
     assert sorted(users) == sorted([*SERVICES, "observer"])
     sts = of_kind(build(K8S), "StatefulSet")["nats"]
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container(sts)["env"] if "secretKeyRef" in
@@ -229,7 +230,10 @@ def test_each_service_connects_as_its_own_user_over_tls(service: str) -> None:
     d = of_kind(build(K8S), "Deployment")[service]
     c = container(d)
     args = c["args"]
-    assert flag(args, "--nats-url").startswith("tls://nats.kinference-system.svc:4222")
+    # every server of the cluster, each verified by its own name
+    replicas = of_kind(build(K8S), "StatefulSet")["nats"]["spec"]["replicas"]
+    assert flag(args, "--nats-url").split(",") == [
+        f"tls://nats-{i}.nats-headless.kinference-system.svc:4222" for i in range(replicas)]
     assert flag(args, "--nats-user") == service
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
@@ -293,12 +297,60 @@ def test_only_the_services_reach_nats() -> None:
     nats = pod_labels()["nats"]
     ingress = [rule for pol in pols if selects(pol, nats) for rule in pol["spec"].get("ingress", [])]
     assert ingress, "a policy must admit the services"
+    routes = 0
     for rule in ingress:
         assert rule.get("from"), "an ingress rule without `from` admits everyone"
         for peer in rule["from"]:
             assert set(peer) == {"podSelector"}  # this namespace's pods only
+            if peer["podSelector"].get("matchLabels") == {"app.kubernetes.io/name": "nats"}:
+                # the servers reach each other's routes, and only those
+                assert rule["ports"] == [{"protocol": "TCP", "port": 6222}]
+                routes += 1
+                continue
             (expr,) = peer["podSelector"]["matchExpressions"]
             assert expr["key"] == "app.kubernetes.io/name" and sorted(expr["values"]) == sorted(SERVICES)
+            assert rule["ports"] == [{"protocol": "TCP", "port": 4222}]
+    assert routes == 1
+    egress = [rule for pol in pols if selects(pol, nats) for rule in pol["spec"].get("egress", [])]
+    assert {"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "nats"}}}],
+            "ports": [{"protocol": "TCP", "port": 6222}]} in egress
+
+
+def test_nats_is_a_cluster_of_three_that_loses_one_at_most() -> None:
+    docs = build(K8S)
+    sts = of_kind(docs, "StatefulSet")["nats"]
+    spec, pod = sts["spec"], sts["spec"]["template"]["spec"]
+    assert spec["replicas"] == 3 and spec["podManagementPolicy"] == "Parallel"
+    assert spec["serviceName"] == "nats-headless"
+    assert of_kind(docs, "Service")["nats-headless"]["spec"]["publishNotReadyAddresses"] is True
+    (pdb,) = [d for d in of_kind(docs, "PodDisruptionBudget").values()
+              if d["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "nats"}]
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": "nats"}}}
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    c = container(sts)
+    assert c["startupProbe"]["httpGet"]["path"] == "/healthz"  # started = caught up with the cluster
+    # the cluster block: routes to each server through the headless Service, with a password and mutual TLS
+    conf = nats_conf()
+    block = re.search(r"^cluster \{\n(.*?)\n\}", conf, re.M | re.S).group(1)
+    assert re.search(r"routes: \[\$NATS_ROUTE_0, \$NATS_ROUTE_1, \$NATS_ROUTE_2\]", block)
+    assert "password: $ROUTE_PASSWORD" in block and "verify: true" in block and "no_advertise: true" in block
+    env = {e["name"]: e for e in c["env"]}
+    assert env["ROUTE_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "kinference-nats-auth", "key": "route"}
+    names = [e["name"] for e in c["env"]]
+    for i in range(3):
+        assert env[f"NATS_ROUTE_{i}"]["value"] == (
+            f"nats-route://route:$(ROUTE_PASSWORD)@nats-{i}.nats-headless.kinference-system.svc:6222")
+        assert names.index("ROUTE_PASSWORD") < names.index(f"NATS_ROUTE_{i}")  # $(...) expands earlier vars only
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    route_tls = re.search(r"cert_file: (/etc/[^/]+)/tls.crt", block).group(1)
+    assert volumes[mounts[route_tls]]["secret"]["secretName"] == "kinference-nats-routes-tls"
+    # the services that create buckets create them at three replicas
+    for service in ("policy-compiler", "telemetry-collector"):
+        args = container(of_kind(docs, "Deployment")[service])["args"]
+        assert flag(args, "--kv-replicas") == str(spec["replicas"])
 
 
 def test_the_router_admin_port_takes_no_connections_from_the_network() -> None:
@@ -406,8 +458,11 @@ def test_make_secrets_prints_valid_secrets_the_pods_use() -> None:
     for doc in made.values():
         kubernetes_validate.validate(doc, KUBE_VERSIONS[0], strict=True)
         assert doc["metadata"]["namespace"] == "kinference-system"
-    assert made["kinference-nats-tls"]["type"] == "kubernetes.io/tls"
-    assert set(made["kinference-nats-tls"]["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    for name in ("kinference-nats-tls", "kinference-nats-routes-tls"):
+        assert made[name]["type"] == "kubernetes.io/tls"
+        assert set(made[name]["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    # the routes have a CA of their own: no client certificate opens a route
+    assert made["kinference-nats-tls"]["data"]["ca.crt"] != made["kinference-nats-routes-tls"]["data"]["ca.crt"]
     auth = made["kinference-nats-auth"]["stringData"]
     # every key a pod reads is there, and the passwords differ
     wanted = set()

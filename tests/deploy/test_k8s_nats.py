@@ -19,7 +19,7 @@ import nats
 import pytest
 import yaml
 
-from kinference_common import natsserver, subjects
+from kinference_common import bus, natsserver, subjects
 from kinference_common.classify_client import classify_body
 from kinference_common.messages import ClassifyReply, encode
 
@@ -34,36 +34,72 @@ def secrets() -> dict[str, dict[str, str]]:
                          timeout=60, check=True)
     docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(out.stdout) if d}
     tls = {k: base64.b64decode(v).decode() for k, v in docs["kinference-nats-tls"]["data"].items()}
-    return {"auth": docs["kinference-nats-auth"]["stringData"], "tls": tls}
+    route_tls = {k: base64.b64decode(v).decode() for k, v in docs["kinference-nats-routes-tls"]["data"].items()}
+    return {"auth": docs["kinference-nats-auth"]["stringData"], "tls": tls, "routes": route_tls}
+
+
+def start_servers(tmp: Path, made: dict[str, dict[str, str]], size: int = 3,
+                  route_password: str | None = None, peers: list[int] | None = None) -> list[dict[str, Any]]:
+    """The StatefulSet's three servers as processes on loopback: the
+    ConfigMap's nats.conf with its ports, paths and route URLs (the
+    headless Service's names become localhost) replaced."""
+    binary = natsserver.find_binary()
+    assert binary, "nats-server is needed (make install)"
+    (conf,) = [d["data"]["nats.conf"] for n, d in of_kind(build(K8S), "ConfigMap").items()
+               if n.startswith("nats-config")]
+    ports = [(natsserver.free_port(), natsserver.free_port(), natsserver.free_port()) for _ in range(size)]
+    servers = []
+    for i, (port, route, monitor) in enumerate(ports):
+        text = (conf.replace("/etc/nats-tls/", f"{tmp}/").replace("/etc/nats-routes-tls/", f"{tmp}/routes-")
+                .replace("/data/", f"{tmp}/data-{i}/")
+                .replace("\nport: 4222", f"\nport: {port}\nhost: 127.0.0.1").replace("http_port: 8222", f"http_port: {monitor}")
+                .replace("  port: 6222", f"  listen: 127.0.0.1:{route}"))
+        path = tmp / f"nats-{i}.conf"
+        path.write_text(text)
+        env = {**os.environ, "POD_NAME": f"nats-{i}", "ROUTE_PASSWORD": route_password or made["auth"]["route"]}
+        for j, r in enumerate(peers or [r for _p, r, _m in ports]):  # peers: another cluster's routes
+            env[f"NATS_ROUTE_{j}"] = f"nats-route://route:{env['ROUTE_PASSWORD']}@localhost:{r}"
+        for user, pw in made["auth"].items():
+            env[user.upper().replace("-", "_") + "_PASSWORD"] = pw
+        check = subprocess.run([binary, "-t", "-c", str(path)], env=env, capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr + check.stdout
+        proc = subprocess.Popen([binary, "-c", str(path)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=open(tmp / f"nats-{i}.log", "w"))
+        servers.append({"proc": proc, "port": port, "monitor": monitor, "route": route, "conf": path, "env": env})
+    for s in servers:
+        natsserver._wait_port("127.0.0.1", s["port"], 10, s["proc"])
+    if size > 1:  # JetStream is usable once a meta leader is elected: /healthz says so
+        member = [natsserver.NatsServer("127.0.0.1", s["port"], "", proc=s["proc"], monitor_port=s["monitor"])
+                  for s in servers]
+        natsserver.NatsCluster(member).wait_healthy(30)
+    return servers
+
+
+def routes(monitor: int) -> int:
+    """The servers this one has routes to (2.10 and later pool several routes per server)."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/routez", timeout=2) as r:  # noqa: S310
+        return len({route["remote_id"] for route in json.load(r)["routes"] or []})
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    binary = natsserver.find_binary()
-    assert binary, "nats-server is needed (make install)"
     tmp = tmp_path_factory.mktemp("nats")
     made = secrets()
     for name, text in made["tls"].items():
         (tmp / name).write_text(text)
-    port, monitor = natsserver.free_port(), natsserver.free_port()
-    (conf,) = [d["data"]["nats.conf"] for n, d in of_kind(build(K8S), "ConfigMap").items()
-               if n.startswith("nats-config")]
-    conf = (conf.replace("/etc/nats-tls/", f"{tmp}/").replace("/data/", f"{tmp}/data/")
-            .replace("port: 4222", f"port: {port}\nhost: 127.0.0.1").replace("http_port: 8222", f"http_port: {monitor}"))
-    (tmp / "nats.conf").write_text(conf)
-    env = {**os.environ, "POD_NAME": "nats-0"}
-    for user, pw in made["auth"].items():
-        env[user.upper().replace("-", "_") + "_PASSWORD"] = pw
-    check = subprocess.run([binary, "-t", "-c", str(tmp / "nats.conf")], env=env, capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr + check.stdout
-    proc = subprocess.Popen([binary, "-c", str(tmp / "nats.conf")], env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp / "nats.log", "w"))
+    for name, text in made["routes"].items():
+        (tmp / f"routes-{name}").write_text(text)
+    servers = start_servers(tmp, made)
     try:
-        natsserver._wait_port("127.0.0.1", port, 10, proc)
-        yield {"url": f"tls://localhost:{port}", "ca": str(tmp / "ca.crt"), "auth": made["auth"], "log": tmp / "nats.log"}
+        yield {"url": ",".join(f"tls://localhost:{s['port']}" for s in servers), "ca": str(tmp / "ca.crt"),
+               "auth": made["auth"], "log": tmp / "nats-0.log", "servers": servers, "tmp": tmp, "made": made}
     finally:
-        proc.terminate()
-        proc.wait(10)
+        for s in servers:
+            s["proc"].terminate()
+            s["proc"].wait(10)
 
 
 class Client:
@@ -80,7 +116,7 @@ class Client:
             self.errors.append(str(exc))
 
         # each service's replies come to an inbox of its own (natsauth.inbox_prefix)
-        self.nc = await nats.connect(server["url"], user=user, password=password or server["auth"][user], tls=ctx,
+        self.nc = await nats.connect(bus.servers(server["url"]), user=user, password=password or server["auth"][user], tls=ctx,
                                      error_cb=on_error, max_reconnect_attempts=0, connect_timeout=5,
                                      inbox_prefix=f"_INBOX_{user}")
         return self.nc
@@ -252,6 +288,67 @@ async def test_a_wrong_password_and_plain_text_are_refused(server: dict[str, Any
         errors.append(exc)
 
     with pytest.raises(Exception):  # no TLS: the server requires it
-        await asyncio.wait_for(nats.connect(server["url"].replace("tls://", "nats://"), user="router",
+        await asyncio.wait_for(nats.connect(server["url"].split(",")[0].replace("tls://", "nats://"), user="router",
                                             password=server["auth"]["router"], allow_reconnect=False,
                                             connect_timeout=2, error_cb=on_error), 4)
+
+
+async def test_the_three_servers_route_to_each_other_and_lose_one_without_losing_a_write(
+        server: dict[str, Any]) -> None:
+    """The cluster block as deployed: routes over TLS with their own password
+    form between the three; the compiler (its own user) makes its bucket at
+    three replicas; one server killed, the bucket stays writable; it rejoins."""
+    from kinference_policy_compiler.publisher import ConfigPublisher
+
+    servers = server["servers"]
+    for _ in range(100):
+        if all(routes(s["monitor"]) == 2 for s in servers):
+            break
+        await asyncio.sleep(0.1)
+    assert [routes(s["monitor"]) for s in servers] == [2, 2, 2]
+    compiler = Client()
+    await compiler.connect(server, "policy-compiler")
+    try:
+        publisher = ConfigPublisher(compiler.nc, replicas=3)
+        await publisher.start()
+        js = compiler.nc.jetstream()
+        info = await js.stream_info(f"KV_{subjects.CONFIG_BUCKET}")
+        assert info.config.num_replicas == 3
+        victim = next(s for s in servers if f"nats-{servers.index(s)}" == info.cluster.leader)
+        victim["proc"].kill()
+        victim["proc"].wait()
+        kv = None
+        for _ in range(60):  # the two left elect a leader within seconds
+            try:
+                kv = await js.key_value(subjects.CONFIG_BUCKET)
+                await kv.put("_probe", b"x")
+                break
+            except Exception:
+                kv = None
+                await asyncio.sleep(0.25)
+        assert kv is not None and (await kv.get("_probe")).value == b"x"
+        victim["proc"] = subprocess.Popen([natsserver.find_binary(), "-c", str(victim["conf"])], env=victim["env"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        natsserver._wait_port("127.0.0.1", victim["port"], 10, victim["proc"])
+        assert await bus.wait_current(js, f"KV_{subjects.CONFIG_BUCKET}", 30)
+        assert compiler.violations() == []
+    finally:
+        await compiler.nc.close()
+
+
+async def test_a_server_without_the_route_password_cannot_join(server: dict[str, Any],
+                                                              tmp_path: Path) -> None:
+    for name, text in server["made"]["tls"].items():
+        (tmp_path / name).write_text(text)
+    for name, text in server["made"]["routes"].items():
+        (tmp_path / f"routes-{name}").write_text(text)
+    # it knows the routes' names and holds a route certificate, not the password
+    (rogue,) = start_servers(tmp_path, server["made"], size=1, route_password="k" + "0" * 48,
+                             peers=[s["route"] for s in server["servers"]])
+    try:
+        await asyncio.sleep(2)
+        assert routes(rogue["monitor"]) == 0
+        assert [routes(s["monitor"]) for s in server["servers"]] == [2, 2, 2]
+    finally:
+        rogue["proc"].kill()
+        rogue["proc"].wait()

@@ -8,15 +8,21 @@ from prometheus_client import CollectorRegistry, Counter
 
 from kinference_router.events import EventPublisher
 
+import pytest
+
 
 class FakeNats:
     is_connected = True
+    is_closed = False
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
 
     async def publish(self, subject: str, data: bytes) -> None:
         self.sent.append((subject, data))
+
+    async def flush(self, timeout: float | None = None) -> None:
+        pass
 
 
 async def test_stop_neither_loses_nor_hides_queued_messages() -> None:
@@ -33,3 +39,53 @@ async def test_stop_neither_loses_nor_hides_queued_messages() -> None:
         pub.publish("s", str(i).encode())
     await pub.stop()
     assert len(nc.sent) + dropped._value.get() == 3, (nc.sent, dropped._value.get())
+
+
+@pytest.mark.nats
+async def test_events_published_while_the_server_dies_reach_a_subscriber_elsewhere(nats_cluster) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 of the NATS server the router is connected to: what it
+    publishes meanwhile (and the batch the server died under) arrives
+    through another server of the cluster; nothing is dropped or lost."""
+    import nats as nats_py
+
+    from kinference_common import bus
+
+    # every server, as --nats-url lists them, the first one first: the one to be killed
+    router = await bus.connect(nats_cluster.url, name="router", dont_randomize=True)
+    assert router.connected_url.port == nats_cluster.servers[0].port
+    watcher = await nats_py.connect(nats_cluster.urls[1])
+    got: list[bytes] = []
+
+    async def on(msg) -> None:  # type: ignore[no-untyped-def]
+        if msg.data != b"-1" or not got:  # the probes: one is enough
+            got.append(msg.data)
+
+    await watcher.subscribe("kinference.decisions.>", cb=on)
+    await bus.sync(watcher)
+    for _ in range(100):  # the subscription's interest has reached the router's server over the route
+        await router.publish("kinference.decisions.probe", b"-1")
+        await asyncio.sleep(0.05)
+        if got:
+            break
+    got.clear()
+    dropped = Counter("dropped", "d", registry=CollectorRegistry())
+    pub = EventPublisher(router, dropped, linger=0)
+    pub.start()
+    try:
+        for i in range(20):
+            pub.publish("kinference.decisions.default.p", f"{i}".encode())
+        await asyncio.sleep(0.2)
+        nats_cluster.kill(0)
+        for i in range(20, 60):
+            pub.publish("kinference.decisions.default.p", f"{i}".encode())
+            await asyncio.sleep(0.01)
+        for _ in range(100):
+            if len(got) == 60:
+                break
+            await asyncio.sleep(0.1)
+        assert set(int(g) for g in got) == set(range(60)) and dropped._value.get() == 0
+        assert len(got) - 60 <= pub.resent  # a duplicate only of a batch sent again
+    finally:
+        await pub.stop()
+        await bus.close(router)
+        await watcher.close()

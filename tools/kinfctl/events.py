@@ -34,7 +34,8 @@ def register(sub: Any) -> None:
                    help="the local stack's port offset, as in `KINFERENCE_PORT_OFFSET=N make run` "
                         "(default: $KINFERENCE_PORT_OFFSET, else 0)")
     p.add_argument("--nats-url", default=None,
-                   help="NATS to follow (default: nats://127.0.0.1:4222 plus the port offset)")
+                   help="NATS to follow, or every server of a cluster comma-separated "
+                        "(default: nats://127.0.0.1:4222 plus the port offset)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text",
                    help="output format: one line per decision, or its JSON event (default text)")
     p.add_argument("--count", type=int, default=0, metavar="N", help="exit after N events (default: follow)")
@@ -108,7 +109,7 @@ async def connect(args: argparse.Namespace) -> Any:
         raise CommandError(str(exc)) from None
     try:
         # fail fast if NATS is not there at all ...
-        return await nats.connect(args.nats_url, connect_timeout=args.timeout, max_reconnect_attempts=1,
+        return await nats.connect(bus.servers(args.nats_url), connect_timeout=args.timeout, max_reconnect_attempts=1,
                                   reconnect_time_wait=0.2, error_cb=remember, **options)
     except Exception as exc:
         offset = getattr(args, "resolved_offset", 0)

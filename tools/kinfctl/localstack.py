@@ -67,10 +67,13 @@ def why_unreachable(args: argparse.Namespace, offset: int, exc: BaseException, l
 
 
 def _listening(url: str) -> bool:
-    """Whether something accepts TCP connections at a nats:// URL."""
-    parsed = urlsplit(url)
-    try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=1.0):
-            return True
-    except OSError:
-        return False
+    """Whether something accepts TCP connections at a nats:// URL (at one of
+    them, for a comma-separated list of a cluster's servers)."""
+    for one in url.split(","):
+        parsed = urlsplit(one.strip())
+        try:
+            with socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 4222), timeout=1.0):
+                return True
+        except OSError:
+            continue
+    return False

@@ -1,0 +1,128 @@
+"""NATS as a cluster of three (the ``nats_cluster`` fixture: three real
+nats-servers routed on loopback): buckets at three replicas, a bucket found
+with fewer healed, a single server given one replica, and a KV write that
+still succeeds with any one server killed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.js.api import KeyValueConfig, StreamConfig
+from structlog.testing import capture_logs
+
+from kinference_common import bus, natsserver
+
+pytestmark = pytest.mark.nats
+
+
+async def replicas(js, bucket: str) -> int:  # type: ignore[no-untyped-def]
+    return (await js.stream_info(f"KV_{bucket}")).config.num_replicas
+
+
+async def test_every_server_url_is_given_and_any_one_will_do(nats_cluster: natsserver.NatsCluster) -> None:
+    assert bus.servers(nats_cluster.url) == nats_cluster.urls and len(nats_cluster.urls) == 3
+    assert bus.servers(" nats://a:1 , nats://b:2,") == ["nats://a:1", "nats://b:2"]
+    with pytest.raises(ValueError):
+        bus.servers(" , ")
+    nc = await bus.connect(nats_cluster.url, name="test")
+    try:
+        first = nc.connected_url.port
+        nats_cluster.kill([s.port for s in nats_cluster.servers].index(first))
+        for _ in range(100):  # reconnects to one of the other two
+            if nc.is_connected and nc.connected_url.port != first:
+                break
+            await asyncio.sleep(0.1)
+        assert nc.is_connected and nc.connected_url.port != first
+    finally:
+        await bus.close(nc)
+
+
+async def test_buckets_get_three_replicas_and_a_smaller_one_is_healed(nats_cluster: natsserver.NatsCluster) -> None:
+    nc = await bus.connect(nats_cluster.url, name="test")
+    try:
+        js = nc.jetstream()
+        kv = await bus.open_kv(js, KeyValueConfig(bucket="made", history=1, replicas=3))
+        await kv.put("k", b"v")
+        assert await replicas(js, "made") == 3
+        # a bucket made with one replica (an older version, a single server grown into a cluster)
+        small = await js.create_key_value(KeyValueConfig(bucket="small", history=1, replicas=1))
+        await small.put("k", b"kept")
+        with capture_logs() as logs:
+            kv = await bus.open_kv(js, KeyValueConfig(bucket="small", history=1, replicas=3))
+        assert await replicas(js, "small") == 3
+        assert (await kv.get("k")).value == b"kept"
+        assert [e["event"] for e in logs] == ["kv_bucket_healed"]
+        # asking for fewer never shrinks a bucket
+        await bus.open_kv(js, KeyValueConfig(bucket="small", history=1, replicas=1))
+        assert await replicas(js, "small") == 3
+        # a stream made to listen on more than its keys gets its own subjects back
+        await js.add_stream(StreamConfig(name="KV_wide", subjects=["$KV.wide.>", "kinference.classify.>"],
+                                         max_msgs_per_subject=1, allow_direct=True, num_replicas=3))
+        with capture_logs() as logs:
+            await bus.open_kv(js, KeyValueConfig(bucket="wide", history=1, replicas=3))
+        assert (await js.stream_info("KV_wide")).config.subjects == ["$KV.wide.>"]
+        assert "kv_bucket_subjects_reset" in [e["event"] for e in logs]
+    finally:
+        await bus.close(nc)
+
+
+async def test_a_single_server_gets_one_replica_whatever_is_asked(nats_server: natsserver.NatsServer) -> None:
+    nc = await bus.connect(nats_server.url, name="test")
+    try:
+        js = nc.jetstream()
+        with capture_logs() as logs:
+            kv = await bus.open_kv(js, KeyValueConfig(bucket="alone", history=1, replicas=3))
+            await bus.open_kv(js, KeyValueConfig(bucket="alone", history=1, replicas=3))
+        await kv.put("k", b"v")
+        assert (await kv.get("k")).value == b"v"
+        assert await replicas(js, "alone") == 1  # never "healed" on a single server
+        said = [e["event"] for e in logs if e["log_level"] in ("warning", "error")]
+        assert said == ["kv_bucket_single_replica"]  # once
+    finally:
+        await bus.close(nc)
+
+
+async def test_kill_any_one_server_and_the_bucket_stays_writable(nats_cluster: natsserver.NatsCluster) -> None:
+    """The short version of ``make chaos``'s one-of-three fault: the stream's
+    leader itself killed (the worst one), a write succeeds once the two left
+    elect a new leader, and the server rejoins and catches up."""
+    nc = await bus.connect(nats_cluster.url, name="test")
+    try:
+        js = nc.jetstream()
+        kv = await bus.open_kv(js, KeyValueConfig(bucket="chaos", history=1, replicas=3))
+        await kv.put("k", b"before")
+        leader = (await js.stream_info("KV_chaos")).cluster.leader
+        victim = int(leader.rsplit("-", 1)[1])
+        nats_cluster.kill(victim)
+        written = None
+        for _ in range(60):  # an election takes a few seconds
+            try:
+                written = await kv.put("k", b"during")
+                break
+            except Exception:
+                await asyncio.sleep(0.25)
+        assert written is not None, "no write succeeded with two of three servers up"
+        assert (await kv.get("k")).value == b"during"
+        nats_cluster.restart(victim)
+        nats_cluster.wait_healthy(30)
+        assert await bus.wait_current(js, "KV_chaos", 30)  # caught up: every replica current
+        info = await js.stream_info("KV_chaos")
+        assert info.cluster.leader and all(r.current for r in info.cluster.replicas or [])
+        assert {info.cluster.leader, *(r.name for r in info.cluster.replicas)} == {"nats-0", "nats-1", "nats-2"}
+    finally:
+        await bus.close(nc)
+
+
+def test_availability_is_said_once_each_way() -> None:
+    now = [0.0]
+    with capture_logs() as logs:
+        a = bus.Availability("config_store", "serving from the last snapshot", clock=lambda: now[0])
+        for _ in range(5):
+            a.failed(TimeoutError())
+        now[0] = 7.5
+        a.ok()
+        a.ok()
+    assert [e["event"] for e in logs] == ["config_store_unavailable", "config_store_available"]
+    assert logs[0]["consequence"] == "serving from the last snapshot" and logs[0]["error"] == "TimeoutError"
+    assert logs[1]["unavailable_s"] == 7.5 and a.available and a.outages == 1
