@@ -179,7 +179,7 @@ class Collector:
         self._discovered = list(targets)
         if self.shard is not None:
             discovered = {t.key for t in targets}
-            targets = [t for t in targets if self.shard.owns(t.key)]
+            targets = self.shard.share(targets)
         wanted = {t.key: t for t in targets}
         now = self._clock()
         for key in list(self._tasks):
