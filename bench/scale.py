@@ -146,7 +146,7 @@ class RouterProbe:
             fp = enc.encode(msgspec.structs.replace(st, scraped_at=0.0))
             if self._last.get(st.pod) != fp:
                 self._last[st.pod] = fp
-                if self.measuring and st.scraped_at:
+                if self.measuring and st.scraped_at and not st.scrape_errors:
                     self.pipeline.append((now - st.scraped_at) * 1e3)
             fut = self.waiting.get((st.pod, st.queued or 0))
             if fut is not None and not fut.done():
@@ -193,7 +193,7 @@ async def collector_run(pods: int, collectors: int, interval: float, seconds: fl
                 s0 = (await resp.json())["pods"]
             t0 = time.monotonic()
             probe.measuring = True
-            lags = await _changes(http, fleet_url, probe, pods, changes, seconds, targets)
+            lags = await _changes(http, fleet_url, probe, changes, seconds, interval, targets)
             await asyncio.sleep(max(0.0, seconds - (time.monotonic() - t0)))
             probe.measuring = False
             wall = time.monotonic() - t0
@@ -241,8 +241,8 @@ async def collector_run(pods: int, collectors: int, interval: float, seconds: fl
     }
 
 
-async def _changes(http: aiohttp.ClientSession, fleet_url: str, probe: RouterProbe, pods: int, changes: int,
-                   seconds: float, targets: dict[str, Any]) -> list[float]:
+async def _changes(http: aiohttp.ClientSession, fleet_url: str, probe: RouterProbe, changes: int,
+                   seconds: float, interval: float, targets: dict[str, Any]) -> list[float]:
     """Change ``changes`` pods' queues over ``seconds``; ms from each change to the router."""
     rnd = random.Random(7)
     names = [e["pod"] for e in targets["endpoints"]]
@@ -256,9 +256,24 @@ async def _changes(http: aiohttp.ClientSession, fleet_url: str, probe: RouterPro
         async with http.post(f"{fleet_url}/sim/set", params={"pod": pod, "waiting": str(value)}) as r:
             at = (await r.json())["at"]
         with contextlib.suppress(TimeoutError):
-            lags.append((await asyncio.wait_for(fut, 10)) - at)
+            lags.append((await asyncio.wait_for(fut, 5 * interval + 2)) - at)
         await asyncio.sleep(rnd.uniform(0, gap))
     return [x * 1e3 for x in lags]
+
+
+def parse_baseline(seconds: float = 0.5) -> float:
+    """Microseconds for the collector's parser to read one of the fleet's pages,
+    in this process, now: the machine's speed during the run (a shared
+    machine's CPU seconds stretch when its caches are shared)."""
+    from kinference_collector.promparse import parse_vllm
+    from kinference_simulators.fleet import PodLoad, vllm_template
+
+    body = vllm_template("meta-llama/Llama-3.1-8B-Instruct", 8192).fill(PodLoad(rate=2.0).values())
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        parse_vllm(body)
+        n += 1
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 # ---------------------------------------------------------------- the router
@@ -405,8 +420,8 @@ def table(result: dict[str, Any]) -> str:
     rows, router, kube = result["rows"], result["router"], result["api_server"]
     lines = ["| pods | replicas | interval | scrapes/s | shares (max dev) | CPU s / 1,000 scrapes | CPU cores "
              "per replica | sustained interval | cores for 1,000 pods at 100 ms | lag change->router p50 / p99 | "
-             "scrape->router p50 / p99 |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "scrape->router p50 / p99 | a scrape in bare parses |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         shares = " / ".join(f"{100 * p['share']:.1f}%" for p in r["per_replica"])
         cores = " / ".join(f"{p['cpu_cores']:.2f}" for p in r["per_replica"])
@@ -414,7 +429,8 @@ def table(result: dict[str, Any]) -> str:
                      f"{shares} ({100 * (r['share_max_dev'] or 0):.1f}%) | {r['cpu_s_per_1000_scrapes']:.3f} | {cores} | "
                      f"{r['sustained_interval_s'] * 1e3:.0f} ms | {r['cores_for_1000_pods_at_100ms']:.2f} | "
                      f"{r['lag_p50_ms']:.0f} / {r['lag_p99_ms']:.0f} ms | "
-                     f"{r['pipeline_lag_p50_ms']:.1f} / {r['pipeline_lag_p99_ms']:.1f} ms |")
+                     f"{r['pipeline_lag_p50_ms']:.1f} / {r['pipeline_lag_p99_ms']:.1f} ms | "
+                     f"{r.get('scrape_cost_in_parses', '-')} ({r.get('parse_us_baseline', '-')} us each) |")
     lines += ["", "| router at | apply one update | snapshot rebuild | rebuild CPU while busy | memory | "
               "decision p50 / p99 |", "| --- | --- | --- | --- | --- | --- |"]
     for r in router:
@@ -492,6 +508,9 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                 row = await collector_run(args.pods, n, args.interval, args.seconds, args.changes, server.url,
                                           fleet.url, targets, Path(tmp), args.gpus_per_node)
                 row["fleet_cpu_cores"] = round((cpu_seconds(fleet.proc.pid) - f0) / (time.monotonic() - t0), 3)
+                row["parse_us_baseline"] = round(parse_baseline(), 1)
+                # one scrape's whole cost (fetch, parse, derive, publish, DCGM, membership) in bare parses
+                row["scrape_cost_in_parses"] = round(row["cpu_s_per_1000_scrapes"] * 1e3 / row["parse_us_baseline"], 2)
                 rows.append(row)
                 print(f"  {n} replica(s): {row['scrapes_per_s']:.0f} scrapes/s, shares "
                       f"{[p['share'] for p in row['per_replica']]}, {row['cpu_s_per_1000_scrapes']:.3f} CPU s "
