@@ -4,10 +4,12 @@ Membership lives in the NATS KV bucket ``kinference-collectors`` (NATS is
 already every replica's dependency, in files mode as on a cluster, so one
 mechanism serves the local stack, the suite and Kubernetes). Every
 ``heartbeat`` seconds each replica writes its key (its replica id) with the
-wall time, then reads the bucket: the live members are the keys written
-within ``ttl`` seconds (the replica itself always counts). A replica that
-stops deletes its key (the others take its share at their next heartbeat);
-one that dies is dropped ``ttl`` after its last heartbeat.
+wall time, then reads the bucket: the live members are those whose newest
+beat seen is under ``ttl`` seconds old (the replica itself always counts;
+a listing that misses a key being rewritten does not drop its member). A
+replica that stops writes a last beat at time 0 and deletes its key (the
+others take its share at their next heartbeat); one that dies is dropped
+``ttl`` after its last heartbeat.
 
 Assignment is rendezvous hashing with bounded loads (consistent hashing
 that also balances): every target ranks the live members by
@@ -119,6 +121,8 @@ class Membership:
         self._dec = msgspec.json.Decoder(_Beat)
         self._failing = False
         self._memo: tuple[object, set[tuple[str, ...]]] | None = None
+        #: member -> its newest beat seen (wall time)
+        self._beats: dict[str, float] = {}
 
     def on_change(self, cb: Callable[[], None]) -> None:
         self._listeners.append(cb)
@@ -157,14 +161,22 @@ class Membership:
             kv = await self._open()
             now = self._clock()
             await kv.put(self.id, self._enc.encode(_Beat(self.id, now)))  # type: ignore[attr-defined]
-            live = {self.id}
+            # a listing of the bucket can miss a key being written at that moment
+            # (nats-py lists through a consumer while the others beat): a member
+            # seen lately stays live until its last beat is ttl old, and one that
+            # left says so (a beat at time 0) before its key goes
             async for key, value in kv_items(kv):
                 try:
                     b = self._dec.decode(value)
                 except msgspec.DecodeError:
                     continue
-                if now - b.at <= self.ttl:
-                    live.add(key)
+                if b.at <= 0:
+                    self._beats.pop(key, None)
+                elif b.at > self._beats.get(key, 0.0):
+                    self._beats[key] = b.at
+            for key in [k for k, at in self._beats.items() if now - at > self.ttl]:
+                del self._beats[key]
+            live = {self.id, *self._beats}
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # NATS away: keep the last view (scrape too much, never too little)
@@ -201,4 +213,5 @@ class Membership:
         if self._kv is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
+                    await self._kv.put(self.id, self._enc.encode(_Beat(self.id, 0.0)))  # type: ignore[attr-defined]
                     await self._kv.delete(self.id)  # type: ignore[attr-defined]

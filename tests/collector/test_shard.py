@@ -24,7 +24,7 @@ from kinference_common.messages import EndpointState
 PODS = 9
 INTERVAL = 0.1
 HEARTBEAT = 0.1
-TTL = 0.4
+TTL = 0.5
 #: rebalance after a death: the TTL plus a heartbeat; a pod's telemetry may be
 #: two intervals plus that old, and is not ready only past ``stale_after``
 #: (a margin above that bound, for a noisy machine)
@@ -103,6 +103,8 @@ class Replica:
         for t in [*self.collector._tasks.values(), *self.collector._background]:
             t.cancel()
         self.collector.running = False
+        if self.collector._session is not None:  # the process's sockets die with it
+            await self.collector._session.close()
         await self.nc.close()
 
 
