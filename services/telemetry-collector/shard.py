@@ -196,6 +196,11 @@ class Membership:
                 cb()
 
     async def start(self) -> None:
+        """Beat, listen one heartbeat, beat again: replicas started together
+        (a Deployment's first rollout) see each other before their first
+        targets, instead of each taking the whole fleet for a heartbeat."""
+        await self.beat()
+        await asyncio.sleep(self.heartbeat)
         await self.beat()
         self._task = asyncio.create_task(self._run(), name="collector-membership")
 
