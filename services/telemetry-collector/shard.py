@@ -4,9 +4,9 @@ Membership lives in the NATS KV bucket ``kinference-collectors`` (NATS is
 already every replica's dependency, in files mode as on a cluster, so one
 mechanism serves the local stack, the suite and Kubernetes). Every
 ``heartbeat`` seconds each replica writes its key (its replica id) with the
-wall time, then reads the bucket: the live members are those whose newest
-beat seen is under ``ttl`` seconds old (the replica itself always counts;
-a listing that misses a key being rewritten does not drop its member). A
+wall time; one watch of the bucket, for the replica's life, brings it
+everyone's beats: the live members are those whose newest beat is under
+``ttl`` seconds old (the replica itself always counts). A
 replica that stops writes a last beat at time 0 and deletes its key (the
 others take its share at their next heartbeat); one that dies is dropped
 ``ttl`` after its last heartbeat.
@@ -39,12 +39,12 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 import structlog
 
 from kinference_common import subjects
-from kinference_common.bus import kv_items
 
 from .discovery import Target
 
@@ -123,6 +123,8 @@ class Membership:
         self._memo: tuple[object, set[tuple[str, ...]]] | None = None
         #: member -> its newest beat seen (wall time)
         self._beats: dict[str, float] = {}
+        self._watcher: Any = None
+        self._follow: asyncio.Task[None] | None = None
 
     def on_change(self, cb: Callable[[], None]) -> None:
         self._listeners.append(cb)
@@ -146,34 +148,59 @@ class Membership:
         from nats.js.errors import BucketNotFoundError
 
         if self._kv is None:
+            await self._unwatch()
             js = self._nc.jetstream()  # type: ignore[attr-defined]
             try:
-                self._kv = await js.key_value(self.bucket)
+                kv = await js.key_value(self.bucket)
             except BucketNotFoundError:
                 # entries older than a few TTLs are gone by themselves (a replica that died)
-                self._kv = await js.create_key_value(KeyValueConfig(
+                kv = await js.create_key_value(KeyValueConfig(
                     bucket=self.bucket, history=1, ttl=max(10.0, 10 * self.ttl), replicas=self.replicas))
+            # one watch for the replica's life: every beat is pushed to it (reading the
+            # bucket at each beat made a consumer per beat, and its listing missed keys
+            # being rewritten)
+            self._watcher = await kv.watchall()  # type: ignore[attr-defined]
+            self._follow = asyncio.create_task(self._follow_beats(self._watcher), name="collector-members-watch")
+            self._kv = kv
         return self._kv
 
+    async def _follow_beats(self, watcher: Any) -> None:
+        """Keep ``_beats`` from the watch: the newest beat of each member; a
+        beat at time 0 (a replica leaving) or a deleted key drops it."""
+        async for entry in watcher:
+            if entry is None:  # caught up with the bucket
+                continue
+            if entry.operation is not None or not entry.value:  # deleted or purged
+                self._beats.pop(entry.key, None)
+                continue
+            try:
+                b = self._dec.decode(entry.value)
+            except msgspec.DecodeError:
+                continue
+            if b.at <= 0:
+                self._beats.pop(entry.key, None)
+            elif b.at > self._beats.get(entry.key, 0.0):
+                self._beats[entry.key] = b.at
+
+    async def _unwatch(self) -> None:
+        follow, watcher = self._follow, self._watcher
+        self._follow = self._watcher = None
+        if follow is not None:
+            follow.cancel()
+            await asyncio.gather(follow, return_exceptions=True)
+        if watcher is not None:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+
     async def beat(self) -> None:
-        """Write this replica's heartbeat, read everyone's, update the view."""
+        """Write this replica's heartbeat; the live members are those whose
+        newest beat the watch delivered is under ``ttl`` old."""
         try:
             kv = await self._open()
             now = self._clock()
             await kv.put(self.id, self._enc.encode(_Beat(self.id, now)))  # type: ignore[attr-defined]
-            # a listing of the bucket can miss a key being written at that moment
-            # (nats-py lists through a consumer while the others beat): a member
-            # seen lately stays live until its last beat is ttl old, and one that
-            # left says so (a beat at time 0) before its key goes
-            async for key, value in kv_items(kv):
-                try:
-                    b = self._dec.decode(value)
-                except msgspec.DecodeError:
-                    continue
-                if b.at <= 0:
-                    self._beats.pop(key, None)
-                elif b.at > self._beats.get(key, 0.0):
-                    self._beats[key] = b.at
+            if self._follow is not None and self._follow.done():  # the watch ended: open it again
+                raise RuntimeError("the watch of the members bucket ended")
             for key in [k for k, at in self._beats.items() if now - at > self.ttl]:
                 del self._beats[key]
             live = {self.id, *self._beats}
@@ -220,3 +247,4 @@ class Membership:
                 async with asyncio.timeout(2.0):
                     await self._kv.put(self.id, self._enc.encode(_Beat(self.id, 0.0)))  # type: ignore[attr-defined]
                     await self._kv.delete(self.id)  # type: ignore[attr-defined]
+        await self._unwatch()
