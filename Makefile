@@ -117,6 +117,10 @@ lint: install  ## lint the example manifests with kinfctl
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .hypothesis build site *.egg-info
 
+.PHONY: bench-scale
+bench-scale: install  ## 1,000 simulated pods scraped by 1, 2 and 4 collector replicas -> bench/results/scale.json, docs/benchmarks.md
+	nice -n 10 $(BIN)/python -m bench.scale $(BENCH_SCALE_ARGS)
+
 .PHONY: bench-epp
 bench-epp: install  ## Envoy + Kinference's Endpoint Picker vs the router, Envoy alone, vllm-router -> bench/results/epp.json, docs/benchmarks.md
 	$(BIN)/python -m bench.epp $(BENCH_EPP_ARGS)

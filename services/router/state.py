@@ -312,6 +312,8 @@ class PoolsFollower:
         self._nc: nats.NATS | None = None
         self._subs: list[object] = []
         self.updates = 0
+        #: pool -> (its revision, its destinations as (type, namespace, name))
+        self._dests: dict[PoolKey, tuple[str, frozenset[tuple[str, str, str]]]] = {}
 
     def keeper_for(self, key: PoolKey) -> SnapshotKeeper:
         k = self.keepers.get(key)
@@ -338,16 +340,29 @@ class PoolsFollower:
 
     def set_endpoint(self, state: EndpointState) -> None:
         record_endpoint(self.endpoints, self.ledger, self.healthy, state)
-        self._changed()
+        self._changed(("Local", state.namespace, state.worker_set))
 
     def set_provider(self, state: ProviderState) -> None:
         self.providers[f"{state.namespace}/{state.name}"] = state
-        self._changed()
+        self._changed(("Provider", state.namespace, state.name))
 
-    def _changed(self) -> None:
+    def _changed(self, dest: tuple[str, str, str]) -> None:
+        """Only the pools with that destination rebuild for it (a rebuild costs
+        time in the pool's endpoints: a fleet of many pools would otherwise
+        rebuild every pool on every pod's update); a keeper without a pool yet
+        is marked too (it has nothing to rebuild but its emptiness)."""
         self.updates += 1
-        for k in self.keepers.values():
-            k.mark_dirty()
+        for key, k in self.keepers.items():
+            if key not in self.pools or dest in self._destinations(key):
+                k.mark_dirty()
+
+    def _destinations(self, key: PoolKey) -> frozenset[tuple[str, str, str]]:
+        pool = self.pools[key]
+        memo = self._dests.get(key)
+        if memo is None or memo[0] != pool.revision:
+            memo = self._dests[key] = (pool.revision, frozenset(
+                (d.type, d.namespace, d.name) for d in pool.destinations))
+        return memo[1]
 
     def _apply_config(self, key: PoolKey, data: bytes) -> None:
         if not data:

@@ -42,6 +42,9 @@ from .shard import default_replica_id
 
 log = structlog.get_logger("kinference.collector")
 
+#: seconds between two rebuilds of the GPU index while DCGM data keeps arriving
+GPU_INDEX_EVERY = 0.1
+
 
 @dataclass(frozen=True, slots=True)
 class CollectorConfig:
@@ -111,6 +114,9 @@ class Collector:
         self.trackers: dict[tuple[str, str, str, str], EndpointTracker] = {}
         self._dcgm: dict[tuple[str, str, str, str], _Dcgm] = {}
         self._gpu_index: dict[tuple[str, str], GpuStats] = {}
+        #: GPU data arrived since the index was last built (at ``_gpu_built``)
+        self._gpu_dirty = False
+        self._gpu_built = float("-inf")
         self._tasks: dict[tuple[str, str, str, str], asyncio.Task[None]] = {}
         self._aux: set[asyncio.Task[None]] = set()
         self._background: list[asyncio.Task[None]] = []
@@ -186,7 +192,7 @@ class Collector:
         self._discovered = list(targets)
         if self.shard is not None:
             discovered = {t.key for t in targets}
-            targets = [t for t in targets if self.shard.owns(t.key)]
+            targets = self.shard.share(targets)
         wanted = {t.key: t for t in targets}
         now = self._clock()
         for key in list(self._tasks):
@@ -270,6 +276,8 @@ class Collector:
 
     def emit(self, tr: EndpointTracker, now: float) -> None:
         t = tr.target
+        if self._gpu_dirty:
+            self._gpu_changed()
         self.publisher.offer_endpoint(tr.state(now, self._gpu_index.get((t.namespace, t.pod))))
 
     async def _fetch_models(self, tr: EndpointTracker) -> None:
@@ -312,9 +320,21 @@ class Collector:
             if d.errors == 1:
                 log.warning("dcgm_scrape_failed", address=d.target.address, error=describe(exc))
         self.metrics.scrape_seconds_dcgm.observe(time.perf_counter() - t0)
-        self._rebuild_gpu_index()
+        self._gpu_changed()
+
+    def _gpu_changed(self) -> None:
+        """GPU data moved: rebuild the index, at most every ``GPU_INDEX_EVERY``
+        seconds (every exporter's update rebuilding it made the collector's
+        cost grow with the square of the exporters: 1,250 exporters of 8 GPUs,
+        10,000 pods, would be 12 million merges a second); what arrives in
+        between is taken in by the next scrape's :meth:`emit` after that."""
+        if time.monotonic() - self._gpu_built >= GPU_INDEX_EVERY:
+            self._rebuild_gpu_index()
+        else:
+            self._gpu_dirty = True
 
     def _rebuild_gpu_index(self) -> None:
+        self._gpu_dirty, self._gpu_built = False, time.monotonic()
         now = self._clock()
         index: dict[tuple[str, str], GpuStats] = {}
         sources = [(d.last_success, d.stats) for d in self._dcgm.values()]
@@ -345,7 +365,7 @@ class Collector:
     def on_remote_gpu(self, address: str, stats: dict[tuple[str, str], GpuStats]) -> None:
         """Another replica scraped the DCGM exporter at ``address``."""
         self._remote_gpu[address] = (self._clock(), stats)
-        self._rebuild_gpu_index()
+        self._gpu_changed()
 
     # ------------------------------------------------------------ providers
 
@@ -398,9 +418,13 @@ class Collector:
         # readiness turns false on time even when a target's scrapes are slower
         # than the staleness bound (unchanged states are not re-sent); a target
         # not scraped even once yet (just taken over from another replica) waits
-        # for its first scrape rather than say "not ready"
+        # for its first scrape rather than say "not ready". A target scraped
+        # lately was offered by that scrape and reads the same now (its age is
+        # under the staleness bound): only the late and the failing are offered
+        # again (at 1,000 pods that is 2,000 states a second fewer to build)
+        late = min(2 * self.config.interval, self.config.derive.stale_after / 2)
         for tr in self.trackers.values():
-            if tr.last_success is not None or tr.scrape_errors:
+            if tr.scrape_errors or (tr.last_success is not None and now - tr.last_success > late):
                 self.emit(tr, now)
         self.update_gauges()
 

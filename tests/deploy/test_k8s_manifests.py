@@ -67,7 +67,7 @@ def test_the_base_has_every_piece() -> None:
     assert set(deployments) == set(SERVICES)
     assert deployments["router"]["spec"]["replicas"] == 2
     assert deployments["policy-compiler"]["spec"]["replicas"] == 2
-    assert deployments["telemetry-collector"]["spec"]["replicas"] == 1
+    assert deployments["telemetry-collector"]["spec"]["replicas"] >= 2  # replicas share the fleet
     assert set(of_kind(docs, "ServiceAccount")) == set(SERVICES)
     assert set(of_kind(docs, "Service")) >= {*SERVICES, "nats"}
     namespaced = [d for d in docs if d["kind"] not in
@@ -180,7 +180,19 @@ def test_pod_disruption_budgets_cover_every_replicated_service() -> None:
         if d["spec"]["replicas"] > 1:
             pdb = pdbs[name]
             assert pdb["spec"]["selector"]["matchLabels"] == d["spec"]["selector"]["matchLabels"]
-            assert pdb["spec"]["minAvailable"] < d["spec"]["replicas"]  # a drain can still proceed
+            # a drain can still proceed, and takes at most what the others can cover
+            if "maxUnavailable" in pdb["spec"]:
+                assert pdb["spec"]["maxUnavailable"] == 1, name
+            else:
+                assert pdb["spec"]["minAvailable"] < d["spec"]["replicas"], name
+
+
+def test_each_collector_replica_is_named_after_its_pod() -> None:
+    """The replicas' ids must differ and outlive no pod: the pod name, from the downward API."""
+    c = container(of_kind(build(K8S), "Deployment")["telemetry-collector"])
+    assert flag(c["args"], "--replica-id") == "$(POD_NAME)"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_the_router_service_exposes_only_the_data_port() -> None:

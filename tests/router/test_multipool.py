@@ -325,3 +325,28 @@ async def test_unknown_route_is_401_first_without_a_key(multi: dict[str, Any]) -
                 assert (await r.json())["error"]["code"] == code
     async with s.post(f"{multi['admin']}/debug/explain?pool=team-a%2Fteam-a-pool", json=body) as r:
         assert r.status == 200  # the pool may be URL-encoded
+
+
+def test_a_pods_update_rebuilds_only_the_pools_it_serves() -> None:
+    """At many pools a rebuild of every pool on every pod's update cost the
+    router time in the whole fleet; only the pools with that worker set (or
+    provider) rebuild."""
+    from kinference_common.engine import InFlightLedger
+    from kinference_router.state import FedKeeper, PoolsFollower
+
+    ledger = InFlightLedger()
+    follower = PoolsFollower(lambda key: FedKeeper(key[0], key[1], ledger), ledger)
+    for team in ("team-a", "team-b"):
+        res = compile_documents(load_text(fleet(team, "m"), "m"))
+        follower.set_pool((team, f"{team}-pool"), res.pools[(team, f"{team}-pool")])
+    keepers = {key[0]: k for key, k in follower.keepers.items()}
+    for k in keepers.values():
+        k.rebuild()
+    follower.set_endpoint(EndpointState(namespace="team-a", worker_set="team-a-ws", pod="p", address="a:1",
+                                        ready=True, scraped_at=time.time()))
+    assert (keepers["team-a"]._dirty, keepers["team-b"]._dirty) == (True, False)
+    keepers["team-a"].rebuild()
+    assert [c.endpoint for c in keepers["team-a"].snapshot.candidates] == ["p"]  # type: ignore[union-attr]
+    # an endpoint of a worker set no pool names rebuilds nothing
+    follower.set_endpoint(EndpointState(namespace="team-c", worker_set="x", pod="q", address="c:1"))
+    assert not any(k._dirty for k in keepers.values())

@@ -1,0 +1,57 @@
+"""``make bench-scale``'s smoke: the real bench on 50 simulated pods and two
+collector replicas for a few seconds (``--smoke``): the work split in two
+equal shares, every pod scraped, none twice, and the row the results file
+promises."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import scale
+
+pytestmark = pytest.mark.nats
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_scale_smoke_splits_the_fleet_and_writes_its_row(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    page_before = scale.PAGE.read_text()
+    proc = subprocess.run([sys.executable, "-m", "bench.scale", "--smoke", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
+    for key in ("pods", "collectors", "interval_s", "scrapes_per_s", "cpu_s_per_1000_scrapes",
+                "lag_p50_ms", "lag_p99_ms"):
+        assert isinstance(row[key], int | float), key
+    assert (row["pods"], row["collectors"]) == (50, 2)
+    assert [p["targets"] for p in row["per_replica"]] == [25, 25]
+    assert row["share_max_dev"] <= 0.10  # each of N replicas does 1/N of the scrapes
+    assert row["pods_scraped"] == 50
+    assert row["scrapes_per_pod_per_interval_max"] < 1.5  # no pod scraped twice
+    assert row["lag_changes"] > 0 and row["lag_p50_ms"] > 0
+    assert any(v.startswith("MET  2 replica(s)") for v in result["verdicts"])
+    assert scale.PAGE.read_text() == page_before  # the smoke leaves the page alone
+
+
+def test_the_page_block_is_rewritten_from_the_results() -> None:
+    row = {"pods": 1000, "collectors": 2, "interval_s": 1.0, "scrapes_per_s": 990.0, "share_max_dev": 0.002,
+           "per_replica": [{"share": 0.499, "cpu_cores": 0.4}, {"share": 0.501, "cpu_cores": 0.41}],
+           "cpu_s_per_1000_scrapes": 0.8, "sustained_interval_s": 0.4, "cores_for_1000_pods_at_100ms": 8.0,
+           "lag_p50_ms": 500.0, "lag_p99_ms": 990.0, "pipeline_lag_p50_ms": 3.0, "pipeline_lag_p99_ms": 20.0}
+    result = {"rows": [row], "router": [], "api_server": None, "when": "today", "env": {"cpus": 2},
+              "verdicts": scale.verdicts([row], [])}
+    page = "intro\n<!-- scale:results -->\nold\n<!-- /scale:results -->\nafter\n"
+    new = scale.rewrite(page, result)
+    assert new.startswith("intro\n<!-- scale:results -->\nMeasured today") and new.endswith(
+        "<!-- /scale:results -->\nafter\n")
+    assert "| 1,000 | 2 | 1000 ms | 990 |" in new and "old" not in new
+    assert "MISS 1,000 pods at 100 ms need at most 4 cores" in new
+    with pytest.raises(SystemExit, match="no <!-- scale:results --> block"):
+        scale.rewrite("no block", result)
