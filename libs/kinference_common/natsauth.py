@@ -19,7 +19,7 @@ router                 classify requests (``kinference.classify.>``), ``_INBOX_r
                        records (``kinference.record.>``) and their
                        stream (create, set its limits)
 policy-compiler        ``kinference.config.>``, its KV bucket       ``_INBOX_policy-compiler.>``
-                       (create, update, put, read)
+                       (create, put, read)
 telemetry-collector    ``kinference.telemetry.>``, its KV bucket    ``_INBOX_telemetry-collector.>``,
                                                                     ``kinference.observations.>``
 classifier             nothing but replies to requests it got       ``kinference.classify.>`` (queue group)
@@ -101,17 +101,16 @@ def _stream_read(stream: str) -> list[str]:
 
 
 def _kv_write(bucket: str) -> list[str]:
-    """A KV owner: reads, creates its stream, puts and deletes keys, and
-    updates its stream's configuration (``STREAM.UPDATE``: to heal a bucket
-    found with fewer replicas than the cluster has, :func:`bus.open_kv`).
-    That update could also change the stream's subjects to capture the
-    classify subjects; NATS permissions cannot restrict a stream's
-    configuration, so the owner's credentials can do what its create could
-    already do on a new NATS (docs/nats-security.md), and every owner resets
-    foreign subjects it finds on its stream."""
+    """A KV owner: reads, creates its stream, puts and deletes keys. Never
+    ``STREAM.UPDATE``: a stream's subjects could be changed to capture the
+    classify subjects, whose prompts the owner could then read back (NATS
+    permissions cannot restrict what an update changes). So a bucket found
+    with fewer replicas than the cluster has (one made on a single server
+    before a move to a cluster) is not healed by the services under
+    authentication: :func:`bus.open_kv` says so once (docs/operations.md:
+    growing from one server)."""
     stream = f"KV_{bucket}"
-    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}",
-            f"$KV.{bucket}.>"]
+    return [*_kv_read(bucket), f"$JS.API.STREAM.CREATE.{stream}", f"$KV.{bucket}.>"]
 
 
 #: the decision records' stream (kinference_common.recording; not imported here: it imports the engine)
