@@ -8,7 +8,8 @@
 - Stopping never waits on a server that does not answer (:func:`close`).
 - A cluster: ``url`` may name every server, comma-separated
   (:func:`servers`); the client reconnects to any of them.
-- KV buckets at the replicas asked for, healed when found with fewer
+- KV buckets at the replicas asked for, healed when found with fewer where
+  the server allows a stream update
   (:func:`open_kv`); an unavailable store said once (:class:`Availability`).
 """
 

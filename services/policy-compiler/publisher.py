@@ -13,7 +13,9 @@ when missing: a NATS restarted with empty storage) and its keys are read;
 then only the differences from the desired state are written. So a bus that
 lost everything is given everything again, and one that kept everything is
 given nothing. The bucket is made with ``replicas`` copies (3 on a cluster
-of three NATS servers), and one found with fewer is healed when opened
+of three NATS servers); one found with fewer is healed when opened where
+the server allows it, and under the deployed authentication (no service may
+update a stream) is said once and used as it is
 (:func:`kinference_common.bus.open_kv`).
 
 Next to the pools, the bucket keeps the last good text of every manifest

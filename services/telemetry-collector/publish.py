@@ -43,7 +43,7 @@ class NatsBus:
     def __init__(self, nc: object, bucket: str = subjects.TELEMETRY_BUCKET, replicas: int = 1) -> None:
         self._nc = nc
         self._bucket = bucket
-        #: the bucket's replicas (3 on a cluster of three NATS servers; one found with fewer is healed)
+        #: the bucket's replicas (3 on a cluster of three NATS servers; one found with fewer healed where allowed)
         self.replicas = replicas
         self._kv: object | None = None
         self._opened_once = False

@@ -150,7 +150,7 @@ class Membership:
         if self._kv is None:
             await self._unwatch()
             # entries older than a few TTLs are gone by themselves (a replica that died);
-            # created at ``replicas``, healed when found with fewer
+            # created at ``replicas``, healed when found with fewer where allowed
             kv = await open_kv(self._nc.jetstream(), KeyValueConfig(  # type: ignore[attr-defined]
                 bucket=self.bucket, history=1, ttl=max(10.0, 10 * self.ttl), replicas=self.replicas))
             # one watch for the replica's life: every beat is pushed to it (reading the

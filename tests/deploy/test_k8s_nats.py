@@ -165,11 +165,13 @@ async def test_each_service_does_its_work_as_its_user(server: dict[str, Any]) ->
         source.poll()
         pools = compile_documents(source.documents()).pools
         assert pools
-        publisher = ConfigPublisher(compiler.nc)
+        # at three replicas, as deployed (--kv-replicas 3): no service may update a stream, so a
+        # bucket made smaller here could never be healed by the later test
+        publisher = ConfigPublisher(compiler.nc, replicas=3)
         await publisher.start()
         assert (await publisher.publish(pools))[0] == len(pools)
         # the collector creates its bucket and publishes an endpoint's state
-        bus = NatsBus(collector.nc)
+        bus = NatsBus(collector.nc, replicas=3)
         await bus.start()
         await bus.put(subjects.endpoint_subject("default", "ws", "pod-0"),
                       subjects.endpoint_key("default", "ws", "pod-0"), b"{}")
