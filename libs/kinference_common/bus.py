@@ -30,6 +30,43 @@ log = structlog.get_logger("nats")
 Callback = Callable[[], Awaitable[None]]
 
 
+def _guard_pongs() -> None:
+    """Keep a connection reading after a flush was given up on.
+
+    nats-py (2.16 and every release before it) keeps one future per PING in
+    ``_pongs`` and sets the oldest one's result at each PONG. A flush that
+    timed out or was cancelled (its task cancelled at shutdown, a
+    ``wait_for`` around it) leaves its future cancelled in that list, and
+    the PONG that answers it raises ``InvalidStateError`` in the read loop,
+    which then stops for good: the connection still says connected, every
+    later flush returns at once, and no message, reply or KV answer is read
+    again. A router whose event confirmation timed out once under load
+    stopped seeing configuration and telemetry; tests hung in teardown
+    waiting on a reply that was never read (nats-io/nats.py#624 is the same
+    defect in the flusher; this one has no upstream fix yet).
+
+    The PONG still answers that PING, so its future is taken off the list in
+    order; its result is set only when someone still waits for it."""
+    from nats.aio.client import Client
+
+    if getattr(Client._process_pong, "kinference_guarded", False):
+        return
+
+    async def _process_pong(self: Any) -> None:
+        if self._pongs:
+            future = self._pongs.pop(0)
+            if not future.done():
+                future.set_result(True)
+            self._pongs_received += 1
+            self._pings_outstanding = 0
+
+    _process_pong.kinference_guarded = True  # type: ignore[attr-defined]
+    Client._process_pong = _process_pong  # type: ignore[method-assign]
+
+
+_guard_pongs()
+
+
 def servers(url: str | Sequence[str]) -> list[str]:
     """The servers of ``--nats-url``: one URL, or several separated by commas
     (every server of a cluster; the client connects and reconnects to any)."""
