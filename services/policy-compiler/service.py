@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from kinference_common import bus
 from kinference_common.compiler import CompileResult, compile_documents
 from kinference_common.manifests import ManifestError
+from kinference_common.tasks import cancel_and_wait
 from kinference_policy_compiler.publisher import ConfigPublisher
 from kinference_policy_compiler.source import DirectorySource, ManifestSource
 from kinference_policy_compiler.statuses import StatusDirectory
@@ -161,11 +162,7 @@ class PolicyCompilerService:
         # flag ends the loop anyway.
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
         if self._runner is not None:
             await self._runner.cleanup()
         if self._nc is not None:

@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
 from kinference_common.engine.trace import build_trace, encode_trace
+from kinference_common.tasks import cancel_and_wait
 from kinference_router import models_api, provider_request, replica_sync, retry, stream_usage, validate
 from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.classification import Classification, RequestTags
@@ -181,8 +182,7 @@ class Router:
         await self.flow.stop()
         await self.keeper.stop()
         if self._record_stream is not None and not self._record_stream.done():
-            self._record_stream.cancel()
-            await asyncio.gather(self._record_stream, return_exceptions=True)
+            await cancel_and_wait(self._record_stream)
         await self.events.stop()
         if self.upstream is not None:
             await self.upstream.close()

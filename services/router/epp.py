@@ -26,7 +26,6 @@ the request where the answer says. One stream, in order (:class:`PickStream`):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kinference_common.engine import Decision, Snapshot
+from kinference_common.tasks import cancel_and_wait
 from kinference_router import models_api, provider_request
 from kinference_router.app import ApiError, Router, error_response, new_decision_id
 from kinference_router.director import Director, Send
@@ -520,9 +520,7 @@ class EppServer:
 
     async def close(self, grace: float = 2.0) -> None:
         if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+            await cancel_and_wait(self._watch)
         if self.server is not None:
             await self.health.enter_graceful_shutdown()
             await self.server.stop(grace)

@@ -31,6 +31,7 @@ from nats.errors import MaxPayloadError
 from prometheus_client import Counter
 
 from kinference_common import bus
+from kinference_common.tasks import cancel_and_wait
 
 log = structlog.get_logger("router.events")
 
@@ -56,9 +57,7 @@ class EventPublisher:
         """Stop the task; what is still queued is published (within
         ``timeout``) or counted as dropped, never silently lost."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):

@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterator
 
 from kinference_common.compiled import CompiledFlowControl
 from kinference_common.engine import Decision
+from kinference_common.tasks import cancel_and_wait
 
 
 class Shed(Exception):
@@ -101,8 +102,7 @@ class FlowQueue:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
 
     # ------------------------------------------------------------ triggers
 

@@ -20,7 +20,6 @@ naming the provider, the Secret and the fix; never a key's value.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,6 +29,7 @@ import structlog
 from kinference_common import subjects
 from kinference_common.compiled import CompiledPool
 from kinference_common.messages import ProviderKey, ProviderKeyReport, encode
+from kinference_common.tasks import cancel_and_wait
 from kinference_router.upstream import SecretError, SecretNotWatched
 
 log = structlog.get_logger("router.keys")
@@ -140,7 +140,5 @@ class KeyReporter:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None

@@ -49,6 +49,7 @@ import structlog
 from kinference_common import subjects
 from kinference_common.engine import InFlightLedger, PrefixIndex
 from kinference_common.messages import PrefixRecord, ReplicaEndpoint, ReplicaSync as SyncMessage, decoder, encode
+from kinference_common.tasks import cancel_and_wait
 
 log = structlog.get_logger("kinference.router.replica_sync")
 
@@ -116,9 +117,7 @@ class ReplicaSync:
     async def stop(self) -> None:
         self.ledger.on_change = None
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._sub is not None:
             with contextlib.suppress(Exception):

@@ -29,6 +29,7 @@ from kinference_common.compiled import CompiledPool, decode_pool
 from kinference_common.engine import InFlightLedger, Snapshot, TTFTModel
 from kinference_common.engine.ttft import DEFAULT_TTFT_MODEL
 from kinference_common.messages import EndpointState, ProviderState
+from kinference_common.tasks import cancel_and_wait
 
 log = structlog.get_logger("router.state")
 
@@ -145,8 +146,7 @@ class SnapshotKeeper:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
 
     async def _subscribe(self) -> None:
         assert self._nc is not None

@@ -29,6 +29,7 @@ from kinference_common import subjects
 from kinference_common.bus import close as close_nats
 from kinference_common.bus import servers as nats_servers
 from kinference_common.messages import EndpointState, Observation, ProviderKeyReport
+from kinference_common.tasks import cancel_and_wait
 
 from .derive import DeriveConfig, EndpointTracker, GpuStats, gpu_stats_by_pod, merge_gpu_stats
 from .discovery import Discovery, Target
@@ -156,9 +157,7 @@ class Collector:
         self.running = False
         self._stop.set()
         tasks = [*self._tasks.values(), *self._aux, *self._background]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
         self._tasks.clear()
         self._aux.clear()
         with contextlib.suppress(Exception):
@@ -646,8 +645,7 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
         log.info("draining")
     finally:
         if attached is not None:
-            attached.cancel()
-            await asyncio.gather(attached, return_exceptions=True)
+            await cancel_and_wait(attached)
         # leave first and scrape one more heartbeat, so the others take over with no gap
         await shard.stop()
         if len(shard.members) > 1:

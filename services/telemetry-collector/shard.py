@@ -46,6 +46,7 @@ import structlog
 
 from kinference_common import subjects
 from kinference_common.bus import open_kv
+from kinference_common.tasks import cancel_and_wait
 
 from .discovery import Target
 
@@ -183,8 +184,7 @@ class Membership:
         follow, watcher = self._follow, self._watcher
         self._follow = self._watcher = None
         if follow is not None:
-            follow.cancel()
-            await asyncio.gather(follow, return_exceptions=True)
+            await cancel_and_wait(follow)
         if watcher is not None:
             with contextlib.suppress(Exception):
                 await watcher.stop()
@@ -236,8 +236,7 @@ class Membership:
     async def stop(self) -> None:
         """Leave: the others take this replica's share at their next heartbeat."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
             self._task = None
         if self._kv is not None:
             with contextlib.suppress(Exception):

@@ -32,7 +32,6 @@ Secret's metadata).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable, Collection
 from typing import Any
@@ -43,6 +42,7 @@ import structlog
 from kinference_common.kube.backoff import Backoff
 from kinference_common.kube.client import ApiException, Obj, ResourceClient
 from kinference_common.kube.kinds import Kind
+from kinference_common.tasks import cancel_and_wait
 
 log = structlog.get_logger("kube.informer")
 
@@ -121,11 +121,7 @@ class Informer:
             self._tasks.append(asyncio.create_task(self._run(scope), name=f"informer-{self.kind}-{scope or '*'}"))
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
 
     async def _run(self, scope: str | None) -> None:

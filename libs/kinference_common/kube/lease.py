@@ -30,6 +30,7 @@ import structlog
 
 from kinference_common.kube.client import ApiException, Obj, ResourceClient
 from kinference_common.kube.kinds import LEASE
+from kinference_common.tasks import cancel_and_wait
 
 log = structlog.get_logger("kube.lease")
 
@@ -86,9 +87,7 @@ class LeaderElector:
     async def stop(self, release: bool = True) -> None:
         self._stopping = True  # wait_for in 3.11 may swallow the cancel below
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         was = self._leading
         self._set_leading(False)
