@@ -39,6 +39,13 @@ nats-server:
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)) || \
 		echo "apt could not install prometheus (promtool); tests/deploy/test_observability.py will fail"; \
 	fi
+	@# wrk drives the gateway benchmark's smoke test in the suite (and make bench-router/bench-epp)
+	@if ! command -v wrk >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing wrk (apt)"; \
+		(apt-get install -y -qq wrk >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq wrk >/dev/null)) || \
+		echo "apt could not install wrk; tests/bench/test_epp_smoke.py will fail"; \
+	fi
 	@# the TLS test of the router's upstream client makes a certificate with openssl
 	@if ! command -v openssl >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get install -y -qq openssl >/dev/null 2>&1 || \
