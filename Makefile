@@ -6,6 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# worker processes for make test (pytest-xdist; 0: the suite in this process)
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
@@ -53,7 +55,7 @@ nats-server:
 	fi
 
 test: install  ## install, then run the whole test suite
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 run: install  ## start the whole stack locally with simulated GPUs (Ctrl-C stops it)
 	$(BIN)/python -m kinference_simulators.stack

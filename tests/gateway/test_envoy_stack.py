@@ -222,9 +222,17 @@ async def burst(url: str, n: int, headers: dict[str, str] | None = None, body: d
     return out
 
 
-async def served_by(rig: Rig, before: dict[str, float]) -> list[str]:
-    after = await rig.served_counts()
-    return [pod for pod in after for _ in range(int(after[pod] - before[pod]))]
+async def served_by(rig: Rig, before: dict[str, float], count: int = 1) -> list[str]:
+    """The pods that served since ``before``, once ``count`` requests are
+    counted (a pod counts a stream after its last chunk is written, which
+    can be after the client read it), or after 3 s with what there is."""
+    for _ in range(60):
+        after = await rig.served_counts()
+        served = [pod for pod in after for _ in range(int(after[pod] - before[pod]))]
+        if len(served) >= count:
+            break
+        await asyncio.sleep(0.05)
+    return served
 
 
 # ------------------------------------------------------------- the pick
@@ -269,7 +277,7 @@ async def test_conformance_gateway_following_epp_routing(rig: Rig) -> None:
         before = await rig.served_counts()
         hook = {HOOK: ",".join(rig.pods[p] for p in picked)}
         assert await burst(rig.envoy_url, 20, hook) == [200] * 20
-        served = await served_by(rig, before)
+        served = await served_by(rig, before, 20)
         assert len(served) == 20 and set(served) <= set(picked), served
 
 
@@ -302,7 +310,7 @@ async def test_conformance_two_pools_on_two_route_rules(rig: Rig) -> None:
     e = rig.extra_envoy(cfg, "envoy-two-pools")
     before = await rig.served_counts()
     assert await burst(e.url, 6, {"x-route": "spot"}, at_once=2) == [200] * 6
-    assert await served_by(rig, before) == ["qwen-spot-0"] * 6
+    assert await served_by(rig, before, 6) == ["qwen-spot-0"] * 6
     status, h, _ = await post(e.url, chat(), {"x-route": "spot"})
     assert status == 200 and (await rig.event(h["x-kinference-decision-id"]))["pool"] == "default/spot-only"
     status, h, _ = await post(e.url, chat(), {HOOK: rig.pods["qwen-0"]})
@@ -317,7 +325,7 @@ async def test_subset_hint_is_honoured_and_an_empty_one_is_503(rig: Rig) -> None
                                              pools=[rig.pool()], subset=[rig.pods["qwen-1"]]), "envoy-subset")
     before = await rig.served_counts()
     assert await burst(only.url, 6, at_once=2) == [200] * 6
-    assert await served_by(rig, before) == ["qwen-1"] * 6
+    assert await served_by(rig, before, 6) == ["qwen-1"] * 6
     none = rig.extra_envoy(envoy.EnvoyConfig(port=rig.port(), admin_port=rig.port(), fallback=True,
                                              pools=[rig.pool()], subset=["10.255.0.1:8000"]), "envoy-subset-none")
     status, h, body = await post(none.url, chat())
