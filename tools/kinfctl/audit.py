@@ -23,11 +23,12 @@ from typing import Any
 
 import msgspec
 
-from kinference_common import natsauth, recording
+from kinference_common import recording
 from kinference_common.engine.trace import DecisionTrace, ModelTrace
 from kinference_common.recording import DecisionRecord
 from kinfctl.main import EXIT_OK, CommandError
 from kinfctl.output import print_json, table
+from kinfctl.records import add_nats_arguments
 
 PII_TAGS = frozenset({"pii-confirmed", "pii-unknown"})
 _decoder = msgspec.json.Decoder(DecisionTrace)
@@ -43,13 +44,7 @@ def register(sub: Any) -> None:
     p.add_argument("--since", metavar="AGE",
                    help="the recorded decisions of the last AGE from NATS, a duration such as 1h (default 1h "
                         "when no FILE is given)")
-    p.add_argument("--port-offset", type=int, default=None, metavar="N",
-                   help="the local stack's port offset, as in `KINFERENCE_PORT_OFFSET=N make run` "
-                        "(default: $KINFERENCE_PORT_OFFSET, else 0)")
-    p.add_argument("--nats-url", default=None,
-                   help="NATS holding the records (default: nats://127.0.0.1:4222 plus the port offset)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for NATS to answer (default 5)")
-    natsauth.add_arguments(p, default_user=natsauth.OBSERVER)
+    add_nats_arguments(p)
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format (default text)")
     p.set_defaults(run=run)
 

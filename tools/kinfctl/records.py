@@ -35,6 +35,11 @@ def add_source_arguments(p: Any, *, file_help: str) -> None:
     p.add_argument("--since", default="1h", metavar="AGE",
                    help="records of the last AGE, a duration such as 30m, 1h, 24h (default 1h)")
     p.add_argument("--file", type=Path, metavar="EXPORT", help=file_help)
+    add_nats_arguments(p)
+
+
+def add_nats_arguments(p: Any) -> None:
+    """Where the records are: the NATS flags (as the observer) ``kinfctl audit`` shares."""
     p.add_argument("--port-offset", type=int, default=None, metavar="N",
                    help="the local stack's port offset, as in `KINFERENCE_PORT_OFFSET=N make run` "
                         "(default: $KINFERENCE_PORT_OFFSET, else 0)")
