@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ import structlog
 from kinference_common.classifiers import DEFAULT_MAX_CHARS
 from kinference_common import logs, natsauth
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
+from kinference_common.tasks import cancel_and_wait
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,9 +88,7 @@ async def serve(args: argparse.Namespace) -> int:
             starting.result()  # raise a start error
             await stopping
         else:
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
+            await cancel_and_wait(starting)
     finally:
         stopping.cancel()
         await service.stop()

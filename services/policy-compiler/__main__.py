@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kinference_common import bus, logs, natsauth
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
+from kinference_common.tasks import cancel_and_wait
 from kinference_policy_compiler.service import PolicyCompilerService, Settings
 
 
@@ -106,8 +107,7 @@ async def run(args: argparse.Namespace) -> int:
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():
-        starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
+        await cancel_and_wait(starting)
         return 0
     stopping.cancel()
     if (exc := starting.exception()) is not None:  # e.g. the HTTP port is taken
@@ -137,8 +137,7 @@ async def run_kubernetes(args: argparse.Namespace, settings: Settings) -> int:
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not starting.done():
-        starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
+        await cancel_and_wait(starting)
         await mode.stop()
         return 0
     stopping.cancel()

@@ -15,6 +15,7 @@ import structlog
 
 from kinference_common import bus, logs, recording
 from kinference_common import natsauth
+from kinference_common.tasks import cancel_and_wait
 from kinference_router import provider_request, replica_sync
 from kinference_router.classification import Classification
 from kinference_router.classification import configure as configure_classification
@@ -325,8 +326,7 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if not connecting.done():
-        connecting.cancel()
-        await asyncio.gather(connecting, return_exceptions=True)
+        await cancel_and_wait(connecting)
         return 0
     nc = connecting.result()
     router = Router(settings, auth, secrets, nc=nc) if pool else MultiPoolRouter(settings, auth, secrets, nc=nc)

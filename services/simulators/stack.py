@@ -66,6 +66,7 @@ import yaml
 
 from kinference_common.natsauth import LocalAuth
 from kinference_common.natsserver import cluster_members, find_binary
+from kinference_common.tasks import cancel_and_wait
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
@@ -462,8 +463,7 @@ async def amain(args: argparse.Namespace) -> int:
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if not starting.done():
-            starting.cancel()
-            await asyncio.gather(starting, return_exceptions=True)
+            await cancel_and_wait(starting)
             return 130
         stopping.cancel()
         starting.result()
