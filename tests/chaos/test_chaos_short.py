@@ -15,7 +15,7 @@ import pytest
 
 from bench.chaos import SHORT, faults, free_offset, run_chaos, table
 
-pytestmark = [pytest.mark.slow, pytest.mark.nats]
+pytestmark = [pytest.mark.slow, pytest.mark.nats, pytest.mark.serial]  # alone: it measures success rates
 
 #: success rate each fault must keep: faults of the control plane and the
 #: bus must not show on the data plane; killing pods costs what was on them,
