@@ -81,7 +81,7 @@ class Config:
 
 
 FULL = Config()
-SHORT = Config(rate=14.0, pre=0.6, down=0.8, post=2.0, client_timeout=10.0, max_tokens=32, burst=14,
+SHORT = Config(rate=14.0, pre=0.6, down=0.8, post=3.0, client_timeout=10.0, max_tokens=32, burst=14,
                burst_every=1.4)
 
 

@@ -24,7 +24,7 @@ FLOOR = {"one pod kill -9 mid-stream": 0.7, "all pods kill -9": 0.3,
          "provider failing (500)": 0.6, "provider hanging": 0.6}
 
 
-@pytest.mark.timeout(400)  # about 70 s here; the suite's 120 s safety net is too close on a busy machine
+@pytest.mark.timeout(400)  # about 85 s here; the suite's 120 s safety net is too close on a busy machine
 async def test_short_chaos_suite_keeps_its_invariants(tmp_path: Path) -> None:
     offset = free_offset(random.Random())
     results = await run_chaos(SHORT, tmp_path / "run", offset, say=lambda _: None)
