@@ -468,7 +468,7 @@ class ServiceConfig:
 
 class NatsLog:
     """What the collector says about its NATS connection: one line per state
-    change (disconnected, reconnected, a different error), and while NATS stays
+    change (disconnected, reconnected, a kind of error not yet said), and while NATS stays
     away one summary every ``summary_every`` seconds, not one line per retry
     (the client retries twice a second)."""
 
@@ -478,7 +478,9 @@ class NatsLog:
         self.summary_every = summary_every
         self._clock = clock
         self.down_since: float | None = None
-        self._last_error: str | None = None
+        #: the kinds of error said since the last reconnect: each is said once per outage,
+        #: even when they alternate (refused, then a handshake cut while the server starts)
+        self._said: set[str] = set()
         self._errors = 0
         self._last_summary = 0.0
 
@@ -486,8 +488,8 @@ class NatsLog:
         now = self._clock()
         what = describe(exc)
         self._errors += 1
-        if what != self._last_error:
-            self._last_error = what
+        if what not in self._said:
+            self._said.add(what)
             log.warning("nats_error", url=self.url, error=what)
         elif self.down_since is not None and now - self._last_summary >= self.summary_every:
             self._last_summary = now
@@ -502,7 +504,8 @@ class NatsLog:
 
     def reconnected(self) -> None:
         down = None if self.down_since is None else round(self._clock() - self.down_since, 1)
-        self.down_since, self._last_error = None, None
+        self.down_since = None
+        self._said.clear()
         log.info("nats_reconnected", url=self.url, down_seconds=down, errors=self._errors)
 
 
