@@ -7,7 +7,9 @@ chat completion (a system and a user message) against 3 local endpoints and
 
 - ``parse``: :func:`kinference_router.body.parse` of the raw body;
 - ``engine request``: :func:`kinference_router.app.engine_request` (rewrite,
-  token estimate, block hashes, headers);
+  token estimate, block hashes, headers), with the block-hash key a router
+  with replica sync (the default) uses; its ``block hashes`` share is shown
+  on the row under it, not added to the total;
 - ``decide``: :func:`kinference_common.engine.decide`;
 - ``trace``: ``encode_trace(build_trace(d, ..., scores=False))``, the
   decision event;
@@ -17,7 +19,9 @@ chat completion (a system and a user message) against 3 local endpoints and
   gives the same to ``make bench-router``.
 
 A bare function call is timed the same way, so the figures can be read as
-ratios on whatever machine runs them.
+ratios on whatever machine runs them. ``--system-chars 16384`` gives the
+system message that many characters (a long shared prompt: 64 blocks to
+hash) instead of the default one-line one.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import msgspec
 
 from bench.decision import build_world
 from kinference_common.engine import decide
+from kinference_common.engine.tokens import block_hashes
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_router.app import engine_request
 from kinference_router.body import parse
@@ -40,12 +45,24 @@ from kinference_router.body import parse
 SYSTEM = "You are a helpful assistant. Answer briefly and cite sources."
 
 
-def body(k: int) -> bytes:
+def system_prompt(chars: int) -> str:
+    """A system message of ``chars`` characters of plain English (``SYSTEM`` when 0)."""
+    if chars <= 0:
+        return SYSTEM
+    words = "you are a careful assistant for the support team answer with the policy text".split()
+    rng = random.Random(chars)
+    text = ""
+    while len(text) < chars:
+        text += " ".join(rng.choice(words) for _ in range(64)) + ".\n"
+    return text[:chars]
+
+
+def body(k: int, system: str = SYSTEM) -> bytes:
     """A chat body; ``k`` makes the user message unique (no two requests share it)."""
     return msgspec.json.encode({
         "model": "qwen-2.5",
         "messages": [
-            {"role": "system", "content": SYSTEM},
+            {"role": "system", "content": system},
             {"role": "user", "content": f"Question {k}: what is the capital of France, and why is it famous? "
                                         "Please answer in two short paragraphs."},
         ],
@@ -124,19 +141,25 @@ def recording_cost(iterations: int = 5_000, rounds: int = 9) -> dict[str, float]
             "snapshot_record_us": round(snapshot, 2), "snapshot_record_bytes": len(pub.last)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=5_000, help="calls per round")
     parser.add_argument("--rounds", type=int, default=15)
-    args = parser.parse_args()
+    parser.add_argument("--system-chars", type=int, default=0,
+                        help="characters of the system message (default: one line; 16384 for a long prompt)")
+    args = parser.parse_args(argv)
 
+    from kinference_router.replica_sync import hash_key
+
+    key = hash_key(None)  # as a router with replica sync derives it (no NATS password here)
     rng = random.Random(7)
     snap, ledger, prefix, _ = build_world(3, 1, rng)
+    system = system_prompt(args.system_chars)
     # distinct bodies, more than any memo holds: each request's user message is new
-    raws = [body(k) for k in range(4096)]
+    raws = [body(k, system) for k in range(4096)]
     parsed = [parse(r, chat=True) for r in raws]
-    reqs = [msgspec.structs.replace(engine_request(snap, HEADERS, b, "alice", rng), tags=frozenset({"pii-none"}))
-            for b in parsed]
+    reqs = [msgspec.structs.replace(engine_request(snap, HEADERS, b, "alice", rng, key),
+                                    tags=frozenset({"pii-none"})) for b in parsed]
     decisions = [decide(snap, r, ledger=ledger, prefix=prefix, rng=rng) for r in reqs]
     assert all(d.routed for d in decisions)
     traces = [ClassifierTrace(name="pii", ms=1.234, outcome="ok")]
@@ -145,17 +168,20 @@ def main() -> None:
 
     steps = {
         "parse": lambda: parse(next(raw_it), chat=True),
-        "engine request": lambda: engine_request(snap, HEADERS, next(parsed_it), "alice", rng),
+        "engine request": lambda: engine_request(snap, HEADERS, next(parsed_it), "alice", rng, key),
+        "  block hashes": lambda: block_hashes("\n".join(next(parsed_it).texts), key=key),
         "decide": lambda: decide(snap, next(req_it), ledger=ledger, prefix=prefix, rng=rng),
         "trace": lambda: encode_trace(build_trace(next(d_it), decision_id=decision_id, classifiers=traces,
                                                   scores=False)),
     }
     base = per_call_us(lambda: next(raw_it), args.iterations, args.rounds)
+    blocks = len(reqs[0].block_hashes)
+    print(f"system message {len(system)} characters, {blocks} blocks hashed per request")
     print(f"{'step':<16}{'us/call':>10}{'x call':>10}")
     total = 0.0
     for name, fn in steps.items():
         us = per_call_us(fn, args.iterations, args.rounds)
-        if name != "  (suggested)":  # an alternative to the row above, not a step
+        if not name.startswith("  "):  # a part of the row above, not a step of its own
             total += us
         print(f"{name:<16}{us:>10.2f}{us / base:>10.0f}")
     cost = recording_cost(args.iterations, args.rounds)
