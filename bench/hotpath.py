@@ -36,10 +36,11 @@ import msgspec
 
 from bench.decision import build_world
 from kinference_common.engine import decide
-from kinference_common.engine.tokens import block_hashes
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_router.app import engine_request
 from kinference_router.body import parse
+from kinference_router.director import prompt_block_hashes
+from kinference_router.replica_sync import hash_key
 
 
 SYSTEM = "You are a helpful assistant. Answer briefly and cite sources."
@@ -149,8 +150,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="characters of the system message (default: one line; 16384 for a long prompt)")
     args = parser.parse_args(argv)
 
-    from kinference_router.replica_sync import hash_key
-
     key = hash_key(None)  # as a router with replica sync derives it (no NATS password here)
     rng = random.Random(7)
     snap, ledger, prefix, _ = build_world(3, 1, rng)
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     steps = {
         "parse": lambda: parse(next(raw_it), chat=True),
         "engine request": lambda: engine_request(snap, HEADERS, next(parsed_it), "alice", rng, key),
-        "  block hashes": lambda: block_hashes("\n".join(next(parsed_it).texts), key=key),
+        "  block hashes": lambda: prompt_block_hashes(next(parsed_it), key),
         "decide": lambda: decide(snap, next(req_it), ledger=ledger, prefix=prefix, rng=rng),
         "trace": lambda: encode_trace(build_trace(next(d_it), decision_id=decision_id, classifiers=traces,
                                                   scores=False)),

@@ -77,8 +77,13 @@ def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody,
         prompt_tokens=estimate_prompt_tokens(body.texts),
         max_tokens=body.max_tokens,
         headers=dict(headers),
-        block_hashes=block_hashes("\n".join(body.texts), key=prefix_key),
+        block_hashes=prompt_block_hashes(body, prefix_key),
     )
+
+
+def prompt_block_hashes(body: ParsedBody, key: bytes | None) -> tuple[int, ...]:
+    """The prefix-index block hashes of a request's prompt (its texts, one per line)."""
+    return block_hashes("\n".join(body.texts), key=key)
 
 
 class ApiError(Exception):
