@@ -9,7 +9,9 @@ chat completion (a system and a user message) against 3 local endpoints and
 - ``engine request``: :func:`kinference_router.app.engine_request` (rewrite,
   token estimate, block hashes, headers), with the block-hash key a router
   with replica sync (the default) uses; its ``block hashes`` share is shown
-  on the row under it, not added to the total;
+  on the row under it, not added to the total, and under that the same
+  hashes without the message-prefix memo
+  (:func:`kinference_common.engine.block_hashes` of the joined texts);
 - ``decide``: :func:`kinference_common.engine.decide`;
 - ``trace``: ``encode_trace(build_trace(d, ..., scores=False))``, the
   decision event;
@@ -35,11 +37,10 @@ import time
 import msgspec
 
 from bench.decision import build_world
-from kinference_common.engine import decide
+from kinference_common.engine import block_hashes, decide, prompt_block_hashes
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_router.app import engine_request
 from kinference_router.body import parse
-from kinference_router.director import prompt_block_hashes
 from kinference_router.replica_sync import hash_key
 
 
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     steps = {
         "parse": lambda: parse(next(raw_it), chat=True),
         "engine request": lambda: engine_request(snap, HEADERS, next(parsed_it), "alice", rng, key),
-        "  block hashes": lambda: prompt_block_hashes(next(parsed_it), key),
+        "  block hashes": lambda: prompt_block_hashes(next(parsed_it).texts, key=key),
+        "  (unmemoised)": lambda: block_hashes("\n".join(next(parsed_it).texts), key=key),
         "decide": lambda: decide(snap, next(req_it), ledger=ledger, prefix=prefix, rng=rng),
         "trace": lambda: encode_trace(build_trace(next(d_it), decision_id=decision_id, classifiers=traces,
                                                   scores=False)),

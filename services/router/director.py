@@ -37,7 +37,7 @@ from kinference_common.compiled import CompiledFlowControl
 from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
 from kinference_common.engine.candidates import Candidate
 from kinference_common.engine.request import apply_rewrite
-from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
+from kinference_common.engine.tokens import estimate_prompt_tokens, prompt_block_hashes
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
 from kinference_router import validate
@@ -77,13 +77,8 @@ def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody,
         prompt_tokens=estimate_prompt_tokens(body.texts),
         max_tokens=body.max_tokens,
         headers=dict(headers),
-        block_hashes=prompt_block_hashes(body, prefix_key),
+        block_hashes=prompt_block_hashes(body.texts, key=prefix_key),
     )
-
-
-def prompt_block_hashes(body: ParsedBody, key: bytes | None) -> tuple[int, ...]:
-    """The prefix-index block hashes of a request's prompt (its texts, one per line)."""
-    return block_hashes("\n".join(body.texts), key=key)
 
 
 class ApiError(Exception):

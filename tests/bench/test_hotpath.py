@@ -1,7 +1,7 @@
 """``python -m bench.hotpath`` (make bench-hotpath) measures what a router runs:
 the keyed block hashes of a router with replica sync, over a long system
-message when asked, with the hashing shown on its own row and not counted
-twice in the total."""
+message when asked, with the hashing shown on its own row (memoised, as the
+router runs it, and afresh) and not counted twice in the total."""
 
 from __future__ import annotations
 
@@ -32,8 +32,10 @@ def test_hotpath_reports_the_hashing_it_does(capsys: pytest.CaptureFixture[str],
     assert f"{blocks} blocks hashed per request" in out
     r = rows(out)
     steps = ("parse", "engine request", "decide", "trace", "record")
-    assert set(steps) | {"block hashes", "total"} <= set(r), out
+    assert set(steps) | {"block hashes", "(unmemoised)", "total"} <= set(r), out
     # the hashing is a part of the engine request, not a step added again
     assert r["total"] == pytest.approx(sum(r[s] for s in steps), abs=0.05)
-    if blocks:  # 64 keyed blocks are most of a long prompt's engine request
-        assert r["block hashes"] > r["engine request"] / 2, out
+    if blocks:
+        # 64 keyed blocks hashed afresh cost more than a whole engine request
+        # that resumes the system message's chain from the memo
+        assert r["(unmemoised)"] > r["engine request"] > r["block hashes"], out

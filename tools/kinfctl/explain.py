@@ -48,7 +48,7 @@ from kinference_common.compiler import compile_documents
 from kinference_common.durations import DurationError, format_duration, parse_duration
 from kinference_common.engine import InFlightLedger, Request, Snapshot, decide
 from kinference_common.engine.request import apply_rewrite
-from kinference_common.engine.tokens import block_hashes, estimate_prompt_tokens
+from kinference_common.engine.tokens import estimate_prompt_tokens, prompt_block_hashes
 from kinference_common.engine.trace import ClassifierTrace, DecisionTrace, RuleTrace
 from kinference_common.manifests import Loaded, load_paths, load_text
 from kinference_common.messages import EndpointState, ProviderState
@@ -279,7 +279,7 @@ def explain(args: argparse.Namespace, now: float | None = None) -> DecisionTrace
         prompt_tokens=estimate_prompt_tokens(texts),
         max_tokens=max_tokens,
         headers=headers,
-        block_hashes=block_hashes("\n".join(texts)),
+        block_hashes=prompt_block_hashes(texts),
     )
 
     # classifiers: --tag stands for what they emitted; a needed one without

@@ -31,7 +31,7 @@ from .ledger import InFlightLedger
 from .prefix import PrefixIndex
 from .request import Request, required_classifiers
 from .snapshot import Snapshot
-from .tokens import block_hashes, estimate_tokens
+from .tokens import block_hashes, estimate_tokens, prompt_block_hashes
 from .trace import DecisionTrace, build_trace, encode_trace
 from .ttft import Calibration, TTFTModel
 
@@ -49,5 +49,6 @@ __all__ = [
     "decide",
     "encode_trace",
     "estimate_tokens",
+    "prompt_block_hashes",
     "required_classifiers",
 ]

@@ -51,12 +51,20 @@ processes: with ``key``, each block is chained through a keyed BLAKE2b
 meaningless without it (a hash of a guessed prompt cannot be checked
 against published ones without the key). About 4x the cost of the unkeyed
 chain (~60 us for a 16 KB prompt).
+
+A chat request resends its system prompt and the conversation so far, so
+:func:`prompt_block_hashes` memoises the chain at the end of the messages
+before the last one: the next request that repeats them hashes only its new
+text. Like the token estimate's memo it is keyed by hashes and lengths of
+the texts, never the texts, and holds only block hashes and the chain's
+state.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from operator import mul
 
 #: characters per prompt block (about 64 tokens of English)
@@ -226,3 +234,75 @@ def block_hashes(text: str, block_chars: int = BLOCK_CHARS, key: bytes | None = 
         h = hash((h, text[start : start + block_chars]))
         out.append(h)
     return tuple(out)
+
+
+#: entries of :func:`prompt_block_hashes`'s memo (the oldest used is evicted)
+CHAIN_MEMO_ENTRIES = 2048
+
+#: identity of (key, block size, messages 0..i) -> (the hashes of the complete
+#: blocks up to the end of message i, the chain's state after them)
+_chains: OrderedDict[int, tuple[tuple[int, ...], object]] = OrderedDict()
+
+
+def prompt_block_hashes(texts: Sequence[str], block_chars: int = BLOCK_CHARS,
+                        key: bytes | None = None) -> tuple[int, ...]:
+    """``block_hashes("\n".join(texts), block_chars, key)``, the same hashes,
+    without rehashing the messages a recent request already had.
+
+    The chain's state at the end of the messages before the last is kept
+    under an identity chained from each message's ``hash`` and length (the
+    messages' texts are not kept); a later request that starts with the same
+    messages resumes from the longest such prefix it finds.
+    """
+    joined = "\n".join(texts)
+    if len(joined) < block_chars:
+        return ()
+    if len(texts) < 2:
+        return block_hashes(joined, block_chars, key)
+    memo = _chains
+    last = len(texts) - 2  # the messages before the newest one end here
+    ident = hash((key, block_chars))
+    found = -1  # blocks resumed from the memo
+    resumed: tuple[tuple[int, ...], object] | None = None
+    end = -1
+    for i in range(last + 1):
+        text = texts[i]
+        ident = hash((ident, hash(text), len(text)))
+        end += len(text) + 1
+        entry = memo.get(ident)
+        if entry is not None:
+            resumed, found = entry, i
+    keep_blocks = end // block_chars  # complete blocks within messages 0..last
+    if found == last:
+        memo.move_to_end(ident)
+    hashes: list[int]
+    if resumed is None:
+        hashes, state = [], (hashlib.blake2b(key=key, digest_size=8) if key is not None else 0)
+    else:
+        hashes, state = list(resumed[0]), resumed[1]
+        state = state.copy() if key is not None else state  # type: ignore[attr-defined]
+    keep = found != last and keep_blocks > 0
+    if keep and len(hashes) == keep_blocks:
+        _remember(ident, hashes, state, key)
+    if key is not None:
+        chain = state
+        from_bytes = int.from_bytes
+        for start in range(len(hashes) * block_chars, len(joined) - block_chars + 1, block_chars):
+            chain.update(joined[start : start + block_chars].encode("utf-8", "surrogatepass"))  # type: ignore[attr-defined]
+            hashes.append(from_bytes(chain.copy().digest(), "little", signed=True))  # type: ignore[attr-defined]
+            if keep and len(hashes) == keep_blocks:
+                _remember(ident, hashes, chain, key)
+    else:
+        h = state
+        for start in range(len(hashes) * block_chars, len(joined) - block_chars + 1, block_chars):
+            h = hash((h, joined[start : start + block_chars]))
+            hashes.append(h)
+            if keep and len(hashes) == keep_blocks:
+                _remember(ident, hashes, h, key)
+    return tuple(hashes)
+
+
+def _remember(ident: int, hashes: list[int], state: object, key: bytes | None) -> None:
+    if len(_chains) >= CHAIN_MEMO_ENTRIES:
+        _chains.popitem(last=False)
+    _chains[ident] = (tuple(hashes), state.copy() if key is not None else state)  # type: ignore[attr-defined]
