@@ -21,6 +21,8 @@ class TokenStream:
     request_id: str
     queue: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
     done: bool = False
+    #: prompt tokens the prefix cache held at admission, set when the request finishes
+    cached_tokens: int | None = None
 
     async def events(self) -> AsyncIterator[TokenEvent]:
         while not self.done:
@@ -96,6 +98,10 @@ class Engine:
             await asyncio.sleep(max(0, delay))
             if result.idle:  # work that cannot be scheduled yet; should not happen
                 await asyncio.sleep(0.001)
+            for f in result.finished:
+                stream = self._streams.get(f.request_id)
+                if stream is not None:
+                    stream.cached_tokens = f.cached_tokens
             for ev in result.tokens:
                 stream = self._streams.get(ev.request_id)
                 if stream is not None:

@@ -10,7 +10,7 @@ optional usage chunk when ``stream_options.include_usage`` is set, then
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,12 +182,15 @@ def parse_tokenize(body: bytes) -> tuple[str | None, str]:
     return req.model, p
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 async def respond(
@@ -198,8 +201,15 @@ async def respond(
     model: str,
     prompt_tokens: int,
     stream: AsyncIterator[tuple[str, str | None]],
+    cached_tokens: Callable[[], int | None] | None = None,
+    fingerprint: str | None = None,
 ) -> web.StreamResponse:
-    """Answer with the tokens of ``stream``, as one JSON body or as SSE chunks."""
+    """Answer with the tokens of ``stream``, as one JSON body or as SSE chunks;
+    ``cached_tokens`` (called once the stream is done): the usage's
+    ``prompt_tokens_details.cached_tokens``, when given; ``fingerprint``: the
+    ``system_fingerprint`` of the body and of every chunk, when given."""
+    cached = cached_tokens or (lambda: None)
+    extra: dict[str, Any] = {} if fingerprint is None else {"system_fingerprint": fingerprint}
     created = int(time.time())
     obj = "chat.completion" if p.chat else "text_completion"
     if not p.stream:
@@ -220,7 +230,8 @@ async def respond(
             "created": created,
             "model": model,
             "choices": [choice],
-            "usage": usage(prompt_tokens, len(parts)),
+            "usage": usage(prompt_tokens, len(parts), cached()),
+            **extra,
         }
         return web.Response(body=_json.encode(body), content_type="application/json")
 
@@ -245,6 +256,7 @@ async def respond(
                     "created": created,
                     "model": model,
                     "choices": [c],
+                    **extra,
                 }
             )
             + b"\n\n"
@@ -267,7 +279,8 @@ async def respond(
                         "created": created,
                         "model": model,
                         "choices": [],
-                        "usage": usage(prompt_tokens, n),
+                        "usage": usage(prompt_tokens, n, cached()),
+                        **extra,
                     }
                 )
                 + b"\n\n"

@@ -68,6 +68,13 @@ class VllmSimConfig:
     #: engine cores, each with its own scheduler and KV cache (label engine="0", "1", ...)
     data_parallel_size: int = 1
     legacy_metrics: bool = False
+    #: report ``usage.prompt_tokens_details.cached_tokens`` (vLLM's
+    #: ``--enable-prompt-tokens-details``): the prompt tokens its prefix cache held
+    prompt_tokens_details: bool = False
+    #: ``system_fingerprint`` of every answer (OpenAI's field naming the
+    #: backend that answered; vLLM leaves it out): lets a benchmark's client
+    #: tell which pod served a request behind a router
+    system_fingerprint: str = ""
     #: real seconds between two renderings of /metrics while the engine is busy
     metrics_min_interval: float = 0.01
 
@@ -296,6 +303,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             model=model,
             prompt_tokens=prompt_tokens,
             stream=token_stream(),
+            cached_tokens=(lambda: stream.cached_tokens) if cfg.prompt_tokens_details else None,
+            fingerprint=cfg.system_fingerprint or None,
         )
     finally:
         if not stream.done:
@@ -431,6 +440,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--legacy-metrics", action="store_true", help="also expose vLLM's deprecated metric names"
     )
     ap.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens (the prompt tokens found cached)",
+    )
+    ap.add_argument(
+        "--system-fingerprint",
+        default="",
+        metavar="TEXT",
+        help="the system_fingerprint of every answer (e.g. the pod's name; default: none)",
+    )
+    ap.add_argument(
         "--metrics-min-interval",
         type=float,
         default=d.metrics_min_interval,
@@ -461,6 +481,8 @@ def config_from_args(a: argparse.Namespace) -> VllmSimConfig:
         pod_name=a.pod_name,
         data_parallel_size=a.data_parallel_size,
         legacy_metrics=a.legacy_metrics,
+        prompt_tokens_details=a.enable_prompt_tokens_details,
+        system_fingerprint=a.system_fingerprint,
         metrics_min_interval=a.metrics_min_interval,
     )
 

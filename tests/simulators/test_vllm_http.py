@@ -121,6 +121,30 @@ async def test_chat_streaming_sse(client: TestClient) -> None:
     assert len({c["id"] for c in chunks}) == 1
 
 
+async def test_prompt_tokens_details_report_what_the_prefix_cache_held(client: TestClient) -> None:
+    """``--enable-prompt-tokens-details``: the usage says how many prompt
+    tokens were found cached, as vLLM's does; without it, no such field."""
+    prompt = "a long shared system prompt. " * 40  # ~290 tokens: many 16-token blocks
+    cfg = dataclasses.replace(BASE, prompt_tokens_details=True, system_fingerprint="pod-7")
+    async with serve(vllm.make_app(cfg)) as c:
+        seen = []
+        for question, stream in (("first?", False), ("second?", True), ("third?", False)):
+            body = {"model": MODEL, "prompt": prompt + question, "max_tokens": 2, "stream": stream,
+                    "stream_options": {"include_usage": True}}
+            resp = await c.post("/v1/completions", json=body)
+            text = await resp.text()
+            answers = sse_events(text)[:-1] if stream else [await resp.json()]
+            assert {a["system_fingerprint"] for a in answers} == {"pod-7"}
+            seen.append(answers[-1]["usage"]["prompt_tokens_details"]["cached_tokens"])
+        assert seen[0] == 0
+        shared = (tokens.count_tokens(prompt) // BASE.block_size) * BASE.block_size
+        assert shared - BASE.block_size <= seen[1] <= shared and seen[2] == seen[1]
+    for _ in range(2):  # the plain simulator: cached or not, no details
+        resp = await client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+        answer = await resp.json()
+        assert "prompt_tokens_details" not in answer["usage"] and "system_fingerprint" not in answer
+
+
 async def test_streaming_without_include_usage_has_no_usage_chunk(client: TestClient) -> None:
     resp = await client.post("/v1/chat/completions", json=chat_body(max_tokens=2, stream=True))
     events = sse_events(await resp.text())
