@@ -60,7 +60,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +86,7 @@ PROFILE = "h100"
 RATE = 18.0
 DURATION = 60.0
 SEED = 7
+GROUPS = 16
 MODEL = "m"
 OFFSET = 700
 ROUTERS = ["kinference", "kinference_envoy", "vllm_router_cache_aware", "vllm_router_round_robin",
@@ -100,9 +101,13 @@ MANIFESTS = manifests([PodSpec(f"pod-{i}", WORKER_SET, MODEL, PROFILE, BLOCKS, m
                        for i in range(PODS)], [], FASTEST_LOCAL)
 
 
-def arrivals(seed: int = SEED, rate: float = RATE, duration: float = DURATION) -> list[SimRequest]:
-    """The trial's arrivals: the same list for the same seed, rate and duration."""
-    return generate("trial", seed, rate, duration)
+def arrivals(seed: int = SEED, rate: float = RATE, duration: float = DURATION,
+             groups: int = GROUPS) -> list[SimRequest]:
+    """The trial's arrivals: the same list for the same seed, rate, duration
+    and number of groups (16: the issue's trial, as it always was)."""
+    if groups == GROUPS:
+        return generate("trial", seed, rate, duration)
+    return generate("trial", seed, rate, duration, groups=groups)
 
 
 # ------------------------------------------------------------ measuring
@@ -126,6 +131,12 @@ class Outcome:
     ttft: float | None = None
     e2e: float | None = None
     error: str | None = None
+    #: seconds from the replay's start to the request's send
+    sent: float | None = None
+    #: the pod that answered (the simulators' ``system_fingerprint``)
+    pod: str | None = None
+    #: prompt tokens the pod found cached (``usage.prompt_tokens_details``)
+    cached: int | None = None
 
 
 def summarize(router: str, outcomes: Sequence[Outcome], engine: dict) -> dict:
@@ -144,7 +155,120 @@ def summarize(router: str, outcomes: Sequence[Outcome], engine: dict) -> dict:
         "preemptions": int(engine.get("preemptions", 0)), "served_per_pod": [int(s) for s in engine.get("served", [])],
         # per request, in arrival order (None: no first chunk / failed), for a reader who wants other cuts
         "ttft_s": [o.ttft for o in outcomes], "e2e_s": [None if o.error else o.e2e for o in outcomes],
+        "pod": [o.pod for o in outcomes], "cached_tokens": [o.cached for o in outcomes],
     }
+
+
+# ------------------------------------------------------- where the tail comes from
+
+#: a request found its group's system prompt cached when at least this share of it was
+WARM_SHARE = 0.9
+#: why a request waited, in the order the tables show them
+SOURCES = {
+    "group_first": "its group's first request (cold for every router)",
+    "cold": "a later request of its group sent to a pod without the group's prompt cached",
+    "behind_cold": "warm, but sent to a pod that was prefilling a cold prompt (sent before it, first token after)",
+    "warm": "warm, with no cold prefill in flight on its pod",
+    "unknown": "the answer said nothing of its pod or its cache",
+}
+
+
+def sources(reqs: Sequence[SimRequest], outcomes: Sequence[Outcome]) -> list[str | None]:
+    """Each request's source of delay (a key of :data:`SOURCES`; None for a
+    request without a first chunk), from what the client saw: arrival order,
+    the pod that answered, the prompt tokens it found cached, send and first
+    token times."""
+    first_of: dict[int, int] = {}
+    for i, r in enumerate(reqs):
+        first_of.setdefault(r.group, i)
+    cats: list[str | None] = []
+    for i, (r, o) in enumerate(zip(reqs, outcomes, strict=True)):
+        if o.ttft is None:
+            cats.append(None)
+        elif first_of[r.group] == i:
+            cats.append("group_first")
+        elif o.cached is None or o.pod is None:
+            cats.append("unknown")
+        elif o.cached < WARM_SHARE * r.prefix_tokens:
+            cats.append("cold")
+        else:
+            cats.append("warm")
+    cold_on: dict[str, list[tuple[float, float]]] = {}
+    for c, o in zip(cats, outcomes, strict=True):
+        if c in ("group_first", "cold") and o.pod is not None and o.sent is not None and o.ttft is not None:
+            cold_on.setdefault(o.pod, []).append((o.sent, o.sent + o.ttft))
+    for i, o in enumerate(outcomes):
+        if cats[i] == "warm" and o.sent is not None and o.pod is not None:
+            if any(start <= o.sent < first for start, first in cold_on.get(o.pod, ())):
+                cats[i] = "behind_cold"
+    return cats
+
+
+def slowest(outcomes: Sequence[Outcome], share: float = 0.01) -> list[int]:
+    """Indices of the slowest ``share`` of the requests by TTFT (at least one;
+    the requests at or above the p99 for 0.01), slowest first."""
+    done = [i for i, o in enumerate(outcomes) if o.ttft is not None]
+    done.sort(key=lambda i: outcomes[i].ttft, reverse=True)  # type: ignore[arg-type, return-value]
+    return done[: max(1, math.ceil(share * len(done)))] if done else []
+
+
+def attribute(reqs: Sequence[SimRequest], by_router: dict[str, list[Outcome]],
+              subject: str = "kinference") -> dict:
+    """Per router: its slowest 1% counted by :func:`sources`; and for
+    ``subject``'s slowest 1%, what every other router made of the same
+    requests (their TTFT p50 over them and their sources)."""
+    cats = {name: sources(reqs, outs) for name, outs in by_router.items()}
+    out: dict = {"routers": {}, "same_requests": {}}
+    for name, outs in by_router.items():
+        tail = slowest(outs)
+        out["routers"][name] = {
+            "tail": len(tail), "tail_min_ttft_s": outcomes_ttft(outs, tail[-1:]),
+            "sources": _count(cats[name][i] for i in tail),
+            "all_sources": _count(cats[name]),
+        }
+    if subject in by_router:
+        tail = slowest(by_router[subject])
+        out["subject"], out["subject_tail"] = subject, tail
+        for name, outs in by_router.items():
+            if name == subject:
+                continue
+            ttfts = [outs[i].ttft for i in tail if outs[i].ttft is not None]
+            out["same_requests"][name] = {
+                "ttft_p50_s": quantile(ttfts, 0.5),  # type: ignore[arg-type]
+                "sources": _count(cats[name][i] for i in tail),
+                "also_in_its_tail": len(set(tail) & set(slowest(outs))),
+            }
+    return out
+
+
+def outcomes_ttft(outs: Sequence[Outcome], idx: Sequence[int]) -> float | None:
+    return outs[idx[0]].ttft if idx else None
+
+
+def _count(cats: Iterable[str | None]) -> dict[str, int]:
+    counts = dict.fromkeys(SOURCES, 0)
+    for c in cats:
+        if c is not None:
+            counts[c] += 1
+    return counts
+
+
+def tail_table(att: dict) -> str:
+    """:func:`attribute`'s counts as a Markdown table and a line per router
+    for the subject's slowest requests."""
+    heads = {"group_first": "group's first", "cold": "cold on its pod", "behind_cold": "behind a cold prefill",
+             "warm": "warm", "unknown": "unknown"}
+    out = ["| router | slowest 1% | from TTFT ms | " + " | ".join(heads.values()) + " |",
+           "|---|---:|---:|" + "---:|" * len(heads)]
+    for name, r in att["routers"].items():
+        out.append(f"| {name} | {r['tail']} | {_ms(r['tail_min_ttft_s'])} | "
+                   + " | ".join(str(r["sources"][k]) for k in heads) + " |")
+    subject = att.get("subject")
+    for name, s in att["same_requests"].items():
+        parts = ", ".join(f"{n} {heads[k]}" for k, n in s["sources"].items() if n)
+        out.append(f"\n{subject}'s slowest {len(att['subject_tail'])} under {name}: TTFT p50 "
+                   f"{_ms(s['ttft_p50_s'])} ms, {s['also_in_its_tail']} also in its own slowest 1%; {parts}")
+    return "\n".join(out)
 
 
 def _ms(x: float | None) -> str:
@@ -177,8 +301,9 @@ async def replay(urls: Sequence[str], reqs: Sequence[SimRequest], timeout: float
             if delay > 0:
                 await asyncio.sleep(delay)
             body = {"model": r.model, "prompt": r.text, "max_tokens": r.output_len, "ignore_eos": True,
-                    "stream": True}
+                    "stream": True, "stream_options": {"include_usage": True}}
             start = time.perf_counter()
+            o.sent = start - t0
             try:
                 async with session.post(urls[i % len(urls)], json=body) as resp:
                     if resp.status != 200:
@@ -191,8 +316,11 @@ async def replay(urls: Sequence[str], reqs: Sequence[SimRequest], timeout: float
                             continue
                         if o.ttft is None:
                             o.ttft = time.perf_counter() - start
+                            _read_chunk(line, o)
                         if line.strip() == b"data: [DONE]":
                             done = True
+                        elif b'"usage"' in line:
+                            _read_chunk(line, o)
                     o.e2e = time.perf_counter() - start
                     if o.ttft is None:
                         o.error = "stream without data"
@@ -202,6 +330,22 @@ async def replay(urls: Sequence[str], reqs: Sequence[SimRequest], timeout: float
                 o.error = f"{type(exc).__name__}: {exc}"[:120]
         await asyncio.gather(*(one(i) for i in range(len(reqs))))
     return outcomes
+
+
+def _read_chunk(line: bytes, o: Outcome) -> None:
+    """The pod (``system_fingerprint``) and the cached prompt tokens (the
+    usage chunk) of a streamed chunk, when it has them."""
+    try:
+        chunk = json.loads(line[5:])
+    except ValueError:
+        return
+    if not isinstance(chunk, dict):
+        return
+    if isinstance(chunk.get("system_fingerprint"), str):
+        o.pod = chunk["system_fingerprint"]
+    details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+    if isinstance(details.get("cached_tokens"), int):
+        o.cached = details["cached_tokens"]
 
 
 def engine_counters(ports: Sequence[int]) -> dict:
@@ -229,7 +373,9 @@ def start_simulators(log_dir: Path, tag: str) -> tuple[list[harness.Process], li
             procs.append(harness.spawn(f"{tag}-sim-{i}", [
                 sys.executable, "-m", "kinference_simulators.vllm", "--host", "127.0.0.1", "--port", str(port),
                 "--model", MODEL, "--speed-profile", PROFILE, "--kv-blocks", str(BLOCKS), "--time-scale", "1",
-                "--pod-name", f"pod-{i}", "--seed", str(100 + i), "--log-level", "warning"], log_dir))
+                "--pod-name", f"pod-{i}", "--seed", str(100 + i), "--log-level", "warning",
+                # what the tail attribution reads: who answered, what was cached
+                "--system-fingerprint", f"pod-{i}", "--enable-prompt-tokens-details"], log_dir))
         for i, port in enumerate(ports):
             harness.wait_http(f"http://127.0.0.1:{port}/health", 60, procs[i].proc, f"sim-{i}")
     except BaseException:
@@ -339,9 +485,10 @@ async def _kinference(reqs: Sequence[SimRequest], sim_ports: list[int], log_dir:
         await stack.stop()
 
 
-def run_router(router: str, reqs: Sequence[SimRequest], log_dir: Path, offset: int) -> dict:
+def run_router(router: str, reqs: Sequence[SimRequest], log_dir: Path, offset: int) -> tuple[dict, list[Outcome]]:
     """Fresh simulators, ``router`` in front of them, the arrivals replayed:
-    one result row. Every process started here is stopped before it returns."""
+    one result row and the client's outcomes. Every process started here is
+    stopped before it returns."""
     sims, ports = start_simulators(log_dir, router)
     front: harness.Process | None = None
     try:
@@ -361,7 +508,7 @@ def run_router(router: str, reqs: Sequence[SimRequest], log_dir: Path, offset: i
             outcomes = asyncio.run(replay([f"http://127.0.0.1:{p}/v1/completions" for p in ports], reqs))
         else:
             raise ValueError(f"unknown router {router!r}; known: {', '.join(ROUTERS)}")
-        return summarize(router, outcomes, engine_counters(ports))
+        return summarize(router, outcomes, engine_counters(ports)), outcomes
     finally:
         if front is not None:
             front.stop()
@@ -392,11 +539,54 @@ def _terminate(signum: int, frame: object) -> None:  # noqa: ARG001
     raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: every finally stops its processes
 
 
+def _ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers (``--seed 1,2,3``)."""
+    try:
+        vals = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"need one or more positive integers, got {text!r}")
+    return vals
+
+
+def goal(rows: Sequence[dict], subject: str = "kinference") -> dict | None:
+    """The issue's goal on one run: ``subject``'s TTFT p99 at most 0.8x the
+    best vllm-router policy's and its p50 no worse; None without both."""
+    mine = next((r for r in rows if r["router"] == subject and r["ttft_p99_s"] is not None), None)
+    peers = [r for r in rows if r["router"].startswith("vllm_router_") and r["ttft_p99_s"] is not None]
+    if mine is None or not peers:
+        return None
+    best = min(peers, key=lambda r: r["ttft_p99_s"])
+    p99, p50 = mine["ttft_p99_s"] / best["ttft_p99_s"], mine["ttft_p50_s"] / best["ttft_p50_s"]
+    return {"best_peer": best["router"], "p99_ratio": round(p99, 3), "p50_ratio": round(p50, 3),
+            "met": p99 <= 0.8 and p50 <= 1.0}
+
+
+def sweep_table(runs: Sequence[dict]) -> str:
+    """One line per (groups, seed): each router's TTFT p50/p99 and the goal."""
+    routers = list(dict.fromkeys(r["router"] for run in runs for r in run["rows"]))
+    out = ["| groups | seed | " + " | ".join(f"{r} p50/p99 ms" for r in routers) + " | p99 / best peer | goal |",
+           "|---:|---:|" + "---:|" * len(routers) + "---:|---|"]
+    for run in runs:
+        by = {r["router"]: r for r in run["rows"]}
+        cells = [f"{_ms(by[r]['ttft_p50_s'])}/{_ms(by[r]['ttft_p99_s'])}" if r in by else "-" for r in routers]
+        g = run["goal"]
+        verdict = "-" if g is None else (f"{g['p99_ratio']:.2f}x {g['best_peer']}",
+                                         "met" if g["met"] else f"missed (p50 {g['p50_ratio']:.2f}x)")
+        out.append(f"| {run['groups']} | {run['seed']} | " + " | ".join(cells)
+                   + (" | - | - |" if g is None else f" | {verdict[0]} | {verdict[1]} |"))
+    return "\n".join(out)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.routing.realtrial", description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=_positive, default=DURATION, help="seconds of arrivals (default %(default)s)")
     ap.add_argument("--rate", type=_positive, default=RATE, help="requests per second (default %(default)s)")
-    ap.add_argument("--seed", type=int, default=SEED, help="workload seed (default %(default)s)")
+    ap.add_argument("--seed", type=_ints, default=[SEED],
+                    help=f"workload seed, or a comma-separated list to run each (default {SEED})")
+    ap.add_argument("--groups", type=_ints, default=[GROUPS],
+                    help=f"system-prompt groups, or a comma-separated list (default {GROUPS})")
     ap.add_argument("--routers", type=_routers, default=ROUTERS,
                     help=f"comma-separated, in the order run (default {','.join(ROUTERS)})")
     ap.add_argument("--port-offset", type=int, default=int(os.environ.get("KINFERENCE_PORT_OFFSET", OFFSET)),
@@ -410,42 +600,63 @@ def main(argv: Sequence[str] | None = None) -> int:
         if why is not None:
             print(f"realtrial not run: {why}", file=sys.stderr)
             return 1
-    reqs = arrivals(args.seed, args.rate, args.duration)
-    print(f"real-time trial: {len(reqs)} requests over {args.duration:g} s ({args.rate:g}/s, seed {args.seed}), "
-          f"{PODS} x {PROFILE} simulators with {BLOCKS} KV blocks, fresh for each router", flush=True)
-    rows: list[dict] = []
+    runs: list[dict] = []
     failed: list[str] = []
+    errors = False
     with tempfile.TemporaryDirectory(prefix="routing-realtrial-") as tmp:
-        log_dir = args.log_dir or Path(tmp)
-        for router in args.routers:
-            started = time.monotonic()
-            try:
-                row = run_router(router, reqs, log_dir / router, args.port_offset)
-            except KeyboardInterrupt:
-                print(f"interrupted during {router}: every process it started is stopped; nothing written",
-                      file=sys.stderr, flush=True)
-                return 130
-            except (RuntimeError, StackError, OSError) as exc:
-                print(f"  {router}: could not run: {exc}", file=sys.stderr, flush=True)
-                failed.append(router)
-                continue
-            rows.append(row)
-            print(f"  {router}: {row['requests']} requests, {row['errors']} errors, TTFT p50/p99 "
-                  f"{_ms(row['ttft_p50_s'])}/{_ms(row['ttft_p99_s'])} ms ({time.monotonic() - started:.0f} s)",
-                  flush=True)
-    print()
-    print(table(rows))
-    for r in rows:
-        if r["errors"]:
-            print(f"{r['router']}: {r['errors']} failed requests, e.g. {r['error_samples']}")
+        log_root = args.log_dir or Path(tmp)
+        for groups in args.groups:
+            for seed in args.seed:
+                reqs = arrivals(seed, args.rate, args.duration, groups)
+                print(f"real-time trial: {len(reqs)} requests over {args.duration:g} s ({args.rate:g}/s, seed "
+                      f"{seed}, {groups} groups), {PODS} x {PROFILE} simulators with {BLOCKS} KV blocks, "
+                      "fresh for each router", flush=True)
+                rows: list[dict] = []
+                outcomes: dict[str, list[Outcome]] = {}
+                log_dir = log_root if len(args.groups) == len(args.seed) == 1 else log_root / f"g{groups}-s{seed}"
+                for router in args.routers:
+                    started = time.monotonic()
+                    try:
+                        row, outcomes[router] = run_router(router, reqs, log_dir / router, args.port_offset)
+                    except KeyboardInterrupt:
+                        print(f"interrupted during {router}: every process it started is stopped; nothing written",
+                              file=sys.stderr, flush=True)
+                        return 130
+                    except (RuntimeError, StackError, OSError) as exc:
+                        print(f"  {router}: could not run: {exc}", file=sys.stderr, flush=True)
+                        failed.append(f"{router} (groups {groups}, seed {seed})")
+                        continue
+                    rows.append(row)
+                    print(f"  {router}: {row['requests']} requests, {row['errors']} errors, TTFT p50/p99 "
+                          f"{_ms(row['ttft_p50_s'])}/{_ms(row['ttft_p99_s'])} ms "
+                          f"({time.monotonic() - started:.0f} s)", flush=True)
+                att = attribute(reqs, outcomes)
+                print()
+                print(table(rows))
+                print()
+                print(tail_table(att))
+                print()
+                for r in rows:
+                    if r["errors"]:
+                        errors = True
+                        print(f"{r['router']}: {r['errors']} failed requests, e.g. {r['error_samples']}")
+                runs.append({"groups": groups, "seed": seed, "requests": len(reqs), "rows": rows,
+                             "tail": {k: v for k, v in att.items() if k != "subject_tail"}, "goal": goal(rows)})
+    if len(runs) > 1:
+        print(sweep_table(runs))
+        ratios = [run["goal"]["p99_ratio"] for run in runs if run["goal"] is not None]
+        if ratios:
+            print(f"\nworst p99 against the best vllm-router policy: {max(ratios):.2f}x; goal (<= 0.80x and p50 no "
+                  f"worse) met on {sum(run['goal']['met'] for run in runs if run['goal'])} of {len(ratios)} runs")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "setup": {"pods": PODS, "profile": PROFILE, "kv_blocks": BLOCKS, "rate": args.rate,
-                  "duration_s": args.duration, "seed": args.seed, "workload": "trial", "requests": len(reqs),
-                  "time_scale": 1.0, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-        "rows": rows, "not_run": failed}, indent=1) + "\n")
+                  "duration_s": args.duration, "seeds": args.seed, "groups": args.groups, "workload": "trial",
+                  "time_scale": 1.0, "warm_share": WARM_SHARE, "sources": SOURCES,
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        "runs": runs, "not_run": failed}, indent=1) + "\n")
     print(f"wrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
-    return 1 if failed or any(r["errors"] for r in rows) else 0
+    return 1 if failed or errors else 0
 
 
 if __name__ == "__main__":

@@ -198,11 +198,13 @@ def hetero(rng: random.Random, rate: float, duration: float, factory: TextFactor
                     groups=32, per_group=32, system=2048, question=256, output=256, prefix="h")
 
 
-def trial(rng: random.Random, rate: float, duration: float, factory: TextFactory) -> list[SimRequest]:
-    """The issue's first real-time trial: 16 groups of 2,000-token system
-    prompts, ~200-token questions, 32 output tokens (4 pods, 1,200 KV blocks)."""
+def trial(rng: random.Random, rate: float, duration: float, factory: TextFactory, *,
+          groups: int = 16) -> list[SimRequest]:
+    """The issue's first real-time trial: 16 groups (or ``groups``) of
+    2,000-token system prompts, ~200-token questions, 32 output tokens (4
+    pods, 1,200 KV blocks)."""
     return _grouped(rng, _poisson_times(rng, rate, duration), factory,
-                    groups=16, per_group=64, system=2000, question=200, output=32, prefix="x")
+                    groups=groups, per_group=64, system=2000, question=200, output=32, prefix="x")
 
 
 WORKLOADS = {
@@ -217,12 +219,16 @@ WORKLOADS = {
 }
 
 
-def generate(name: str, seed: int, rate: float, duration: float) -> list[SimRequest]:
+def generate(name: str, seed: int, rate: float, duration: float, **shape: int) -> list[SimRequest]:
+    """The workload's requests for a seed, rate and duration (the same list
+    every time); ``shape``: keyword arguments of the workload's function
+    (``groups=`` for ``trial``), part of the seed when given."""
     try:
         gen = WORKLOADS[name]
     except KeyError:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}") from None
     if not (rate > 0 and math.isfinite(rate)):
         raise ValueError(f"rate must be positive, got {rate}")
-    rng = random.Random(f"{name}/{seed}/{rate:.6f}/{duration:.3f}")
-    return gen(rng, rate, duration, TextFactory(seed))
+    tag = "".join(f"/{k}={v}" for k, v in sorted(shape.items()))
+    rng = random.Random(f"{name}/{seed}/{rate:.6f}/{duration:.3f}{tag}")
+    return gen(rng, rate, duration, TextFactory(seed), **shape)

@@ -16,6 +16,7 @@ from kinference_simulators.testing import serve
 
 from bench.routing import realtrial
 from bench.routing.realtrial import Outcome
+from bench.routing.workloads import SimRequest
 from kinference_common.compiler import compile_documents
 from kinference_common.manifests import load_text
 
@@ -49,6 +50,81 @@ def test_quantile_is_nearest_rank() -> None:
     assert realtrial.quantile(xs, 0.0) == 1.0
     assert realtrial.quantile([], 0.5) is None
     assert realtrial.quantile([3.0], 0.99) == 3.0
+
+
+def test_other_group_counts_change_the_groups_and_keep_sixteen_as_it_was() -> None:
+    sixteen = realtrial.arrivals(7, 18.0, 20.0, 16)
+    assert [r.text for r in sixteen] == [r.text for r in realtrial.arrivals(7, 18.0, 20.0)]
+    for groups in (8, 32):
+        reqs = realtrial.arrivals(7, 18.0, 20.0, groups)
+        assert len({r.group for r in reqs}) == groups  # 360 requests: every group is drawn
+        assert [r.text for r in reqs] == [r.text for r in realtrial.arrivals(7, 18.0, 20.0, groups)]
+
+
+def _req(group: int, prefix: int = 2000) -> SimRequest:
+    return SimRequest(id="r", time=0.0, text="", prompt_tokens=prefix + 200, output_len=32, group=group,
+                      prefix_tokens=prefix)
+
+
+def test_sources_tell_cold_starts_from_waiting_behind_them() -> None:
+    reqs = [_req(0), _req(1), _req(0), _req(1), _req(0), _req(0), _req(1)]
+    outs = [
+        Outcome(0.30, 1.0, sent=0.0, pod="a", cached=0),      # group 0's first
+        Outcome(0.30, 1.0, sent=0.1, pod="b", cached=0),      # group 1's first
+        Outcome(0.05, 1.0, sent=1.0, pod="a", cached=1984),   # warm, nothing cold in flight
+        Outcome(0.40, 1.0, sent=1.1, pod="c", cached=16),     # group 1 again, on a pod without it
+        Outcome(0.20, 1.0, sent=1.2, pod="c", cached=1984),   # warm, while c prefills group 1
+        Outcome(None, None, "HTTP 503", sent=1.3),           # failed
+        Outcome(0.03, 1.0, sent=2.0),                        # no pod, no usage: the router dropped them
+    ]
+    assert realtrial.sources(reqs, outs) == ["group_first", "group_first", "warm", "cold", "behind_cold", None,
+                                             "unknown"]
+    assert realtrial.slowest(outs) == [3]  # 1% of 6 answered: one, the slowest
+    assert realtrial.slowest(outs, 0.5) == [3, 0, 1]
+    assert realtrial.slowest([Outcome(None, None, "x")]) == []
+
+
+def test_attribute_compares_the_same_requests_across_routers() -> None:
+    reqs = [_req(g % 4) for g in range(200)]
+    slow = [Outcome(0.02, 1.0, sent=i * 0.1, pod="a", cached=1984) for i in range(200)]
+    slow[150] = Outcome(0.90, 1.0, sent=15.0, pod="b", cached=0)  # cold on a pod without its group
+    slow[151] = Outcome(0.80, 1.0, sent=15.1, pod="b", cached=1984)  # behind it
+    peer = [Outcome(0.03, 1.0, sent=i * 0.1, pod="a", cached=1984) for i in range(200)]
+    peer[10] = Outcome(0.50, 1.0, sent=1.0, pod="a", cached=1984)
+    att = realtrial.attribute(reqs, {"kinference": slow, "vllm_router_cache_aware": peer})
+    mine = att["routers"]["kinference"]
+    assert mine["tail"] == 2 and mine["tail_min_ttft_s"] == 0.80
+    assert mine["sources"] == {"group_first": 0, "cold": 1, "behind_cold": 1, "warm": 0, "unknown": 0}
+    assert mine["all_sources"]["group_first"] == 4
+    same = att["same_requests"]["vllm_router_cache_aware"]
+    assert same["ttft_p50_s"] == 0.03 and same["also_in_its_tail"] == 0
+    assert same["sources"]["warm"] == 2
+    text = realtrial.tail_table(att)
+    assert "| kinference | 2 | 800 | 0 | 1 | 1 | 0 | 0 |" in text
+    assert "kinference's slowest 2 under vllm_router_cache_aware: TTFT p50 30 ms, 0 also" in text
+
+
+def test_goal_is_the_issues_and_the_sweep_names_each_run() -> None:
+    def row(router: str, p50: float, p99: float) -> dict:
+        return {"router": router, "ttft_p50_s": p50, "ttft_p99_s": p99}
+
+    rows = [row("kinference", 0.030, 0.150), row("vllm_router_cache_aware", 0.039, 0.200),
+            row("vllm_router_round_robin", 0.190, 0.450)]
+    g = realtrial.goal(rows)
+    assert g == {"best_peer": "vllm_router_cache_aware", "p99_ratio": 0.75, "p50_ratio": 0.769, "met": True}
+    rows[0] = row("kinference", 0.030, 0.296)
+    assert realtrial.goal(rows)["met"] is False
+    assert realtrial.goal(rows[:1]) is None
+    runs = [{"groups": 8, "seed": 1, "rows": rows, "goal": realtrial.goal(rows)}]
+    assert "| 8 | 1 | 30/296 | 39/200 | 190/450 | 1.48x vllm_router_cache_aware | missed (p50 0.77x) |" in \
+        realtrial.sweep_table(runs)
+
+
+def test_seed_and_groups_take_lists() -> None:
+    assert realtrial._ints("1,2, 3") == [1, 2, 3]
+    for bad in ("", "x", "0", "2,-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            realtrial._ints(bad)
 
 
 def test_summarize_counts_errors_and_keeps_them_out_of_e2e() -> None:
@@ -103,7 +179,8 @@ async def test_replay_streams_round_robin_and_records_failures_without_raising()
     reqs = realtrial.arrivals(3, 40.0, 0.2)[:4]
     for r in reqs:
         r.output_len = 2
-    cfg = vllm.VllmSimConfig(model="m", speed_profile="fast", time_scale=50.0, seed=1)
+    cfg = vllm.VllmSimConfig(model="m", speed_profile="fast", time_scale=50.0, seed=1, prompt_tokens_details=True,
+                             system_fingerprint="pod-0")
 
     async def refuse(request: web.Request) -> web.Response:
         return web.json_response({"error": "busy"}, status=503)
@@ -117,3 +194,7 @@ async def test_replay_streams_round_robin_and_records_failures_without_raising()
     assert [o.error for o in got] == [None, "HTTP 503", None, "HTTP 503"]
     assert all(o.ttft is not None and o.e2e is not None and o.e2e >= o.ttft for o in got[::2])
     assert all(o.ttft is None for o in got[1::2])
+    # who answered and what it had cached, from the fingerprint and the usage chunk
+    assert [o.pod for o in got] == ["pod-0", None, "pod-0", None]
+    assert got[0].cached == 0 and got[2].cached is not None
+    assert all(o.sent is not None for o in got) and got[2].sent > got[0].sent
