@@ -15,7 +15,7 @@ KEY = b"k" * 32
 
 @pytest.fixture(autouse=True)
 def empty_memo(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tokens, "_chains", type(tokens._chains)())
+    monkeypatch.setattr(tokens, "_chains", tokens.ChainMemo())
 
 
 def random_text(rng: random.Random) -> str:
@@ -47,21 +47,21 @@ def test_block_sizes_and_keys_do_not_share_chains() -> None:
         for key in (None, KEY, b"another key"):
             texts = [system, "question"]
             assert prompt_block_hashes(texts, block, key) == block_hashes("\n".join(texts), block, key)
-    assert len(tokens._chains) == 6  # one chain per (block size, key)
+    assert len(tokens._chains.entries) == 6  # one chain per (block size, key)
 
 
 def test_a_new_turn_resumes_from_the_messages_before_it() -> None:
     system = "s" * (3 * BLOCK_CHARS + 10)
     prompt_block_hashes([system, "first question"], key=KEY)
-    assert len(tokens._chains) == 1
-    (ident, (hashes, state)), = tokens._chains.items()
+    assert len(tokens._chains.entries) == 1
+    (ident, (hashes, state)), = tokens._chains.entries.items()
     assert hashes == block_hashes(system, key=KEY)
     # the memo, not the text, supplies the system prompt's blocks: a forged
     # entry shows in the answer (a real one is what hashing would give)
     forged = (-1, -2, -3)
-    tokens._chains[ident] = (forged, state)
+    tokens._chains.entries[ident] = (forged, state)
     assert prompt_block_hashes([system, "second question"], key=KEY)[:3] == forged
-    assert len(tokens._chains) == 1
+    assert len(tokens._chains.entries) == 1
 
 
 def test_the_longest_remembered_prefix_is_used_and_extended() -> None:
@@ -69,27 +69,36 @@ def test_the_longest_remembered_prefix_is_used_and_extended() -> None:
     prompt_block_hashes([system, "q1"])
     three = [system, "q1", answer, "q2"]
     assert prompt_block_hashes(three) == block_hashes("\n".join(three))
-    assert len(tokens._chains) == 2  # [system] and [system, q1, answer]
-    assert list(tokens._chains.values())[-1][0] == block_hashes("\n".join(three[:3]))
+    assert len(tokens._chains.entries) == 2  # [system] and [system, q1, answer]
+    assert list(tokens._chains.entries.values())[-1][0] == block_hashes("\n".join(three[:3]))
 
 
-def test_the_memo_holds_at_most_its_entries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tokens, "CHAIN_MEMO_ENTRIES", 4)
+def test_the_memo_holds_at_most_its_entries_and_its_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokens, "_chains", tokens.ChainMemo(entries=4, blocks=40))
     for k in range(10):
-        texts = [f"system {k} " * 60, "q"]
+        texts = [f"system {k} " * 60, "q"]  # 540-600 characters: 2 blocks each
         assert prompt_block_hashes(texts, key=KEY) == block_hashes("\n".join(texts), key=KEY)
-    assert len(tokens._chains) == 4
+    assert len(tokens._chains.entries) == 4 and tokens._chains.blocks == 8
+    # a long prompt pushes out the oldest until the hashes fit
+    long = ["x" * (9 * BLOCK_CHARS), "q"]
+    assert prompt_block_hashes(long) == block_hashes("\n".join(long))
+    assert tokens._chains.blocks == 9 + 2 * 3 and len(tokens._chains.entries) == 4
+    # one longer than a quarter of the memo is not kept at all (a 4 MB prompt cannot fill it)
+    huge = ["y" * (11 * BLOCK_CHARS), "q"]
+    assert prompt_block_hashes(huge) == block_hashes("\n".join(huge))
+    assert tokens._chains.blocks == 15
+    assert sum(len(h) for h, _ in tokens._chains.entries.values()) == tokens._chains.blocks
 
 
 def test_the_memo_keeps_no_text() -> None:
     secret = "my card is 4111 1111 1111 1111 " * 20
     prompt_block_hashes([secret, "q"], key=KEY)
     prompt_block_hashes([secret, "q"])
-    kept = repr(list(tokens._chains.items()))
+    kept = repr(list(tokens._chains.entries.items()))
     assert "4111" not in kept and secret[:BLOCK_CHARS] not in kept
 
 
 def test_short_prompts_are_not_remembered() -> None:
     assert prompt_block_hashes(["short", "q"]) == ()
     assert prompt_block_hashes(["one message only " * 40]) == block_hashes("one message only " * 40)
-    assert len(tokens._chains) == 0
+    assert len(tokens._chains.entries) == 0

@@ -238,10 +238,37 @@ def block_hashes(text: str, block_chars: int = BLOCK_CHARS, key: bytes | None = 
 
 #: entries of :func:`prompt_block_hashes`'s memo (the oldest used is evicted)
 CHAIN_MEMO_ENTRIES = 2048
+#: ... and block hashes it holds in all (about 40 bytes each: 2.6 MB); one
+#: prefix may hold a quarter of them (4 MB of text), a longer one is not kept
+CHAIN_MEMO_BLOCKS = 65536
 
-#: identity of (key, block size, messages 0..i) -> (the hashes of the complete
-#: blocks up to the end of message i, the chain's state after them)
-_chains: OrderedDict[int, tuple[tuple[int, ...], object]] = OrderedDict()
+
+class ChainMemo:
+    """The chains :func:`prompt_block_hashes` resumes: identity of (key, block
+    size, messages 0..i) -> (the hashes of the complete blocks up to the end
+    of message i, the chain's state after them); least recently used first
+    out, bounded in entries and in hashes held."""
+
+    def __init__(self, entries: int = CHAIN_MEMO_ENTRIES, blocks: int = CHAIN_MEMO_BLOCKS) -> None:
+        self.entries: OrderedDict[int, tuple[tuple[int, ...], object]] = OrderedDict()
+        self.max_entries, self.max_blocks = entries, blocks
+        #: hashes held over all entries
+        self.blocks = 0
+
+    def put(self, ident: int, hashes: tuple[int, ...], state: object) -> None:
+        if len(hashes) > self.max_blocks // 4:
+            return
+        old = self.entries.pop(ident, None)
+        if old is not None:
+            self.blocks -= len(old[0])
+        while self.entries and (len(self.entries) >= self.max_entries
+                                or self.blocks + len(hashes) > self.max_blocks):
+            self.blocks -= len(self.entries.popitem(last=False)[1][0])
+        self.entries[ident] = (hashes, state)
+        self.blocks += len(hashes)
+
+
+_chains = ChainMemo()
 
 
 def prompt_block_hashes(texts: Sequence[str], block_chars: int = BLOCK_CHARS,
@@ -259,7 +286,7 @@ def prompt_block_hashes(texts: Sequence[str], block_chars: int = BLOCK_CHARS,
         return ()
     if len(texts) < 2:
         return block_hashes(joined, block_chars, key)
-    memo = _chains
+    memo = _chains.entries
     last = len(texts) - 2  # the messages before the newest one end here
     ident = hash((key, block_chars))
     found = -1  # blocks resumed from the memo
@@ -303,6 +330,4 @@ def prompt_block_hashes(texts: Sequence[str], block_chars: int = BLOCK_CHARS,
 
 
 def _remember(ident: int, hashes: list[int], state: object, key: bytes | None) -> None:
-    if len(_chains) >= CHAIN_MEMO_ENTRIES:
-        _chains.popitem(last=False)
-    _chains[ident] = (tuple(hashes), state.copy() if key is not None else state)  # type: ignore[attr-defined]
+    _chains.put(ident, tuple(hashes), state.copy() if key is not None else state)  # type: ignore[attr-defined]
