@@ -105,8 +105,8 @@ def test_attribute_compares_the_same_requests_across_routers() -> None:
 
 
 def test_goal_is_the_issues_and_the_sweep_names_each_run() -> None:
-    def row(router: str, p50: float, p99: float) -> dict:
-        return {"router": router, "ttft_p50_s": p50, "ttft_p99_s": p99}
+    def row(router: str, p50: float, p99: float, rest: float | None = None) -> dict:
+        return {"router": router, "ttft_p50_s": p50, "ttft_p99_s": p99, "ttft_p99_after_first_s": rest}
 
     rows = [row("kinference", 0.030, 0.150), row("vllm_router_cache_aware", 0.039, 0.200),
             row("vllm_router_round_robin", 0.190, 0.450)]
@@ -115,9 +115,35 @@ def test_goal_is_the_issues_and_the_sweep_names_each_run() -> None:
     rows[0] = row("kinference", 0.030, 0.296)
     assert realtrial.goal(rows)["met"] is False
     assert realtrial.goal(rows[:1]) is None
-    runs = [{"groups": 8, "seed": 1, "rows": rows, "goal": realtrial.goal(rows)}]
-    assert "| 8 | 1 | 30/296 | 39/200 | 190/450 | 1.48x vllm_router_cache_aware | missed (p50 0.77x) |" in \
-        realtrial.sweep_table(runs)
+    # without each group's first request: against the peer best at that, which may be another one
+    rows = [row("kinference", 0.030, 0.296, 0.040), row("vllm_router_cache_aware", 0.039, 0.200, 0.060),
+            row("vllm_router_round_robin", 0.190, 0.450, 0.055)]
+    g = realtrial.goal(rows)
+    assert (g["best_peer_after_first"], g["p99_after_first_ratio"], g["met_after_first"]) == (
+        "vllm_router_round_robin", 0.727, True)
+    runs = [{"groups": 8, "seed": 1, "rows": rows, "goal": g},
+            {"groups": 32, "seed": 1, "rows": rows[1:], "goal": realtrial.goal(rows[1:])}]
+    text = realtrial.sweep_table(runs)
+    assert ("| 8 | 1 | 30 / 296 / 40 | 39 / 200 / 60 | 190 / 450 / 55 | 1.48x vllm_router_cache_aware | "
+            "missed | 0.73x vllm_router_round_robin | met |") in text
+    assert "| 32 | 1 | - | 39 / 200 / 60 | 190 / 450 / 55 | - | - | - | - |" in text
+    slower = [row("kinference", 0.045, 0.100, 0.040)] + rows[1:]  # p99 met, p50 not
+    assert "| 0.50x vllm_router_cache_aware | missed (p50 1.15x) |" in realtrial.sweep_table(
+        [{"groups": 8, "seed": 2, "rows": slower, "goal": realtrial.goal(slower)}])
+    assert realtrial.worst_lines(runs) == [
+        "p99 against the best vllm-router policy: worst 1.48x; goal (<= 0.80x, p50 no worse) met on 0 of 1 runs",
+        "p99 without each group's first against the best vllm-router policy: worst 0.73x; goal (<= 0.80x, "
+        "p50 no worse) met on 1 of 1 runs"]
+
+
+def test_summarize_leaves_each_groups_first_out_of_the_rest_of_the_tail() -> None:
+    reqs = [_req(i % 5) for i in range(200)]  # requests 0-4 are their groups' first
+    outs = [Outcome(0.5 if i < 5 else 0.01 * (1 + i % 10), 1.0) for i in range(200)]
+    row = realtrial.summarize("x", outs, {}, reqs)
+    assert row["ttft_p99_s"] == 0.5 and row["ttft_p99_after_first_s"] == pytest.approx(0.10)
+    assert realtrial.summarize("x", outs, {})["ttft_p99_after_first_s"] is None
+    back = realtrial.outcomes_of(row)
+    assert [(o.ttft, o.pod, o.cached) for o in back[:2]] == [(0.5, None, None), (0.5, None, None)]
 
 
 def test_seed_and_groups_take_lists() -> None:
