@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router bench-hotpath bench-routing bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
+        bench-classifier bench-router profile-router bench-hotpath bench-routing bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
         chaos eval-classifier compare-freetext lint docs compose clean
 
 help:  ## list the targets
@@ -89,6 +89,9 @@ bench-classifier: install  ## classifier latency table -> bench/results/classifi
 
 bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> bench/results/router.json
 	$(BIN)/python -m bench.router
+
+profile-router: install  ## where the router's CPU goes per request at c=64 (py-spy) -> bench/results/router_profile.json
+	$(BIN)/python -m bench.router_profile $(PROFILE_ARGS)
 
 bench-hotpath: install  ## the router's per-request CPU outside HTTP, a one-line and a 16 KB system message
 	$(BIN)/python -m bench.hotpath

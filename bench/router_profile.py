@@ -1,0 +1,178 @@
+"""Where the router's CPU goes per request: ``make profile-router``
+(``python -m bench.router_profile``).
+
+Starts the router as ``make bench-router`` does (:class:`bench.router.Target`
+``kinference``: a real nats-server, a compiled pool over the stub upstream,
+decisions recorded, pinned to ``--router-cpu``), loads it with ``wrk`` at
+``--concurrency`` (64) for ``--duration`` seconds, plain or streamed, and
+samples its stacks meanwhile with ``py-spy`` (in ``bench/.venv-competitors``,
+never a product dependency; it needs ptrace rights over the router, as root
+or with ``kernel.yama.ptrace_scope`` 0).
+
+Each on-CPU sample is charged to one part of the request path: the first
+frame, from the innermost out, that belongs to a part of :data:`PARTS`; the
+event loop only gets the samples in none of the others (a socket write
+under the upstream client counts as the upstream client). The
+table gives each part's share of the samples and, from the router's CPU
+time per request measured over the same run (``/proc``), its microseconds
+per request. Writes ``bench/results/router_profile.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bench import harness, router
+
+RESULTS = harness.REPO / "bench" / "results" / "router_profile.json"
+PY_SPY = router.COMPETITORS / "bin" / "py-spy"
+
+#: the parts of the request path, each a list of patterns matched against a
+#: frame (``function (path:line)``), checked in this order at each frame
+PARTS: dict[str, tuple[str, ...]] = {
+    "decision event and record": ("router/recording.py", "publish_decision", "engine/trace.py",
+                                  "publish_observation"),
+    "NATS publishing": ("router/events.py", "/nats/"),
+    "replica sync": ("router/replica_sync.py",),
+    "accounting (ledger, prefix index)": ("engine/ledger.py", "engine/prefix.py"),
+    "decide (engine)": ("engine/decide.py", "engine/candidates.py", "engine/ttft.py", "engine/lazy.py",
+                        "engine/signals.py", "engine/snapshot.py", "router/validate.py", "router/flow.py"),
+    "engine request (body, tokens, hashes)": ("router/body.py", "engine/tokens.py", "engine/request.py",
+                                              "engine_request"),
+    "classification": ("router/classification.py",),
+    "metrics": ("router/metrics.py", "prometheus_client"),
+    "snapshot keeping": ("router/state.py",),
+    "upstream client": ("router/upstream_http.py", "router/upstream.py", "router/stream_usage.py"),
+    "HTTP server": ("router/http_server.py", "httptools"),
+    "request control (app, director)": ("router/app.py", "router/director.py", "router/retry.py",
+                                        "router/tenants.py"),
+    "event loop": ("asyncio/", "uvloop"),
+}
+OTHER = "other (interpreter, GC, libraries)"
+
+
+#: the part a stack goes to only when no other part is in it: the loop runs
+#: every callback, and a transport's write under the upstream client is the
+#: upstream client's
+LOOP = "event loop"
+
+
+def part_of(stack: str) -> str:
+    """The part a collapsed stack (``outer;...;inner``) is charged to."""
+    frames = stack.split(";")
+    for frame in reversed(frames):
+        for part, patterns in PARTS.items():
+            if part != LOOP and any(p in frame for p in patterns):
+                return part
+    if any(p in frame for frame in frames for p in PARTS[LOOP]):
+        return LOOP
+    return OTHER
+
+
+def charge(lines: Iterable[str]) -> Counter[str]:
+    """Samples per part from py-spy's raw output (``stack count`` per line)."""
+    counts: Counter[str] = Counter()
+    for line in lines:
+        stack, _, n = line.rstrip("\n").rpartition(" ")
+        if stack and n.isdigit():
+            counts[part_of(stack)] += int(n)
+    return counts
+
+
+def breakdown(counts: Counter[str], cpu_us_per_request: float | None) -> list[dict[str, Any]]:
+    """Rows of (part, share, us per request), largest first."""
+    total = sum(counts.values())
+    rows = []
+    for part, n in counts.most_common():
+        share = n / total if total else 0.0
+        rows.append({"part": part, "samples": n, "share": round(share, 4),
+                     "us_per_request": None if cpu_us_per_request is None else round(share * cpu_us_per_request, 1)})
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = [f"{'part of the request path':<40}{'share':>8}{'us/req':>9}", "-" * 57]
+    for r in rows:
+        us = "-" if r["us_per_request"] is None else f"{r['us_per_request']:.1f}"
+        out.append(f"{r['part']:<40}{r['share'] * 100:>7.1f}%{us:>9}")
+    return "\n".join(out)
+
+
+async def profile(args: argparse.Namespace) -> dict[str, Any]:
+    wrk = router.ensure_wrk()
+    why = router.ensure_competitors()
+    if why is not None:
+        raise SystemExit(f"profile-router: {why}")
+    if args.client_cpu is not None:
+        os.sched_setaffinity(0, {args.client_cpu})
+    with tempfile.TemporaryDirectory(prefix="kinference-profile-") as tmp:
+        log_dir = Path(tmp)
+        stub_port = harness.free_port()
+        stub = harness.start_stub(stub_port, log_dir, args.client_cpu)
+        load = router.Load(wrk, args.client_cpu, log_dir)
+        target = router.Target("kinference", args, stub_port, log_dir)
+        try:
+            await target.start()
+            assert target.pid is not None
+            await asyncio.to_thread(load.run, target.url, args.mode, args.concurrency, args.warmup)
+            raw = log_dir / "stacks.txt"
+            spy = subprocess.Popen([str(PY_SPY), "record", "--pid", str(target.pid), "--rate", str(args.rate),
+                                    "--duration", str(args.duration + 1), "--format", "raw", "--nonblocking",
+                                    "--output", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            await asyncio.sleep(0.5)  # py-spy attached
+            cpu0 = target.cpu_seconds()
+            r = await asyncio.to_thread(load.run, target.url, args.mode, args.concurrency, args.duration)
+            cpu1 = target.cpu_seconds()
+            _, err = await asyncio.to_thread(spy.communicate, timeout=args.duration + 60)
+            if spy.returncode != 0 or not raw.exists():
+                raise SystemExit(f"profile-router: py-spy failed (rc {spy.returncode}): "
+                                 f"{err.decode(errors='replace')[-400:]}")
+            counts = charge(raw.read_text().splitlines())
+            if args.stacks is not None:
+                args.stacks.write_text(raw.read_text())
+        finally:
+            await target.stop()
+            stub.stop()
+    cpu_us = (cpu1 - cpu0) / r["requests"] * 1e6 if cpu0 is not None and cpu1 is not None and r["requests"] else None
+    return {"mode": args.mode, "concurrency": args.concurrency, "duration_s": args.duration, "rps": round(r["rps"], 1),
+            "requests": r["requests"], "errors": r["errors"],
+            "cpu_us_per_request": None if cpu_us is None else round(cpu_us, 1),
+            "samples": sum(counts.values()), "parts": breakdown(counts, cpu_us),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make profile-router", description=__doc__.split("\n\n")[0])
+    p.add_argument("--mode", choices=router.MODES, default="plain")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--duration", type=int, default=10, help="whole seconds sampled (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="whole seconds of load before sampling (default 2)")
+    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second (default 200)")
+    p.add_argument("--router-cpu", type=int, default=0)
+    p.add_argument("--client-cpu", type=int, default=1)
+    p.add_argument("--stacks", type=Path, metavar="FILE",
+                   help="also keep py-spy's collapsed stacks here (for flamegraph.pl or speedscope)")
+    args = p.parse_args(argv)
+    result = asyncio.run(profile(args))
+    print(f"router at {args.mode} c={args.concurrency}: {result['rps']:.0f} req/s, "
+          f"{result['cpu_us_per_request']} us of router CPU per request, {result['samples']} samples")
+    print(table(result["parts"]))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {RESULTS.relative_to(harness.REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
