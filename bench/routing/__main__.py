@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                       + f": best peer at x{h['best_peer_over_floor']:.2f} of the idle floor, Kinference at "
                       f"x{h['kinference_over_floor']:.2f}; 30% below the best peer ({h['target_p99_s']:.3f}s) "
                       + ("would be under the idle floor" if h["target_below_floor"] else "is above the idle floor"))
+            print(f"  {'':<14}           goal: p99 <= {h['goal_p99_s']:.3f}s, goodput >= the best peer's, p50 "
+                  "within 5%: " + ("MET" if h["met"] else "MISSED (" + ", ".join(h["missed"]) + ")"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.merge and args.out.exists():
         def key(r: dict) -> tuple:

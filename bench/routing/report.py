@@ -6,8 +6,9 @@ sweep) rewrites every block of the page between ``<!-- routing:NAME -->`` and
 numbers on the page are the last full run's and the prose around them is
 left alone. Blocks:
 
-- ``headline``: Kinference against the best peer at 80-100% load on the two
-  required workloads, with the TTFT floors (:mod:`.floor`);
+- ``headline``: Kinference against the best peer at 80-100% load on every
+  workload, with the TTFT floors (:mod:`.floor`) and the verdict on the
+  goal restated with them (:func:`.run.goal`);
 - ``targets``: every workload and load where Kinference's TTFT p50 or p99
   is more than 5% above the best peer's;
 - ``workload-<name>``: one workload's table (:func:`.run.markdown`);
@@ -50,8 +51,8 @@ def _sel(rows: Sequence[dict], workload: str, load: float, *, replicas: int = 1,
 
 def headline(rows: Sequence[dict]) -> str:
     out = ["| workload | load | Kinference TTFT p99 | best peer (p99) | ratio | goodput vs best peer | "
-           "TTFT p50 vs best peer | idle floor p99 | 30% below the best peer |",
-           "|---|---:|---:|---|---:|---:|---:|---:|---|"]
+           "TTFT p50 vs best peer | idle floor p99 | 30% below the best peer | goal p99 | goal |",
+           "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---|"]
     for h in run.headline(rows):
         target = h.get("target_p99_s")
         reach = "-" if target is None else (
@@ -59,7 +60,8 @@ def headline(rows: Sequence[dict]) -> str:
         floor = h.get("idle_floor_p99_s")
         out.append(f"| {h['workload']} | {h['load']:.1f} | {h['kinference_p99_s']:.3f} s | {h['best_peer_p99']} "
                    f"({h['best_peer_p99_s']:.3f} s) | x{h['p99_ratio']:.2f} | x{h['goodput_ratio']:.2f} | "
-                   f"x{h['p50_ratio']:.2f} | {_f(floor)} s | {reach} |")
+                   f"x{h['p50_ratio']:.2f} | {_f(floor)} s | {reach} | {h['goal_p99_s']:.3f} s | "
+                   + ("met" if h["met"] else "**missed**: " + ", ".join(h["missed"])) + " |")
     return "\n".join(out)
 
 

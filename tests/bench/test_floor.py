@@ -149,6 +149,28 @@ def test_headline_names_the_floor_and_whether_the_target_is_under_it() -> None:
     assert h["target_below_floor"] is False
 
 
+def test_the_restated_goal_takes_the_highest_of_its_three_bounds() -> None:
+    def row(router: str, p99: float, p50: float = 0.3, goodput: float = 10.0, idle: float = 0.5,
+            loaded: float = 0.55) -> dict:
+        return {"workload": "chat", "router": router, "load": 0.9, "replicas": 1, "scrape_interval_s": 0.1,
+                "ttft_p50_s": p50, "ttft_p99_s": p99, "goodput": goodput, "idle_floor_p99_s": idle,
+                "loaded_floor_p99_s": loaded}
+
+    # 0.7 x 0.52 = 0.364, 1.05 x idle 0.5 = 0.525, loaded floor 0.55: the loaded floor binds
+    (h,) = run.headline([row("least_queue", 0.52), row("kinference", 0.55)])
+    assert h["goal_p99_s"] == pytest.approx(0.55) and h["met"] is True and h["missed"] == []
+    (h,) = run.headline([row("least_queue", 0.52), row("kinference", 0.60, p50=0.32, goodput=9.0)])
+    assert h["met"] is False
+    assert h["missed"] == ["p99 1.09x the target", "goodput x0.90", "p50 x1.07"]
+    # a peer far above the floors: 0.7x the peer binds
+    (h,) = run.headline([row("least_queue", 2.0), row("kinference", 1.5)])
+    assert h["goal_p99_s"] == pytest.approx(1.4) and h["missed"] == ["p99 1.07x the target"]
+    # without floors (an old results file): 0.7x the best peer alone
+    (h,) = run.headline([row("least_queue", 1.0, idle=None, loaded=None),  # type: ignore[arg-type]
+                         row("kinference", 0.7, idle=None, loaded=None)])  # type: ignore[arg-type]
+    assert h["goal_p99_s"] == pytest.approx(0.7) and h["met"] is True
+
+
 def test_declared_prefix_is_a_real_shared_prefix_of_the_text() -> None:
     for w in ("shared_prefix", "multiturn"):
         reqs = generate(w, 2, 20.0, 6.0)
