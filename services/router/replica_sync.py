@@ -57,7 +57,10 @@ log = structlog.get_logger("kinference.router.replica_sync")
 MAX_RECORDS = 4096
 MAX_HASHES = 8192
 
-_KEY_CONTEXT = b"kinference-prefix-blocks-v1"
+#: v2: each block's hash chains the previous digest (tokens.block_hashes), not
+#: a running BLAKE2b state; a v1 replica's hashes match none of v2's, and the
+#: key id tells them apart (key_mismatch) during a rolling upgrade
+_KEY_CONTEXT = b"kinference-prefix-blocks-v2"
 
 
 def hash_key(secret: str | bytes | None) -> bytes:
@@ -205,7 +208,8 @@ class ReplicaSync:
             self.metrics.sync_peers.set(len(self.ledger.peers))
         if msg.prefix and msg.hash_key_id != self.key_id:
             self._warn_once("key", "replica sync: a peer hashes prompts with another key (a different NATS "
-                                   "password?); its prefix picks are ignored", replica=msg.replica)
+                                   "password, or a router version that chains block hashes differently, as "
+                                   "during a rolling upgrade); its prefix picks are ignored", replica=msg.replica)
             return "key_mismatch"
         for rec in msg.prefix[:MAX_RECORDS]:
             if rec.block_hashes:

@@ -54,12 +54,12 @@ def test_a_new_turn_resumes_from_the_messages_before_it() -> None:
     system = "s" * (3 * BLOCK_CHARS + 10)
     prompt_block_hashes([system, "first question"], key=KEY)
     assert len(tokens._chains.entries) == 1
-    (ident, (hashes, state)), = tokens._chains.entries.items()
+    (ident, hashes), = tokens._chains.entries.items()
     assert hashes == block_hashes(system, key=KEY)
     # the memo, not the text, supplies the system prompt's blocks: a forged
     # entry shows in the answer (a real one is what hashing would give)
     forged = (-1, -2, -3)
-    tokens._chains.entries[ident] = (forged, state)
+    tokens._chains.entries[ident] = forged
     assert prompt_block_hashes([system, "second question"], key=KEY)[:3] == forged
     assert len(tokens._chains.entries) == 1
 
@@ -70,7 +70,7 @@ def test_the_longest_remembered_prefix_is_used_and_extended() -> None:
     three = [system, "q1", answer, "q2"]
     assert prompt_block_hashes(three) == block_hashes("\n".join(three))
     assert len(tokens._chains.entries) == 2  # [system] and [system, q1, answer]
-    assert list(tokens._chains.entries.values())[-1][0] == block_hashes("\n".join(three[:3]))
+    assert list(tokens._chains.entries.values())[-1] == block_hashes("\n".join(three[:3]))
 
 
 def test_the_memo_holds_at_most_its_entries_and_its_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,15 +87,29 @@ def test_the_memo_holds_at_most_its_entries_and_its_blocks(monkeypatch: pytest.M
     huge = ["y" * (11 * BLOCK_CHARS), "q"]
     assert prompt_block_hashes(huge) == block_hashes("\n".join(huge))
     assert tokens._chains.blocks == 15
-    assert sum(len(h) for h, _ in tokens._chains.entries.values()) == tokens._chains.blocks
+    assert sum(len(h) for h in tokens._chains.entries.values()) == tokens._chains.blocks
 
 
 def test_the_memo_keeps_no_text() -> None:
+    """Only hashes: no string, and no hashing object (BLAKE2b buffers up to
+    128 bytes of the input it was given)."""
     secret = "my card is 4111 1111 1111 1111 " * 20
     prompt_block_hashes([secret, "q"], key=KEY)
     prompt_block_hashes([secret, "q"])
-    kept = repr(list(tokens._chains.entries.items()))
-    assert "4111" not in kept and secret[:BLOCK_CHARS] not in kept
+    assert len(tokens._chains.entries) == 2
+    for ident, hashes in tokens._chains.entries.items():
+        assert type(ident) is int and type(hashes) is tuple and all(type(h) is int for h in hashes)
+
+
+def test_a_used_prefix_is_not_the_first_evicted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokens, "_chains", tokens.ChainMemo(entries=3))
+    system = "the system prompt every conversation starts with " * 20
+    prompt_block_hashes([system, "q0"])  # remembers [system]
+    for k in range(4):  # second turns of other conversations resume from [system], then are remembered
+        prompt_block_hashes([system, f"question {k} " * 30, "answer", "next"])
+    # the shared system prompt's entry was resumed from by each: still held
+    first = hash((hash((None, BLOCK_CHARS)), hash(system), len(system)))
+    assert first in tokens._chains.entries
 
 
 def test_short_prompts_are_not_remembered() -> None:

@@ -46,18 +46,20 @@ the approximate prefix index (:mod:`.prefix`) matches on them. Python's
 ``hash`` is per-process (PYTHONHASHSEED), which is fine while the index
 lives in one router process and is learned from its own picks. Router
 replicas that share their picks (replica sync) need hashes that agree across
-processes: with ``key``, each block is chained through a keyed BLAKE2b
-(8-byte digests), the same in every process holding the key and
-meaningless without it (a hash of a guessed prompt cannot be checked
-against published ones without the key). About 4x the cost of the unkeyed
-chain (~60 us for a 16 KB prompt).
+processes: with ``key``, block *i*'s hash is the keyed BLAKE2b (8-byte
+digest) of block *i-1*'s digest and block *i*, the same in every process
+holding the key and meaningless without it (a hash of a guessed prompt
+cannot be checked against published ones without the key). About 4-6x the
+cost of the unkeyed chain (~100 us for a 16 KB prompt). Each hash depends on
+the text only through the previous hash, so the chain can be resumed from
+its last hash alone: no hashing state holding bytes of the prompt (BLAKE2b
+buffers up to 128 bytes of input) is ever kept.
 
 A chat request resends its system prompt and the conversation so far, so
 :func:`prompt_block_hashes` memoises the chain at the end of the messages
 before the last one: the next request that repeats them hashes only its new
 text. Like the token estimate's memo it is keyed by hashes and lengths of
-the texts, never the texts, and holds only block hashes and the chain's
-state.
+the texts, never the texts, and holds only block hashes.
 """
 
 from __future__ import annotations
@@ -220,20 +222,29 @@ def block_hashes(text: str, block_chars: int = BLOCK_CHARS, key: bytes | None = 
     Only complete blocks count (a partial last block is not a stable prefix).
     O(len(text)).
     """
+    return _extend([], text, 0, block_chars, key)
+
+
+def _extend(hashes: list[int], text: str, start: int, block_chars: int, key: bytes | None) -> tuple[int, ...]:
+    """``hashes`` (the chain up to ``start``, a multiple of ``block_chars``)
+    extended over the rest of ``text``'s complete blocks."""
+    end = len(text) - block_chars + 1
     if key is not None:
-        chain = hashlib.blake2b(key=key, digest_size=8)
-        keyed: list[int] = []
-        from_bytes = int.from_bytes
-        for start in range(0, len(text) - block_chars + 1, block_chars):
-            chain.update(text[start : start + block_chars].encode("utf-8", "surrogatepass"))
-            keyed.append(from_bytes(chain.copy().digest(), "little", signed=True))
-        return tuple(keyed)
-    out: list[int] = []
-    h = 0
-    for start in range(0, len(text) - block_chars + 1, block_chars):
-        h = hash((h, text[start : start + block_chars]))
-        out.append(h)
-    return tuple(out)
+        base = hashlib.blake2b(key=key, digest_size=8)
+        to_bytes, from_bytes = int.to_bytes, int.from_bytes
+        prev = to_bytes(hashes[-1], 8, "little", signed=True) if hashes else b""
+        for i in range(start, end, block_chars):
+            h = base.copy()
+            h.update(prev)
+            h.update(text[i : i + block_chars].encode("utf-8", "surrogatepass"))
+            prev = h.digest()
+            hashes.append(from_bytes(prev, "little", signed=True))
+        return tuple(hashes)
+    h = hashes[-1] if hashes else 0
+    for i in range(start, end, block_chars):
+        h = hash((h, text[i : i + block_chars]))
+        hashes.append(h)
+    return tuple(hashes)
 
 
 #: entries of :func:`prompt_block_hashes`'s memo (the oldest used is evicted)
@@ -245,26 +256,26 @@ CHAIN_MEMO_BLOCKS = 65536
 
 class ChainMemo:
     """The chains :func:`prompt_block_hashes` resumes: identity of (key, block
-    size, messages 0..i) -> (the hashes of the complete blocks up to the end
-    of message i, the chain's state after them); least recently used first
-    out, bounded in entries and in hashes held."""
+    size, messages 0..i) -> the hashes of the complete blocks up to the end
+    of message i (the chain resumes from the last of them); least recently
+    used first out, bounded in entries and in hashes held."""
 
     def __init__(self, entries: int = CHAIN_MEMO_ENTRIES, blocks: int = CHAIN_MEMO_BLOCKS) -> None:
-        self.entries: OrderedDict[int, tuple[tuple[int, ...], object]] = OrderedDict()
+        self.entries: OrderedDict[int, tuple[int, ...]] = OrderedDict()
         self.max_entries, self.max_blocks = entries, blocks
         #: hashes held over all entries
         self.blocks = 0
 
-    def put(self, ident: int, hashes: tuple[int, ...], state: object) -> None:
+    def put(self, ident: int, hashes: tuple[int, ...]) -> None:
         if len(hashes) > self.max_blocks // 4:
             return
         old = self.entries.pop(ident, None)
         if old is not None:
-            self.blocks -= len(old[0])
+            self.blocks -= len(old)
         while self.entries and (len(self.entries) >= self.max_entries
                                 or self.blocks + len(hashes) > self.max_blocks):
-            self.blocks -= len(self.entries.popitem(last=False)[1][0])
-        self.entries[ident] = (hashes, state)
+            self.blocks -= len(self.entries.popitem(last=False)[1])
+        self.entries[ident] = hashes
         self.blocks += len(hashes)
 
 
@@ -276,8 +287,8 @@ def prompt_block_hashes(texts: Sequence[str], block_chars: int = BLOCK_CHARS,
     """``block_hashes("\n".join(texts), block_chars, key)``, the same hashes,
     without rehashing the messages a recent request already had.
 
-    The chain's state at the end of the messages before the last is kept
-    under an identity chained from each message's ``hash`` and length (the
+    The chain up to the end of the messages before the last is kept under
+    an identity chained from each message's ``hash`` and length (the
     messages' texts are not kept); a later request that starts with the same
     messages resumes from the longest such prefix it finds.
     """
@@ -289,8 +300,7 @@ def prompt_block_hashes(texts: Sequence[str], block_chars: int = BLOCK_CHARS,
     memo = _chains.entries
     last = len(texts) - 2  # the messages before the newest one end here
     ident = hash((key, block_chars))
-    found = -1  # blocks resumed from the memo
-    resumed: tuple[tuple[int, ...], object] | None = None
+    found, resumed, resumed_ident = -1, (), 0
     end = -1
     for i in range(last + 1):
         text = texts[i]
@@ -298,36 +308,14 @@ def prompt_block_hashes(texts: Sequence[str], block_chars: int = BLOCK_CHARS,
         end += len(text) + 1
         entry = memo.get(ident)
         if entry is not None:
-            resumed, found = entry, i
+            found, resumed, resumed_ident = i, entry, ident
+    if found >= 0:
+        memo.move_to_end(resumed_ident)  # used: the last to go
     keep_blocks = end // block_chars  # complete blocks within messages 0..last
-    if found == last:
-        memo.move_to_end(ident)
-    hashes: list[int]
-    if resumed is None:
-        hashes, state = [], (hashlib.blake2b(key=key, digest_size=8) if key is not None else 0)
-    else:
-        hashes, state = list(resumed[0]), resumed[1]
-        state = state.copy() if key is not None else state  # type: ignore[attr-defined]
-    keep = found != last and keep_blocks > 0
-    if keep and len(hashes) == keep_blocks:
-        _remember(ident, hashes, state, key)
-    if key is not None:
-        chain = state
-        from_bytes = int.from_bytes
-        for start in range(len(hashes) * block_chars, len(joined) - block_chars + 1, block_chars):
-            chain.update(joined[start : start + block_chars].encode("utf-8", "surrogatepass"))  # type: ignore[attr-defined]
-            hashes.append(from_bytes(chain.copy().digest(), "little", signed=True))  # type: ignore[attr-defined]
-            if keep and len(hashes) == keep_blocks:
-                _remember(ident, hashes, chain, key)
-    else:
-        h = state
-        for start in range(len(hashes) * block_chars, len(joined) - block_chars + 1, block_chars):
-            h = hash((h, joined[start : start + block_chars]))
-            hashes.append(h)
-            if keep and len(hashes) == keep_blocks:
-                _remember(ident, hashes, h, key)
-    return tuple(hashes)
-
-
-def _remember(ident: int, hashes: list[int], state: object, key: bytes | None) -> None:
-    _chains.put(ident, tuple(hashes), state.copy() if key is not None else state)  # type: ignore[attr-defined]
+    if found == last or keep_blocks == 0:
+        return _extend(list(resumed), joined, len(resumed) * block_chars, block_chars, key)
+    # the chain up to the end of message ``last`` is remembered, then extended
+    kept = _extend(list(resumed), joined[: keep_blocks * block_chars], len(resumed) * block_chars, block_chars, key)
+    if len(kept) > len(resumed):
+        _chains.put(ident, kept)
+    return _extend(list(kept), joined, len(kept) * block_chars, block_chars, key)
