@@ -259,7 +259,7 @@ def goal(h: dict) -> dict:
     """The goal of one headline case, restated where the floors make 30%
     below the best peer impossible: TTFT p99 at most max(0.7x the best
     peer's, 1.05x the idle floor, the loaded floor); goodput at least the
-    best peer's; p50 within 5% of the best peer's. ``{"target_p99_s",
+    best peer's; p50 within 5% of the best peer's. ``{"goal_p99_s",
     "met", "missed": [what fell short]}``."""
     parts = [0.7 * h["best_peer_p99_s"]]
     if h.get("idle_floor_p99_s") is not None:

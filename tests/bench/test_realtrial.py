@@ -79,17 +79,19 @@ def test_sources_tell_cold_starts_from_waiting_behind_them() -> None:
     ]
     assert realtrial.sources(reqs, outs) == ["group_first", "group_first", "warm", "cold", "behind_cold", None,
                                              "unknown"]
-    assert realtrial.slowest(outs) == [3]  # 1% of 6 answered: one, the slowest
-    assert realtrial.slowest(outs, 0.5) == [3, 0, 1]
+    assert realtrial.slowest(outs) == [3]  # 6 answered: the p99 is the slowest
+    assert realtrial.slowest(outs, 0.5) == [3, 0, 1, 4]  # the p50 (3rd of 6) and every slower one
     assert realtrial.slowest([Outcome(None, None, "x")]) == []
+    eight_hundred = [Outcome(0.001 * i, 1.0) for i in range(800)]
+    assert len(realtrial.slowest(eight_hundred)) == 9  # the 792nd and the 8 above it
 
 
 def test_attribute_compares_the_same_requests_across_routers() -> None:
-    reqs = [_req(g % 4) for g in range(200)]
-    slow = [Outcome(0.02, 1.0, sent=i * 0.1, pod="a", cached=1984) for i in range(200)]
+    reqs = [_req(g % 4) for g in range(199)]  # the p99 is the 198th of 199: two at or above it
+    slow = [Outcome(0.02, 1.0, sent=i * 0.1, pod="a", cached=1984) for i in range(199)]
     slow[150] = Outcome(0.90, 1.0, sent=15.0, pod="b", cached=0)  # cold on a pod without its group
     slow[151] = Outcome(0.80, 1.0, sent=15.1, pod="b", cached=1984)  # behind it
-    peer = [Outcome(0.03, 1.0, sent=i * 0.1, pod="a", cached=1984) for i in range(200)]
+    peer = [Outcome(0.03, 1.0, sent=i * 0.1, pod="a", cached=1984) for i in range(199)]
     peer[10] = Outcome(0.50, 1.0, sent=1.0, pod="a", cached=1984)
     att = realtrial.attribute(reqs, {"kinference": slow, "vllm_router_cache_aware": peer})
     mine = att["routers"]["kinference"]
@@ -115,6 +117,10 @@ def test_goal_is_the_issues_and_the_sweep_names_each_run() -> None:
     rows[0] = row("kinference", 0.030, 0.296)
     assert realtrial.goal(rows)["met"] is False
     assert realtrial.goal(rows[:1]) is None
+    # p50 against the best p50 of the peers, not the p50 of the peer best at p99
+    mixed = [row("kinference", 0.035, 0.100), row("vllm_router_cache_aware", 0.040, 0.200),
+             row("vllm_router_round_robin", 0.030, 0.500)]
+    assert realtrial.goal(mixed)["p50_ratio"] == pytest.approx(1.167) and realtrial.goal(mixed)["met"] is False
     # without each group's first request: against the peer best at that, which may be another one
     rows = [row("kinference", 0.030, 0.296, 0.040), row("vllm_router_cache_aware", 0.039, 0.200, 0.060),
             row("vllm_router_round_robin", 0.190, 0.450, 0.055)]
