@@ -271,7 +271,7 @@ def goal(h: dict) -> dict:
     if h["kinference_p99_s"] > target + 1e-9:
         missed.append(f"p99 {h['kinference_p99_s'] / target:.2f}x the target")
     if h["goodput_ratio"] is not None and h["goodput_ratio"] < 1.0 - 1e-9:
-        missed.append(f"goodput x{h['goodput_ratio']:.2f}")
+        missed.append(f"goodput x{h['goodput_ratio']:.3f}")
     if h["p50_ratio"] > 1.05 + 1e-9:
         missed.append(f"p50 x{h['p50_ratio']:.2f}")
     return {"goal_p99_s": target, "met": not missed, "missed": missed}

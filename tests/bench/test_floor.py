@@ -161,7 +161,7 @@ def test_the_restated_goal_takes_the_highest_of_its_three_bounds() -> None:
     assert h["goal_p99_s"] == pytest.approx(0.55) and h["met"] is True and h["missed"] == []
     (h,) = run.headline([row("least_queue", 0.52), row("kinference", 0.60, p50=0.32, goodput=9.0)])
     assert h["met"] is False
-    assert h["missed"] == ["p99 1.09x the target", "goodput x0.90", "p50 x1.07"]
+    assert h["missed"] == ["p99 1.09x the target", "goodput x0.900", "p50 x1.07"]
     # a peer far above the floors: 0.7x the peer binds
     (h,) = run.headline([row("least_queue", 2.0), row("kinference", 1.5)])
     assert h["goal_p99_s"] == pytest.approx(1.4) and h["missed"] == ["p99 1.07x the target"]
