@@ -251,7 +251,7 @@ def attribute(reqs: Sequence[SimRequest], by_router: dict[str, list[Outcome]],
     for name, outs in by_router.items():
         tail = slowest(outs)
         out["routers"][name] = {
-            "tail": len(tail), "tail_min_ttft_s": outcomes_ttft(outs, tail[-1:]),
+            "tail": len(tail), "tail_min_ttft_s": outs[tail[-1]].ttft if tail else None,
             "sources": _count(cats[name][i] for i in tail),
             "all_sources": _count(cats[name]),
         }
@@ -268,10 +268,6 @@ def attribute(reqs: Sequence[SimRequest], by_router: dict[str, list[Outcome]],
                 "also_in_its_tail": len(set(tail) & set(slowest(outs))),
             }
     return out
-
-
-def outcomes_ttft(outs: Sequence[Outcome], idx: Sequence[int]) -> float | None:
-    return outs[idx[0]].ttft if idx else None
 
 
 def _count(cats: Iterable[str | None]) -> dict[str, int]:

@@ -312,11 +312,8 @@ def prompt_block_hashes(texts: Sequence[str], block_chars: int = BLOCK_CHARS,
             found, resumed, resumed_ident = i, entry, ident
     if found >= 0:
         memo.move_to_end(resumed_ident)  # used: the last to go
-    keep_blocks = end // block_chars  # complete blocks within messages 0..last
-    if found == last or keep_blocks == 0:
-        return _extend(list(resumed), joined, len(resumed) * block_chars, block_chars, key)
-    # the chain up to the end of message ``last`` is remembered, then extended
-    kept = _extend(list(resumed), joined[: keep_blocks * block_chars], len(resumed) * block_chars, block_chars, key)
-    if len(kept) > len(resumed):
-        _chains.put(ident, kept)
-    return _extend(list(kept), joined, len(kept) * block_chars, block_chars, key)
+    hashes = _extend(list(resumed), joined, len(resumed) * block_chars, block_chars, key)
+    keep_blocks = end // block_chars  # complete blocks within messages 0..last: the same in any request
+    if found != last and keep_blocks > len(resumed):  # that starts with them, so remembered
+        _chains.put(ident, hashes[:keep_blocks])
+    return hashes
