@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ import pytest
 from bench.burst import CARD, EMAIL, PII_MARKERS, clean_prompt, parse_metrics, pii_prompt, wait_for_telemetry
 from kinference_simulators.stack import Stack, StackError
 
-pytestmark = pytest.mark.slow
+# serial: the classifier's deadline is 20 ms; beside another worker's trials a
+# whole wave can miss it (those prompts rightly stay local or are refused)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 AUDIT_PASSWORD = "audit-only-in-this-test"
 
@@ -87,6 +90,19 @@ def provider_log(stack: Stack) -> list[str]:
     return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def burst_summary(results: list[tuple[str, int, str, str]], seen: list[tuple[str, bytes]]) -> str:
+    """What happened instead, for a failure message: answers by kind, status
+    and backend, and the decision events' outcomes and pii classifier outcomes."""
+    answers = Counter((k, s, b.split("/")[0]) for k, s, b, _ in results)
+    outcomes: Counter[tuple[str, str, str]] = Counter()
+    for subject, data in seen:
+        if subject.startswith("kinference.decisions."):
+            e = json.loads(data)
+            pii = next((c["outcome"] for c in e.get("classifiers", []) if c.get("name") == "pii"), "?")
+            outcomes[(e["outcome"]["type"], str(e["outcome"].get("reason", "")), pii)] += 1
+    return f"answers {dict(answers)}; decisions {dict(outcomes)}"
+
+
 async def test_burst_holds_and_pii_stays_local_and_off_every_other_subject(stack: Stack) -> None:
     seen: list[tuple[str, bytes]] = []
     audit = await nats.connect(f"nats://127.0.0.1:{stack.port(4222)}", user="audit", password=AUDIT_PASSWORD)
@@ -102,9 +118,9 @@ async def test_burst_holds_and_pii_stays_local_and_off_every_other_subject(stack
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
                                      connector=aiohttp.TCPConnector(limit=0)) as http:
         await wait_for_telemetry(http, admin)
-        # up to three waves, until one clean prompt bursts (a busy machine can
+        # up to five waves, until one clean prompt bursts (a busy machine can
         # make a whole wave miss the classifier's deadline: those stay local)
-        for wave in range(3):
+        for wave in range(5):
             before = len(provider_log(stack))
             kinds = ["pii" if i % 10 == 3 else "clean" for i in range(200)]
             prompts = [pii_prompt(i) if k == "pii" else clean_prompt(i + 1000 * wave) for i, k in enumerate(kinds)]
@@ -122,7 +138,8 @@ async def test_burst_holds_and_pii_stays_local_and_off_every_other_subject(stack
     received = provider_log(stack)
     assert not [line for line in received if any(m in line for m in PII_MARKERS)]
     assert len(received) == sum(1 for k, s, b, _ in results if b.startswith("Provider/") and s == 200)
-    assert any(k == "clean" and b.startswith("Provider/") for k, _, b, _ in results), "nothing burst"
+    assert any(k == "clean" and b.startswith("Provider/") for k, _, b, _ in results), \
+        f"nothing burst: {burst_summary(results, seen)}"
     for kind, status, backend, _ in results:
         assert status in (200, 429, 503), status
         if kind == "pii":
