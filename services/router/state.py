@@ -124,10 +124,15 @@ class SnapshotKeeper:
         endpoints, providers = self.endpoints, self.providers
         if self.record_inputs:  # the dictionaries change after this: the records need these
             endpoints, providers = dict(endpoints), dict(providers)
-        snap = Snapshot(
-            self.pool, endpoints.values(), providers.values(), now=self.clock(),
-            stale_after=self.stale_after, ejected=frozenset(self.ejected()), ttft_model=self._ttft_model,
-        )
+        prev = self.snapshot
+        if prev is not None and prev.pool is self.pool and prev.stale_after == self.stale_after:
+            # only what changed since the last snapshot is built again
+            snap = prev.updated(endpoints, providers.values(), now=self.clock(),
+                                ejected=frozenset(self.ejected()), ttft_model=self._ttft_model)
+        else:
+            snap = Snapshot.first(self.pool, endpoints, providers.values(), now=self.clock(),
+                                  stale_after=self.stale_after, ejected=frozenset(self.ejected()),
+                                  ttft_model=self._ttft_model)
         self._version += 1
         snap.version = self._version
         if self.record_inputs:

@@ -86,7 +86,7 @@ class Candidate:
         return f"Candidate({self.id})"
 
 
-def _local(
+def local_candidate(
     dest: Destination,
     ep: EndpointState,
     *,
@@ -185,6 +185,65 @@ def _has_t0(ep: EndpointState) -> bool:
     return ep.fixed_overhead_seconds is not None and ep.fixed_overhead_seconds >= 0
 
 
+def local_groups(pool: CompiledPool, endpoints: Iterable[EndpointState]) -> dict[tuple[str, str], list[EndpointState]]:
+    """The endpoints of the pool's worker sets, by ``(namespace, worker set)``
+    (those of worker sets the pool does not route to are left out)."""
+    local_dests = {(d.namespace, d.name) for d in pool.destinations if d.type == "Local" and d.models}
+    by_dest: dict[tuple[str, str], list[EndpointState]] = {}
+    for ep in endpoints:
+        key = (ep.namespace, ep.worker_set)
+        if key in local_dests:
+            by_dest.setdefault(key, []).append(ep)
+    return by_dest
+
+
+def fallbacks(by_dest: dict[tuple[str, str], list[EndpointState]],
+              model: TTFTModel) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per worker set, the ``(Theta, T0)`` an endpoint that has not learned its
+    own is given: its worker set's median, then the pool's, then the model's
+    default."""
+    known = [
+        ep.prefill_tokens_per_second
+        for eps in by_dest.values()
+        for ep in eps
+        if ep.prefill_tokens_per_second and ep.prefill_tokens_per_second > 0
+    ]
+    pool_theta = statistics.median(known) if known else model.default_prefill_tps
+    known_t0 = [ep.fixed_overhead_seconds for eps in by_dest.values() for ep in eps if _has_t0(ep)]
+    pool_t0 = statistics.median(known_t0) if known_t0 else model.default_overhead_seconds
+    out = {}
+    for key, eps in by_dest.items():
+        ws_known = [e.prefill_tokens_per_second for e in eps
+                    if e.prefill_tokens_per_second and e.prefill_tokens_per_second > 0]
+        # an endpoint that has served nothing yet has no learned T0: its
+        # worker set's (then the pool's) median, like Theta. A fixed default
+        # above what the busy endpoints learned would make the idle ones look
+        # slower, so they would never get the request that teaches them.
+        ws_t0 = [e.fixed_overhead_seconds for e in eps if _has_t0(e)]
+        out[key] = (statistics.median(ws_known) if ws_known else pool_theta,
+                    statistics.median(ws_t0) if ws_t0 else pool_t0)
+    return out
+
+
+def local_dest_index(pool: CompiledPool) -> dict[tuple[str, str], Destination]:
+    return {(d.namespace, d.name): d for d in pool.destinations if d.type == "Local" and d.models}
+
+
+def provider_candidates(pool: CompiledPool, providers: Iterable[ProviderState], *, now: float,
+                        provider_stale_after: float, ejected: frozenset[str] | set[str]) -> list[Candidate]:
+    """One candidate per provider of the pool and model it serves, in pool order."""
+    prov_states = {(p.namespace, p.name): p for p in providers}
+    out = []
+    for dest in pool.destinations:
+        if dest.type != "Provider":
+            continue
+        state = prov_states.get((dest.namespace, dest.name))
+        for i in range(len(dest.models)):
+            out.append(_provider(dest, i, state, now=now, provider_stale_after=provider_stale_after,
+                                 ejected=ejected))
+    return out
+
+
 def build_candidates(
     pool: CompiledPool,
     endpoints: Iterable[EndpointState],
@@ -195,50 +254,38 @@ def build_candidates(
     provider_stale_after: float,
     ejected: frozenset[str] | set[str],
     model: TTFTModel,
+    fallback: dict[tuple[str, str], tuple[float, float]] | None = None,
 ) -> list[Candidate]:
     """Every candidate of the pool, in stable order (destination name, then
-    endpoint name, then model), with ``index`` set to that order."""
-    local_dests = {(d.namespace, d.name): d for d in pool.destinations if d.type == "Local" and d.models}
-    by_dest: dict[tuple[str, str], list[EndpointState]] = {}
-    for ep in endpoints:
-        key = (ep.namespace, ep.worker_set)
-        if key in local_dests:
-            by_dest.setdefault(key, []).append(ep)
-    prov_states = {(p.namespace, p.name): p for p in providers}
-
-    known = [
-        ep.prefill_tokens_per_second
-        for eps in by_dest.values()
-        for ep in eps
-        if ep.prefill_tokens_per_second and ep.prefill_tokens_per_second > 0
-    ]
-    pool_theta = statistics.median(known) if known else model.default_prefill_tps
-    known_t0 = [ep.fixed_overhead_seconds for eps in by_dest.values() for ep in eps if _has_t0(ep)]
-    pool_t0 = statistics.median(known_t0) if known_t0 else model.default_overhead_seconds
-
+    endpoint name, then model), with ``index`` set to that order. ``fallback``
+    receives each worker set's ``(Theta, T0)`` fallbacks (:func:`fallbacks`)."""
+    local_dests = local_dest_index(pool)
+    by_dest = local_groups(pool, endpoints)
+    fb = fallbacks(by_dest, model)
+    if fallback is not None:
+        fallback.update(fb)
     out: list[Candidate] = []
     for key, eps in by_dest.items():
         dest = local_dests[key]
-        ws_known = [e.prefill_tokens_per_second for e in eps
-                    if e.prefill_tokens_per_second and e.prefill_tokens_per_second > 0]
-        theta_fallback = statistics.median(ws_known) if ws_known else pool_theta
-        # an endpoint that has served nothing yet has no learned T0: its
-        # worker set's (then the pool's) median, like Theta. A fixed default
-        # above what the busy endpoints learned would make the idle ones look
-        # slower, so they would never get the request that teaches them.
-        ws_t0 = [e.fixed_overhead_seconds for e in eps if _has_t0(e)]
-        t0_fallback = statistics.median(ws_t0) if ws_t0 else pool_t0
+        theta_fallback, t0_fallback = fb[key]
         for ep in eps:
-            out.append(_local(dest, ep, now=now, stale_after=stale_after, ejected=ejected,
+            out.append(local_candidate(dest, ep, now=now, stale_after=stale_after, ejected=ejected,
                               theta_fallback=theta_fallback, t0_fallback=t0_fallback, model=model))
-    for dest in pool.destinations:
-        if dest.type != "Provider":
-            continue
-        state = prov_states.get((dest.namespace, dest.name))
-        for i in range(len(dest.models)):
-            out.append(_provider(dest, i, state, now=now, provider_stale_after=provider_stale_after,
-                                 ejected=ejected))
-    out.sort(key=lambda c: (c.dest_name, c.endpoint or "", c.model))
+    out += provider_candidates(pool, providers, now=now, provider_stale_after=provider_stale_after,
+                               ejected=ejected)
+    out.sort(key=candidate_order)
     for i, c in enumerate(out):
         c.index = i
     return out
+
+
+def candidate_order(c: Candidate) -> tuple[str, str, str]:
+    """The snapshot's stable order: destination name, endpoint name, model."""
+    return (c.dest_name, c.endpoint or "", c.model)
+
+
+def uses_fallback(ep: EndpointState) -> bool:
+    """The endpoint has not learned its own Theta or T0 (its worker set's
+    fallback fills in)."""
+    theta = ep.prefill_tokens_per_second
+    return not (theta and theta > 0) or not _has_t0(ep)
