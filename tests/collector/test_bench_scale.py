@@ -55,3 +55,22 @@ def test_the_page_block_is_rewritten_from_the_results() -> None:
     assert "MISS 1,000 pods at 100 ms need at most 4 cores" in new
     with pytest.raises(SystemExit, match="no <!-- scale:results --> block"):
         scale.rewrite("no block", result)
+
+
+def test_router_rows_time_the_rebuild_by_what_changed_and_render() -> None:
+    """The router's rows at two small sizes: each kind of rebuild timed, the
+    table shows them, and the verdict reads the largest size."""
+    router = scale.router_costs([40, 120], 200)
+    assert [r["endpoints"] for r in router] == [40, 120]
+    for r in router:
+        for key in ("rebuild_whole_ms", "rebuild_none_ms", "rebuild_1s_ms", "rebuild_100ms_ms",
+                    "rebuild_cpu_share_busy_1s", "rebuild_cpu_share_busy_100ms", "apply_us_per_update"):
+            assert r[key] > 0, key
+    text = scale.table({"rows": [], "router": router, "api_server": None})
+    r = router[1]
+    assert (f"| 120 endpoints | {r['apply_us_per_update']:.1f} us | {r['rebuild_whole_ms']:.2f} / "
+            f"{r['rebuild_none_ms']:.2f} / {r['rebuild_1s_ms']:.2f} / {r['rebuild_100ms_ms']:.2f} ms |") in text
+    row = {"pods": 1000, "collectors": 1, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": 1.0,
+           "cores_for_1000_pods_at_100ms": 3.0, "pipeline_lag_p99_ms": 20.0}
+    (follows,) = [v for v in scale.verdicts([row], router) if "rebuild follows what changed" in v]
+    assert "at 120 endpoints" in follows and f"{r['rebuild_whole_ms']:.1f} ms whole" in follows
