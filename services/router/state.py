@@ -125,11 +125,16 @@ class SnapshotKeeper:
         if self.record_inputs:  # the dictionaries change after this: the records need these
             endpoints, providers = dict(endpoints), dict(providers)
         prev = self.snapshot
+        snap = None
         if prev is not None and prev.pool is self.pool and prev.stale_after == self.stale_after:
             # only what changed since the last snapshot is built again
-            snap = prev.updated(endpoints, providers.values(), now=self.clock(),
-                                ejected=frozenset(self.ejected()), ttft_model=self._ttft_model)
-        else:
+            try:
+                snap = prev.updated(endpoints, providers.values(), now=self.clock(),
+                                    ejected=frozenset(self.ejected()), ttft_model=self._ttft_model)
+            except Exception as exc:  # never stuck on the last snapshot: built whole instead
+                log.error("incremental snapshot rebuild failed; building it whole",
+                          pool=f"{self.namespace}/{self.pool_name}", error=f"{type(exc).__name__}: {exc}")
+        if snap is None:
             snap = Snapshot.first(self.pool, endpoints, providers.values(), now=self.clock(),
                                   stale_after=self.stale_after, ejected=frozenset(self.ejected()),
                                   ttft_model=self._ttft_model)

@@ -35,7 +35,9 @@ def same_snapshot(a: Snapshot, b: Snapshot, models: list[str]) -> None:
     assert {k: [c.id for c in v] for k, v in a.by_key.items()} == {k: [c.id for c in v] for k, v in b.by_key.items()}
     assert {k: [c.id for c in v] for k, v in a.by_model.items()} == \
         {k: [c.id for c in v] for k, v in b.by_model.items()}
-    assert a.has_stale == b.has_stale
+    assert a.has_stale == b.has_stale and a._stale_count == b._stale_count
+    # the incremental bound may be earlier than the oldest fresh scrape, never later
+    assert a._oldest_fresh <= b._oldest_fresh
     assert a.fallbacks == b.fallbacks
     for arr in ("ttft_a", "ttft_pt", "ttft_f", "ttft_h", "ttft_it", "ttft_s"):
         assert getattr(a, arr) == getattr(b, arr), arr
@@ -49,6 +51,18 @@ def same_snapshot(a: Snapshot, b: Snapshot, models: list[str]) -> None:
             ea, xa, wa = ra.considered(m)
             eb, xb, wb = rb.considered(m)
             assert ([c.id for c in ea], [c.id for c in xa], wa) == ([c.id for c in eb], [c.id for c in xb], wb)
+
+
+def fingerprint(s: Snapshot) -> tuple:  # type: ignore[type-arg]
+    """Everything a decision on ``s`` reads, as values (the previous snapshot
+    must not change: decisions in flight still read it)."""
+    return (tuple(tuple(getattr(c, x) for x in SLOTS) + (id(c.state),) for c in s.candidates),
+            tuple(tuple(getattr(s, a)) for a in ("ttft_a", "ttft_pt", "ttft_f", "ttft_h", "ttft_it", "ttft_s")),
+            tuple((k, tuple(id(c) for c in v)) for k, v in s.by_model.items()),
+            tuple((k, tuple(id(c) for c in v)) for k, v in s.by_key.items()),
+            tuple((k, id(c)) for k, c in s.by_id.items()),
+            tuple((tuple(e.dropped for e in r.exclusions), tuple(t.kept for t in r.tiers)) for r in s.rules),
+            tuple(s._local_states), s._stale_count, s._oldest_fresh, s.has_stale)
 
 
 def changed_state(rng: random.Random, st_: object, now: float) -> object:
@@ -114,8 +128,10 @@ def test_updated_is_the_whole_build(f) -> None:
                 eps[k] = changed_state(rng, eps[k], now)
         elif action < 0.65:
             now += rng.choice([0.5, 1.5, 2.5])  # scrapes turn stale with time alone
-        elif keys and action < 0.75:
-            ejected = frozenset(k for k in keys if rng.random() < 0.3)
+        elif action < 0.6:
+            now -= rng.choice([0.5, 3.0])  # the wall clock stepped back
+        elif keys and action < 0.75:  # endpoints and providers (a 429's cool-down) ejected
+            ejected = frozenset(k for k in keys + [f"default/{pv.name}" for pv in provs] if rng.random() < 0.3)
         elif action < 0.82:
             model = TTFTModel(calibration=rng.choice([0.8, 1.0, 1.25]))
         elif action < 0.9:
@@ -125,7 +141,9 @@ def test_updated_is_the_whole_build(f) -> None:
             e = ep(w.name, f"new{_step}", age=0.1)
             eps[endpoint_key(e.namespace, e.worker_set, e.pod)] = e
             whole_builds += 1
-        snap = snap.updated(eps, pstates, now=now, ejected=ejected, ttft_model=model)
+        before = fingerprint(snap)
+        prev, snap = snap, snap.updated(eps, pstates, now=now, ejected=ejected, ttft_model=model)
+        assert fingerprint(prev) == before, "the previous snapshot changed"
         whole = Snapshot(p, eps.values(), pstates, now=now, stale_after=stale_after, ejected=ejected,
                          ttft_model=model)
         same_snapshot(snap, whole, MODELS)
@@ -197,3 +215,15 @@ def test_tier_backends_sets_follow_a_changed_endpoint() -> None:
     s2 = s1.updated(eps, now=NOW)
     assert s2.rules[0].tiers[0].kept == {0, 2}
     assert s1.rules[0].tiers[0].kept == {0, 1, 2}  # the old snapshot is left as it was
+
+
+def test_a_clock_that_went_back_makes_a_stale_scrape_fresh_again() -> None:
+    """Found in review: the wall clock stepped back (NTP) after a scrape had
+    turned stale by age alone; the next snapshot is built whole."""
+    p = pool([ws("ws-a", "m1")], [])
+    eps = {endpoint_key("default", "ws-a", "p0"): ep("ws-a", "p0", age=1.0)}
+    s1 = Snapshot.first(p, eps, now=NOW, stale_after=2.0)
+    s2 = s1.updated(eps, now=NOW + 5)
+    assert s2.candidates[0].stale
+    s3 = s2.updated(eps, now=NOW)
+    assert not s3.candidates[0].stale and s3.candidates[0].queued == 0 and not s3.has_stale
