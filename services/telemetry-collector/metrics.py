@@ -35,6 +35,11 @@ class CollectorMetrics:
             "kinference_collector_published_total", "States published to NATS.", ["kind"],
             registry=self.registry,
         )
+        self.dcgm_unchanged = Counter(
+            "kinference_collector_dcgm_unchanged_total",
+            "DCGM exporter pages the same as the last one parsed (the exporter had not collected since): "
+            "not parsed again.", registry=self.registry,
+        )
         self.observations = Counter(
             "kinference_collector_observations_total", "Observations received, by whether they decoded.",
             ["result"], registry=self.registry,

@@ -45,6 +45,9 @@ log = structlog.get_logger("kinference.collector")
 
 #: seconds between two rebuilds of the GPU index while DCGM data keeps arriving
 GPU_INDEX_EVERY = 0.1
+#: an unchanged DCGM page's stats are shared with the other replicas this often
+#: (they drop an exporter's stats after ``dcgm_stale_after``, 90 s by default)
+GPU_SHARE_UNCHANGED_EVERY = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,9 @@ class _Dcgm:
     last_success: float | None = None
     stats: dict[tuple[str, str], GpuStats] = field(default_factory=dict)
     errors: int = 0
+    #: ``hash()`` of the last page parsed, and when its stats were last shared
+    digest: int | None = None
+    shared_at: float = float("-inf")
 
 
 class _Remote:
@@ -300,16 +306,28 @@ class Collector:
     async def scrape_dcgm(self, d: _Dcgm) -> None:
         assert self._session is not None
         t0 = time.perf_counter()
+        changed = True
         try:
             body = await fetch(self._session, d.target.base_url + "/metrics",
                                self.config.dcgm_timeout, self.config.max_body_bytes)
-            gpus = parse_dcgm(body)
-            if not gpus:
-                raise ScrapeError("no DCGM metrics on the page")
-            d.stats = gpu_stats_by_pod(gpus)
-            d.last_success = self._clock()
+            now = self._clock()
+            # the exporter serves its last collection until the next one (every
+            # 30 s by default): a page the same as the last one parsed, while
+            # that one is in the index, is not parsed again
+            digest = hash(body)
+            changed = not (digest == d.digest and d.last_success is not None
+                           and now - d.last_success <= self.config.dcgm_stale_after)
+            if changed:
+                gpus = parse_dcgm(body)
+                if not gpus:
+                    raise ScrapeError("no DCGM metrics on the page")
+                d.stats, d.digest = gpu_stats_by_pod(gpus), digest
+            else:
+                self.metrics.dcgm_unchanged.inc()
+            d.last_success = now
             d.errors = 0
-            if self.share_gpu is not None:
+            if self.share_gpu is not None and (changed or now - d.shared_at >= GPU_SHARE_UNCHANGED_EVERY):
+                d.shared_at = now
                 self.share_gpu(d.target.address, d.stats)
         except asyncio.CancelledError:
             raise
@@ -319,7 +337,8 @@ class Collector:
             if d.errors == 1:
                 log.warning("dcgm_scrape_failed", address=d.target.address, error=describe(exc))
         self.metrics.scrape_seconds_dcgm.observe(time.perf_counter() - t0)
-        self._gpu_changed()
+        if changed:
+            self._gpu_changed()
 
     def _gpu_changed(self) -> None:
         """GPU data moved: rebuild the index, at most every ``GPU_INDEX_EVERY``

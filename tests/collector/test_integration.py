@@ -168,6 +168,30 @@ async def test_dcgm_attaches_gpu_state_to_the_pod(page_server: Any, collector: A
     assert (st.gpu_utilization, st.gpu_memory_usage, st.xid_error) == (0.9, 0.75, 79)
 
 
+async def test_an_unchanged_dcgm_page_is_not_parsed_again_and_a_changed_one_is(
+        page_server: Any, collector: Any, watch: Watch) -> None:
+    """The exporter serves its last collection until the next (30 s by
+    default): the same page is counted and skipped, a new one is read."""
+    engine = await page_server(pages.VllmPage())
+    dcgm = await page_server()
+
+    def page(util: int) -> str:
+        return pages.render_dcgm([pages.Gpu(0, "GPU-0", "ns", "llama-0", util_percent=util, fb_used=20000,
+                                            fb_free=60000, fb_reserved=0)],
+                                 hostname_label="hostname", pod_label="pod_name", namespace_label="pod_namespace")
+    dcgm.text = page(40)
+    c = await collector([target(engine, "llama-0"), Target(kind="dcgm", address=dcgm.address)],
+                        dcgm_interval=0.05)
+    await watch.until(lambda: watch.first("llama-0", lambda s: s.gpu_utilization == 0.4))
+    unchanged = c.metrics.dcgm_unchanged
+    async with asyncio.timeout(PATIENCE):
+        while unchanged._value.get() < 3:  # type: ignore[attr-defined]
+            await asyncio.sleep(0.05)
+    assert c.metrics.scrape_errors.labels("dcgm")._value.get() == 0  # type: ignore[attr-defined]
+    dcgm.text = page(70)
+    await watch.until(lambda: watch.first("llama-0", lambda s: s.gpu_utilization == 0.7))
+
+
 async def test_endpoint_removed_from_discovery(page_server: Any, collector: Any, watch: Watch, nc: Any) -> None:
     a = await page_server(pages.VllmPage())
     b = await page_server(pages.VllmPage())
