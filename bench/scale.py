@@ -566,7 +566,9 @@ _BLOCK = re.compile(r"(<!-- scale:results -->\n)(.*?)(<!-- /scale:results -->)",
 
 def rewrite(page: str, result: dict[str, Any]) -> str:
     body = (f"Measured {result['when']} by `make bench-scale` on {result['env']['cpus']} shared cores "
-            f"(the simulated pods, NATS and the router's probe share them with the collectors):\n\n"
+            f"(the simulated pods, NATS and the router's probe share them with the collectors)"
+            + (f", the simulated DCGM exporters collecting every {result['dcgm_collect_interval_s']:g} s"
+               if result.get("dcgm_collect_interval_s") else "") + ":\n\n"
             + table(result) + "\n\n" + "\n".join(f"- {v}" for v in result["verdicts"]) + "\n\n"
             + "![CPU per collector replica against replicas](img/scale-cpu.png)\n")
     if _BLOCK.search(page) is None:
@@ -587,7 +589,9 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="kinference-bench-scale-") as tmp, \
                 run_simulator("fleet", "--pods", str(args.pods), "--gpus-per-node", str(args.gpus_per_node),
-                              "--change-interval", str(args.change_interval), "--log-format", "json") as fleet:
+                              "--change-interval", str(args.change_interval),
+                              "--dcgm-collect-interval", str(args.dcgm_collect_interval),
+                              "--log-format", "json") as fleet:
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"{fleet.url}/sim/targets") as r:
                     targets = await r.json()
@@ -649,6 +653,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--changes", type=int, default=40, help="page changes timed to the router per run")
     ap.add_argument("--change-interval", type=float, default=1.0,
                     help="seconds between two moves of a pod's load in the fleet (default %(default)s)")
+    ap.add_argument("--dcgm-collect-interval", type=float, default=30.0,
+                    help="seconds between two collections of a simulated DCGM exporter, which serves the same "
+                         "page in between (dcgm-exporter's default, %(default)s; 0 = a new page at every move "
+                         "of its pods' load)")
     ap.add_argument("--no-split", dest="split", action="store_false",
                     help="skip the run of one replica at twice the interval (the per-scrape / per-pod cost split)")
     ap.add_argument("--router-sizes", type=int, nargs="*", default=[100, 1000, 10000],
@@ -688,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.seconds:g} s each", flush=True)
     result = asyncio.run(amain(args))
     result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    result["dcgm_collect_interval_s"] = args.dcgm_collect_interval
     result["env"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
                      "note": "shared machine: other work ran beside the bench"}
     return _report(result, args, measured=True)

@@ -12,7 +12,10 @@ renderers (:mod:`.vllm_metrics`, :mod:`.dcgm`: every family, label and
 bucket a real page has) and turned into a template whose moving numbers
 (running, waiting, KV use, the counters and sums the collector derives rates
 from) are slots; a pod's load moves every ``--change-interval`` seconds and
-only then is its page filled again. Pages are served by a minimal HTTP/1.1
+only then is its page filled again. A node's exporter page follows its pods'
+loads once per ``--dcgm-collect-interval`` (30 s, dcgm-exporter's default
+collection interval) and serves the same page in between, as dcgm-exporter
+does. Pages are served by a minimal HTTP/1.1
 keep-alive server (an :class:`asyncio.Protocol`, no framework), so one core
 serves thousands of scrapes a second.
 
@@ -37,6 +40,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kinference_common import logs
+from kinference_common.tasks import cancel_and_wait
 
 from . import cli
 from .dcgm import DcgmCollector, Gpu, GpuAssignment
@@ -232,6 +236,10 @@ class FleetConfig:
     pod_port: int = 0
     dcgm_port: int = 0
     change_interval: float = 1.0
+    #: seconds between two collections of a node's exporter, which serves the
+    #: last one until the next (dcgm-exporter's --collect-interval, 30 s by
+    #: default); 0: the page follows every move of its pods' load
+    dcgm_collect_interval: float = 30.0
     seed: int = 0
     hardware: GpuHardware = field(default_factory=GpuHardware)
 
@@ -305,15 +313,34 @@ class Fleet:
         per = max(1, self.cfg.gpus_per_node)
         tick = max(0.01, self.cfg.change_interval / n)
         batch = max(1, round(n * tick / self.cfg.change_interval))
+        collect = self.cfg.dcgm_collect_interval
+        collector = asyncio.create_task(self._collect_nodes(collect), name="fleet-dcgm-collect") \
+            if collect > 0 and self.nodes else None
         i = 0
+        try:
+            while True:
+                await asyncio.sleep(tick)
+                for _ in range(batch):
+                    self.loads[i].step(self.cfg.change_interval, self.rnd)
+                    self.render(i)
+                    if collect <= 0 and (i % per == per - 1 or i == n - 1):
+                        self.render_node(i // per)
+                    i = (i + 1) % n
+        finally:
+            if collector is not None:
+                await cancel_and_wait(collector)
+
+    async def _collect_nodes(self, every: float) -> None:
+        """Each node's exporter collects once per ``every`` seconds, spread over it."""
+        m = len(self.nodes)
+        tick = max(0.01, every / m)
+        batch = max(1, round(m * tick / every))
+        j = 0
         while True:
             await asyncio.sleep(tick)
             for _ in range(batch):
-                self.loads[i].step(self.cfg.change_interval, self.rnd)
-                self.render(i)
-                if i % per == per - 1 or i == n - 1:
-                    self.render_node(i // per)
-                i = (i + 1) % n
+                self.render_node(j)
+                j = (j + 1) % m
 
     # ---------------------------------------------------------------- control
 
@@ -377,6 +404,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dcgm-port", type=int, default=0, help="the exporters' port; 0 = a free one (default)")
     ap.add_argument("--change-interval", type=float, default=d.change_interval,
                     help="seconds between two moves of one pod's load (default %(default)s; 0 = never)")
+    ap.add_argument("--dcgm-collect-interval", type=float, default=d.dcgm_collect_interval,
+                    help="seconds between two collections of a node's DCGM exporter, which serves the last one "
+                         "in between (dcgm-exporter's --collect-interval; default %(default)s; 0 = the page "
+                         "follows every move of its pods' load)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the pods' load (default 0)")
     cli.add_logging_arguments(ap)
     return ap.parse_args(argv)
@@ -392,7 +423,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: --pod-net/--dcgm-net: {exc}") from None
     cfg = FleetConfig(pods=a.pods, gpus_per_node=a.gpus_per_node, namespace=a.namespace, worker_set=a.worker_set,
                       model=a.model, pod_net=a.pod_net, dcgm_net=a.dcgm_net, pod_port=a.pod_port,
-                      dcgm_port=a.dcgm_port, change_interval=a.change_interval, seed=a.seed)
+                      dcgm_port=a.dcgm_port, change_interval=a.change_interval,
+                      dcgm_collect_interval=a.dcgm_collect_interval, seed=a.seed)
     fleet = Fleet(cfg)
 
     async def run() -> None:
