@@ -31,6 +31,11 @@ For each router under test, in turn:
        the same services, the router also serving its Endpoint Picker, and
        a real Envoy in front (``make run-envoy``'s bootstrap): the client
        calls Envoy, the gateway path.
+   ``kinference_3``
+       the same services with three router replicas (replica sync over
+       NATS, as deployed), the client sending request *i* to replica
+       *i mod 3*: each replica sees a third of the traffic and learns the
+       rest from its peers.
    ``direct_round_robin``
        no router: the client itself sends request *i* to simulator *i mod 4*.
 
@@ -94,8 +99,10 @@ SEED = 7
 GROUPS = 16
 MODEL = "m"
 OFFSET = 700
-ROUTERS = ["kinference", "kinference_envoy", "vllm_router_cache_aware", "vllm_router_round_robin",
+ROUTERS = ["kinference", "kinference_envoy", "kinference_3", "vllm_router_cache_aware", "vllm_router_round_robin",
            "direct_round_robin"]
+#: the replicas of ``kinference_3``; replica k > 0 listens on the router and admin ports + 100 k
+REPLICAS = 3
 WORKER_SET = "trial"
 #: the stack's ports before the offset: make run's bases (no two end in the same two digits)
 STACK_PORTS = {"nats": 4222, "compiler": 8090, "classifier": 8083, "collector": 9091, "router": 8080, "admin": 8081}
@@ -417,6 +424,12 @@ class TrialStack(Stack):
     one pool over simulators started elsewhere (``sim_ports``)."""
 
     sim_ports: list[int] = field(default_factory=list)
+    #: router replicas (``kinference_3``: three)
+    routers: int = 1
+
+    def router_port(self, k: int, which: str = "router") -> int:
+        """Replica ``k``'s data (``router``) or ``admin`` port."""
+        return self.port(STACK_PORTS[which] + 100 * k)
 
     def prepare(self) -> None:
         if self.run_dir.exists():
@@ -432,7 +445,8 @@ class TrialStack(Stack):
     def _ports(self) -> list[int]:
         from kinference_simulators.stack import ENVOY_PORTS
 
-        return [self.port(p) for p in (STACK_PORTS | (ENVOY_PORTS if self.envoy else {})).values()]
+        extra = [self.router_port(k, w) for k in range(1, self.routers) for w in ("router", "admin")]
+        return [self.port(p) for p in (STACK_PORTS | (ENVOY_PORTS if self.envoy else {})).values()] + extra
 
     def pool_endpoints(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.sim_ports]
@@ -461,12 +475,12 @@ class TrialStack(Stack):
                 "--endpoints-file", str(self.run_dir / "endpoints.yaml"), "--http-host", "127.0.0.1",
                 "--http-port", str(port(STACK_PORTS["collector"])), "--log-format", "json"],
                 ready_url=f"http://127.0.0.1:{port(STACK_PORTS['collector'])}/healthz"),
-            Proc("router", [
+            *(Proc("router" if k == 0 else f"router-{k}", [
                 py, "-m", "kinference_router", "--pool", f"{NAMESPACE}/{POOL}", "--nats-url", nats_url,
-                *auth.flags("router"), "--host", "127.0.0.1", "--port", str(port(STACK_PORTS["router"])),
-                "--admin-port", str(port(STACK_PORTS["admin"])), "--auth", "none", "--log-format", "json",
-                "--log-level", "warning", *self._gateway_flags()],
-                ready_url=f"http://127.0.0.1:{port(STACK_PORTS['router'])}/readyz"),
+                *auth.flags("router"), "--host", "127.0.0.1", "--port", str(self.router_port(k)),
+                "--admin-port", str(self.router_port(k, "admin")), "--auth", "none", "--log-format", "json",
+                "--log-level", "warning", *(self._gateway_flags() if k == 0 else [])],
+                ready_url=f"http://127.0.0.1:{self.router_port(k)}/readyz") for k in range(self.routers)),
             *([self._envoy_proc()] if self.envoy else []),
         ]
 
@@ -496,16 +510,21 @@ async def wait_for_endpoints(admin_port: int, pods: int, timeout: float = 60.0) 
 
 
 async def _kinference(reqs: Sequence[SimRequest], sim_ports: list[int], log_dir: Path, offset: int,
-                      envoy: bool = False) -> list[Outcome]:
+                      envoy: bool = False, routers: int = 1) -> list[Outcome]:
     from kinference_simulators.stack import ENVOY_PORTS
 
-    stack = TrialStack(log_dir / ("stack-envoy" if envoy else "stack"), offset, sim_ports=sim_ports, envoy=envoy)
+    name = "stack-envoy" if envoy else "stack" if routers == 1 else f"stack-{routers}"
+    stack = TrialStack(log_dir / name, offset, sim_ports=sim_ports, envoy=envoy, routers=routers)
     stack.prepare()
     await stack.start(PROFILE, 1.0, timeout=90)
     try:
-        await wait_for_endpoints(stack.port(STACK_PORTS["admin"]), len(sim_ports))
-        front = stack.port(ENVOY_PORTS["envoy"] if envoy else STACK_PORTS["router"])
-        return await replay([f"http://127.0.0.1:{front}/v1/completions"], reqs)
+        for k in range(routers):
+            await wait_for_endpoints(stack.router_port(k, "admin"), len(sim_ports))
+        if envoy:
+            urls = [f"http://127.0.0.1:{stack.port(ENVOY_PORTS['envoy'])}/v1/completions"]
+        else:
+            urls = [f"http://127.0.0.1:{stack.router_port(k)}/v1/completions" for k in range(routers)]
+        return await replay(urls, reqs)
     finally:
         await stack.stop()
 
@@ -517,8 +536,9 @@ def run_router(router: str, reqs: Sequence[SimRequest], log_dir: Path, offset: i
     sims, ports = start_simulators(log_dir, router)
     front: harness.Process | None = None
     try:
-        if router in ("kinference", "kinference_envoy"):
-            outcomes = asyncio.run(_kinference(reqs, ports, log_dir, offset, envoy=router == "kinference_envoy"))
+        if router in ("kinference", "kinference_envoy", "kinference_3"):
+            outcomes = asyncio.run(_kinference(reqs, ports, log_dir, offset, envoy=router == "kinference_envoy",
+                                               routers=REPLICAS if router == "kinference_3" else 1))
         elif router.startswith("vllm_router_"):
             policy = router.removeprefix("vllm_router_")
             rport = harness.free_port()
@@ -622,16 +642,21 @@ def sweep_table(runs: Sequence[dict]) -> str:
     return "\n".join(out)
 
 
-def worst_lines(runs: Sequence[dict]) -> list[str]:
-    """The worst ratio over the runs, and on how many the goal was met."""
+def worst_lines(runs: Sequence[dict], field: str = "goal", who: str = "") -> list[str]:
+    """The worst ratio over the runs, and on how many the goal was met
+    (``field``: ``goal`` for ``kinference``, ``goal_3`` for ``kinference_3``)."""
     out = []
     for key, met, what in (("p99_ratio", "met", "p99"),
                            ("p99_after_first_ratio", "met_after_first", "p99 without each group's first")):
-        goals = [run["goal"] for run in runs if run["goal"] and key in run["goal"]]
+        goals = [run[field] for run in runs if run.get(field) and key in run[field]]
         if goals:
-            out.append(f"{what} against the best vllm-router policy: worst {max(g[key] for g in goals):.2f}x; "
+            out.append(f"{who}{what} against the best vllm-router policy: worst {max(g[key] for g in goals):.2f}x; "
                        f"goal (<= 0.80x, p50 no worse) met on {sum(g[met] for g in goals)} of {len(goals)} runs")
     return out
+
+
+def all_worst_lines(runs: Sequence[dict]) -> list[str]:
+    return worst_lines(runs) + worst_lines(runs, "goal_3", "kinference_3 (three replicas): ")
 
 
 def report(path: Path) -> int:
@@ -646,6 +671,7 @@ def report(path: Path) -> int:
     for run in runs:
         reqs = arrivals(run["seed"], setup["rate"], setup["duration_s"], run["groups"])
         run["goal"] = goal(run["rows"])  # as this version judges it
+        run["goal_3"] = goal(run["rows"], "kinference_3")
         outcomes = {row["router"]: outcomes_of(row) for row in run["rows"]}
         if any(len(o) != len(reqs) for o in outcomes.values()):
             print(f"realtrial: {path}: groups {run['groups']}, seed {run['seed']} does not match its arrivals",
@@ -658,7 +684,7 @@ def report(path: Path) -> int:
         print()
     print(sweep_table(runs))
     print()
-    for line in worst_lines(runs):
+    for line in all_worst_lines(runs):
         print(line)
     return 0
 
@@ -729,10 +755,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         errors = True
                         print(f"{r['router']}: {r['errors']} failed requests, e.g. {r['error_samples']}")
                 runs.append({"groups": groups, "seed": seed, "requests": len(reqs), "rows": rows,
-                             "tail": {k: v for k, v in att.items() if k != "subject_tail"}, "goal": goal(rows)})
+                             "tail": {k: v for k, v in att.items() if k != "subject_tail"}, "goal": goal(rows),
+                             "goal_3": goal(rows, "kinference_3")})
     print(sweep_table(runs))
     print()
-    for line in worst_lines(runs):
+    for line in all_worst_lines(runs):
         print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({

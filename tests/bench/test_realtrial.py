@@ -106,10 +106,11 @@ def test_attribute_compares_the_same_requests_across_routers() -> None:
     assert "kinference's slowest 2 under vllm_router_cache_aware: TTFT p50 30 ms, 0 also" in text
 
 
-def test_goal_is_the_issues_and_the_sweep_names_each_run() -> None:
-    def row(router: str, p50: float, p99: float, rest: float | None = None) -> dict:
-        return {"router": router, "ttft_p50_s": p50, "ttft_p99_s": p99, "ttft_p99_after_first_s": rest}
+def row(router: str, p50: float, p99: float, rest: float | None = None) -> dict:
+    return {"router": router, "ttft_p50_s": p50, "ttft_p99_s": p99, "ttft_p99_after_first_s": rest}
 
+
+def test_goal_is_the_issues_and_the_sweep_names_each_run() -> None:
     rows = [row("kinference", 0.030, 0.150), row("vllm_router_cache_aware", 0.039, 0.200),
             row("vllm_router_round_robin", 0.190, 0.450)]
     g = realtrial.goal(rows)
@@ -230,3 +231,23 @@ async def test_replay_streams_round_robin_and_records_failures_without_raising()
     assert [o.pod for o in got] == ["pod-0", None, "pod-0", None]
     assert got[0].cached == 0 and got[2].cached is not None
     assert all(o.sent is not None for o in got) and got[2].sent > got[0].sent
+
+
+def test_three_replicas_get_ports_of_their_own_and_a_goal_line(tmp_path) -> None:
+    """``kinference_3``: three router processes, no port shared with each other
+    or the rest of the stack; its goal judged and said apart from one replica's."""
+    stack = realtrial.TrialStack(tmp_path / "s", 700, sim_ports=[9001, 9002], routers=3)
+    stack.prepare()
+    routers = [p for p in stack.plan("h100", 1.0) if p.name.startswith("router")]
+    assert [p.name for p in routers] == ["router", "router-1", "router-2"]
+    ports = stack._ports()
+    assert len(ports) == len(set(ports))
+    for k, p in enumerate(routers):
+        assert str(stack.router_port(k)) in p.argv and str(stack.router_port(k, "admin")) in p.argv
+    rows = [row("kinference_3", 0.030, 0.100, 0.040), row("vllm_router_cache_aware", 0.039, 0.200, 0.060)]
+    run = {"groups": 8, "seed": 1, "rows": rows, "goal": realtrial.goal(rows),
+           "goal_3": realtrial.goal(rows, "kinference_3")}
+    assert run["goal"] is None and run["goal_3"]["met"]
+    assert realtrial.all_worst_lines([run])[0] == (
+        "kinference_3 (three replicas): p99 against the best vllm-router policy: worst 0.50x; goal (<= 0.80x, "
+        "p50 no worse) met on 1 of 1 runs")
