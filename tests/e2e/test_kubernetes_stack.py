@@ -210,20 +210,33 @@ def ws_status(env: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 async def ask(env: dict[str, Any], host: str, model: str, key: str = TENANT_KEY) -> tuple[int, dict[str, Any]]:
+    status, body, _ = await ask_with_id(env, host, model, key)
+    return status, body
+
+
+async def ask_with_id(env: dict[str, Any], host: str, model: str,
+                      key: str = TENANT_KEY) -> tuple[int, dict[str, Any], str]:
     body = {"model": model, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
     async with env["session"].post(f"{env['data']}/v1/chat/completions", json=body,
                                    headers={"Host": host, "Authorization": f"Bearer {key}"}) as r:
-        return r.status, await r.json()
+        return r.status, await r.json(), r.headers.get("x-kinference-decision-id", "")
 
 
 async def endpoints_of(env: dict[str, Any], host: str, model: str, n: int) -> set[str]:
-    """Send ``n`` requests; the pods their decision events name."""
-    first = len(env["decisions"])
+    """Send ``n`` requests; the pods their own decision events name (an event
+    is published after its answer: an earlier request's may still arrive)."""
+    ids = []
     for _ in range(n):
-        status, body = await ask(env, host, model)
-        assert status == 200, body
-    await until(env, lambda: len(env["decisions"]) >= first + n, "decision events")
-    return {d["outcome"]["endpoint"] for d in env["decisions"][first:first + n]}
+        status, body, did = await ask_with_id(env, host, model)
+        assert status == 200 and did, body
+        ids.append(did)
+
+    def mine() -> dict[str, dict[str, Any]] | None:
+        got = {d["decision_id"]: d for d in env["decisions"] if d["decision_id"] in ids}
+        return got if len(got) == n else None
+
+    events = await until(env, mine, "the requests' decision events")
+    return {d["outcome"]["endpoint"] for d in events.values()}
 
 
 async def test_kubernetes_stack(stack: dict[str, Any]) -> None:
