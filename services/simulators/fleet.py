@@ -311,8 +311,7 @@ class Fleet:
         if not n or self.cfg.change_interval <= 0:
             await asyncio.Event().wait()
         per = max(1, self.cfg.gpus_per_node)
-        tick = max(0.01, self.cfg.change_interval / n)
-        batch = max(1, round(n * tick / self.cfg.change_interval))
+        tick, batch = _pace(n, self.cfg.change_interval)
         collect = self.cfg.dcgm_collect_interval
         collector = asyncio.create_task(self._collect_nodes(collect), name="fleet-dcgm-collect") \
             if collect > 0 and self.nodes else None
@@ -333,8 +332,7 @@ class Fleet:
     async def _collect_nodes(self, every: float) -> None:
         """Each node's exporter collects once per ``every`` seconds, spread over it."""
         m = len(self.nodes)
-        tick = max(0.01, every / m)
-        batch = max(1, round(m * tick / every))
+        tick, batch = _pace(m, every)
         j = 0
         while True:
             await asyncio.sleep(tick)
@@ -384,6 +382,13 @@ class Fleet:
         app.router.add_post("/sim/set", set_)
         app.router.add_get("/sim/scrapes", scrapes)
         return app
+
+
+def _pace(n: int, every: float) -> tuple[float, int]:
+    """``(tick, batch)``: ``batch`` of ``n`` items every ``tick`` seconds goes
+    through all of them once per ``every`` seconds, spread evenly."""
+    tick = max(0.01, every / n)
+    return tick, max(1, round(n * tick / every))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

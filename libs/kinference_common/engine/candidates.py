@@ -188,7 +188,7 @@ def _has_t0(ep: EndpointState) -> bool:
 def local_groups(pool: CompiledPool, endpoints: Iterable[EndpointState]) -> dict[tuple[str, str], list[EndpointState]]:
     """The endpoints of the pool's worker sets, by ``(namespace, worker set)``
     (those of worker sets the pool does not route to are left out)."""
-    local_dests = {(d.namespace, d.name) for d in pool.destinations if d.type == "Local" and d.models}
+    local_dests = local_dest_index(pool)
     by_dest: dict[tuple[str, str], list[EndpointState]] = {}
     for ep in endpoints:
         key = (ep.namespace, ep.worker_set)
@@ -226,6 +226,7 @@ def fallbacks(by_dest: dict[tuple[str, str], list[EndpointState]],
 
 
 def local_dest_index(pool: CompiledPool) -> dict[tuple[str, str], Destination]:
+    """The pool's worker sets that serve a model, by ``(namespace, name)``."""
     return {(d.namespace, d.name): d for d in pool.destinations if d.type == "Local" and d.models}
 
 
@@ -270,18 +271,13 @@ def build_candidates(
         theta_fallback, t0_fallback = fb[key]
         for ep in eps:
             out.append(local_candidate(dest, ep, now=now, stale_after=stale_after, ejected=ejected,
-                              theta_fallback=theta_fallback, t0_fallback=t0_fallback, model=model))
+                                       theta_fallback=theta_fallback, t0_fallback=t0_fallback, model=model))
     out += provider_candidates(pool, providers, now=now, provider_stale_after=provider_stale_after,
                                ejected=ejected)
-    out.sort(key=candidate_order)
+    out.sort(key=lambda c: (c.dest_name, c.endpoint or "", c.model))
     for i, c in enumerate(out):
         c.index = i
     return out
-
-
-def candidate_order(c: Candidate) -> tuple[str, str, str]:
-    """The snapshot's stable order: destination name, endpoint name, model."""
-    return (c.dest_name, c.endpoint or "", c.model)
 
 
 def uses_fallback(ep: EndpointState) -> bool:

@@ -413,7 +413,6 @@ class Snapshot:
         snap.endpoint_keys = self.endpoint_keys
         cands = list(old)
         dests = local_dest_index(self.pool)
-        changed = set(replaced)
         oldest_fresh = self._oldest_fresh
         for i in replaced:
             st = endpoints[old[i].ledger_key]
@@ -430,20 +429,18 @@ class Snapshot:
             i = self.by_id[p.id].index
             p.index = i
             cands[i] = p
-            changed.add(i)
+            replaced.add(i)
         snap.candidates = cands
-        snap._index(self, frozenset(changed), states, oldest_fresh)
+        snap._index(self, frozenset(replaced), states, oldest_fresh)
         if check_ages:  # every age was looked at: the bound is exact again
             snap._oldest_fresh = snap._oldest_fresh_scrape()
         return snap
 
     def _whole(self, endpoints: Mapping[str, EndpointState], providers: Iterable[ProviderState], now: float,
                ejected: frozenset[str] | set[str], model: TTFTModel) -> Snapshot:
-        snap = Snapshot(self.pool, endpoints.values(), providers, now=now, stale_after=self.stale_after,
-                        provider_stale_after=self.provider_stale_after, ejected=ejected, ttft_model=model,
-                        rng=self.rng)
-        snap.endpoint_keys = frozenset(endpoints.keys())
-        return snap
+        return Snapshot.first(self.pool, endpoints, providers, now=now, stale_after=self.stale_after,
+                              provider_stale_after=self.provider_stale_after, ejected=ejected, ttft_model=model,
+                              rng=self.rng)
 
     @classmethod
     def first(cls, pool: CompiledPool, endpoints: Mapping[str, EndpointState],
