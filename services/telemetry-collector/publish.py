@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -131,11 +132,19 @@ class Publisher:
     """Change-or-rate publishing of endpoint and provider states."""
 
     def __init__(self, bus: Bus, min_interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, batch: float = 0.02) -> None:
         self._bus = bus
         self.min_interval = min_interval
+        #: seconds a flush waits after the first offer, so the states of scrapes
+        #: spread over the interval go out together (one socket write, their
+        #: acks read together) rather than one at a time
+        self.batch = batch
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
+        #: keys with a state to send (an ordered set), and (sent_at, key) of every
+        #: send in time order, so a flush costs what is due, not every key held
+        self._pending: dict[str, None] = {}
+        self._sent: deque[tuple[float, str]] = deque()
         self._wake = asyncio.Event()
         self.published = 0
         self.failures = 0
@@ -165,8 +174,7 @@ class Publisher:
             return
         e.data = encode(msgspec.structs.replace(st, ready=False))
         e.deleted = True
-        e.pending = True
-        self._wake.set()
+        self._mark(key, e)
 
     def forget(self, key: str) -> None:
         """Another replica publishes ``key`` now: send nothing more for it."""
@@ -178,21 +186,33 @@ class Publisher:
             e = self._entries[key] = _Entry(subject)
         e.data, e.fingerprint, e.deleted = data, fp, False
         if fp != e.sent_fingerprint or self._clock() - e.sent_at >= self.min_interval:
-            if not e.pending:
-                e.pending = True
-                self._wake.set()
+            self._mark(key, e)
+
+    def _mark(self, key: str, e: _Entry) -> None:
+        if not e.pending:
+            e.pending = True
+            self._pending[key] = None
+            self._wake.set()
 
     # ------------------------------------------------------------------ flush
 
-    def due(self, now: float) -> list[str]:
-        """Keys to send now: changed ones, and those not sent for ``min_interval``."""
-        return [k for k, e in self._entries.items()
-                if e.pending or now - e.sent_at >= self.min_interval]
+    def _take_due(self, now: float) -> list[str]:
+        """Keys to send now: changed ones, and those not sent for ``min_interval``
+        (from the head of the send log; a record a later send superseded is dropped)."""
+        keys = list(self._pending)
+        self._pending.clear()
+        sent, cutoff = self._sent, now - self.min_interval
+        while sent and sent[0][0] <= cutoff:
+            at, key = sent.popleft()
+            e = self._entries.get(key)
+            if e is not None and e.sent_at == at and not e.pending:
+                keys.append(key)
+        return keys
 
     async def flush(self) -> int:
         """Send every due state once; returns how many were sent."""
         now = self._clock()
-        keys = self.due(now)
+        keys = self._take_due(now)
         if not keys:
             return 0
         sent = await asyncio.gather(*(self._send(k, now) for k in keys))
@@ -212,6 +232,7 @@ class Publisher:
         except Exception as exc:  # NATS away, timeouts: retry on the next pass
             self.failures += 1
             e.pending = True
+            self._pending[key] = None
             if not self._failing:
                 self._failing = True
                 log.warning("publish_failed", key=key, error=f"{type(exc).__name__}: {exc}"[:200])
@@ -222,17 +243,20 @@ class Publisher:
         if deleted:
             if self._entries.get(key) is e and e.deleted:
                 del self._entries[key]
-        else:
+        elif self._entries.get(key) is e:
             e.sent_fingerprint, e.sent_at = fp, now
+            self._sent.append((now, key))
         self.published += 1
         return True
 
     async def run(self, stop: asyncio.Event, retry_delay: float = 0.2) -> None:
-        """Flush whenever something is offered, and at least every ``min_interval / 4``."""
+        """Flush ``batch`` seconds after something is offered, and at least every ``min_interval / 4``."""
         tick = max(0.01, self.min_interval / 4)
         while not stop.is_set():
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=tick)
+                if self.batch > 0:
+                    await asyncio.sleep(self.batch)
             except TimeoutError:
                 pass
             self._wake.clear()

@@ -90,6 +90,68 @@ async def test_provider_and_removal() -> None:
     assert [k for _, k, _ in bus.puts].count("endpoint.ns.w_x.p-0") == 1
 
 
+def pod(i: int, queued: int, scraped_at: float) -> EndpointState:
+    return EndpointState(namespace="ns", worker_set="w", pod=f"p-{i}", address=f"a:{i}", queued=queued,
+                         scraped_at=scraped_at, ready=True)
+
+
+async def test_many_keys_each_sent_when_changed_or_due_once() -> None:
+    """A flush sends the changed keys and those a minimum interval old, each
+    once: not the others, not a key another replica took, not a send a later
+    one superseded."""
+    bus, clock = RecordingBus(), Clock()
+    pub = Publisher(bus, min_interval=1.0, clock=clock)
+    for i in range(100):
+        pub.offer_endpoint(pod(i, 0, 0.0))
+    assert await pub.flush() == 100
+    clock.t = 0.5
+    for i in range(100):
+        pub.offer_endpoint(pod(i, 1 if i < 3 else 0, 0.5))
+    pub.forget("endpoint.ns.w.p-99")
+    bus.puts.clear()
+    assert await pub.flush() == 3 and sorted(b["pod"] for _, _, b in bus.puts) == ["p-0", "p-1", "p-2"]
+    assert await pub.flush() == 0
+    clock.t = 1.0  # p-3..p-98 last sent at 0.0
+    bus.puts.clear()
+    assert await pub.flush() == 96
+    assert sorted(b["pod"] for _, _, b in bus.puts) == sorted(f"p-{i}" for i in range(3, 99))
+    clock.t = 1.5  # p-0..p-2 last sent at 0.5, p-3.. at 1.0
+    bus.puts.clear()
+    assert await pub.flush() == 3 and sorted(b["pod"] for _, _, b in bus.puts) == ["p-0", "p-1", "p-2"]
+    clock.t = 1.6
+    assert await pub.flush() == 0
+
+
+async def test_offers_close_together_go_out_in_one_flush() -> None:
+    """States offered within the batch window are sent by one flush."""
+    import asyncio
+
+    bus = RecordingBus()
+    pub = Publisher(bus, min_interval=10.0, batch=0.1)
+    flushes: list[int] = []
+    real_flush = pub.flush
+
+    async def counted() -> int:
+        n = await real_flush()
+        flushes.append(n)
+        return n
+
+    pub.flush = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    await asyncio.sleep(0)
+    for i in range(5):
+        pub.offer_endpoint(pod(i, i, 0.0))
+        await asyncio.sleep(0.005)
+    for _ in range(100):
+        if len(bus.puts) == 5:
+            break
+        await asyncio.sleep(0.02)
+    stop.set()
+    await task
+    assert len(bus.puts) == 5 and [n for n in flushes if n] == [5]
+
+
 def test_endpoint_file_forms() -> None:
     yaml_list = """
 - {namespace: team, workerSet: llama, pod: llama-0, address: "10.0.0.1:8000", model: m, ready: true}
