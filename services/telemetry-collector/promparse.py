@@ -181,23 +181,15 @@ def parse_vllm(body: bytes) -> VllmSample:
             sums[slot] += v
             counts[slot] += 1
         elif slot == _CACHE_CONFIG:
-            labels = parse_labels(m.group(2))
-            bs = _int(labels.get("block_size"))
-            blocks = _int(labels.get("num_gpu_blocks"))
+            bs, tokens = _cache_config(m.group(2))
             if bs is not None:
                 block_size = bs
-            if bs is not None and blocks is not None:
-                capacity += bs * blocks
+            if tokens is not None:
+                capacity += tokens
                 have_capacity = True
-            else:
-                tokens = _int(labels.get("kv_cache_size_tokens"))
-                if tokens is not None:
-                    capacity += tokens
-                    have_capacity = True
-        else:  # prompt tokens by source
-            if parse_labels(m.group(2)).get("source") == "local_compute":
-                local += v
-                have_local = True
+        elif _local_compute(m.group(2)):  # prompt tokens by source
+            local += v
+            have_local = True
 
     def total(slot: int) -> float | None:
         return sums[slot] if counts[slot] else None
@@ -233,6 +225,44 @@ def parse_vllm(body: bytes) -> VllmSample:
         kv_computed_count=total(_KVC_COUNT),
         series=n,
     )
+
+
+#: what the label sets of ``cache_config_info`` and ``prompt_tokens_by_source``
+#: say, by their raw bytes: a pod's label sets are the same at every scrape,
+#: and reading them was a quarter of a page's parse. Bounded (emptied when
+#: full), so a page of ever-new labels cannot grow it.
+_LABEL_MEMO: dict[bytes, tuple[int | None, int | None] | bool] = {}
+_LABEL_MEMO_MAX = 4096
+
+
+def _memo(raw: bytes | None, value: tuple[int | None, int | None] | bool) -> None:
+    if len(_LABEL_MEMO) >= _LABEL_MEMO_MAX:
+        _LABEL_MEMO.clear()
+    _LABEL_MEMO[raw] = value
+
+
+def _cache_config(raw: bytes | None) -> tuple[int | None, int | None]:
+    """``cache_config_info``'s (block size, KV capacity in tokens): blocks x
+    block size, else ``kv_cache_size_tokens``."""
+    hit = _LABEL_MEMO.get(b"c" + (raw or b""))
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    labels = parse_labels(raw)
+    bs = _int(labels.get("block_size"))
+    blocks = _int(labels.get("num_gpu_blocks"))
+    tokens = bs * blocks if bs is not None and blocks is not None else _int(labels.get("kv_cache_size_tokens"))
+    _memo(b"c" + (raw or b""), (bs, tokens))
+    return bs, tokens
+
+
+def _local_compute(raw: bytes | None) -> bool:
+    """A ``prompt_tokens_by_source`` series of ``source="local_compute"``."""
+    hit = _LABEL_MEMO.get(b"s" + (raw or b""))
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    local = parse_labels(raw).get("source") == "local_compute"
+    _memo(b"s" + (raw or b""), local)
+    return local
 
 
 def _int(s: str | None) -> int | None:

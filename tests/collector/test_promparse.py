@@ -231,3 +231,35 @@ def test_fuzz_never_raises_and_is_bounded(lines: list[bytes]) -> None:
 def test_fuzz_arbitrary_bytes(body: bytes) -> None:
     parse_vllm(body)
     parse_dcgm(body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 64), st.one_of(st.integers(1, 10**6), st.just("None")),
+                          st.integers(1, 10**6), st.sampled_from(["local_compute", "local_cache_hit", "x"])),
+                min_size=1, max_size=4))
+def test_label_memo_answers_what_a_fresh_read_does(series: list[tuple[int, object, int, str]]) -> None:
+    """The memo of label sets (a pod's are the same at every scrape) gives what
+    reading them afresh gives, the first time, the second, and after it was emptied."""
+    from kinference_collector import promparse
+
+    body = b"".join(
+        b'vllm:cache_config_info{block_size="%d",engine="%d",kv_cache_size_tokens="%d",num_gpu_blocks="%s"} 1.0\n'
+        b'vllm:prompt_tokens_by_source_total{engine="%d",source="%s"} 7.0\n'
+        % (bs, i, tokens, str(blocks).encode(), i, source.encode())
+        for i, (bs, blocks, tokens, source) in enumerate(series))
+    want_capacity = sum(bs * blocks if isinstance(blocks, int) else tokens for bs, blocks, tokens, _ in series)
+    want_local = 7.0 * sum(1 for *_, source in series if source == "local_compute")
+    promparse._LABEL_MEMO.clear()
+    for _ in range(2):
+        s = parse_vllm(body)
+        assert s.block_size == series[-1][0]
+        assert s.kv_capacity_tokens == want_capacity
+        assert s.prompt_local_compute == (want_local if want_local else None)
+
+
+def test_label_memo_is_bounded() -> None:
+    from kinference_collector import promparse
+
+    for i in range(promparse._LABEL_MEMO_MAX + 10):
+        parse_vllm(b'vllm:cache_config_info{block_size="16",num_gpu_blocks="%d"} 1.0\n' % (i + 1))
+    assert 0 < len(promparse._LABEL_MEMO) <= promparse._LABEL_MEMO_MAX
