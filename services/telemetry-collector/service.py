@@ -1,9 +1,13 @@
 """The collector: scrape loops, DCGM attachment, provider aggregation, publishing.
 
 :class:`Collector` owns one :class:`aiohttp.ClientSession` and one task per
-target. Each target's task scrapes, sleeps the rest of the interval, and
+target. Each target's task scrapes, sleeps until its next slot, and
 scrapes again, so scrapes of one target never overlap and a slow target
-delays only itself. Parsing and derivation are the pure functions of
+delays only itself. A target's slots sit at its own phase of the interval
+(from a hash of its key), so a replica's scrapes are spread over the
+interval instead of starting together: a thousand scrapes begun at once
+queue their parses and publishes behind each other, and the last state
+reaches the routers most of an interval late. Parsing and derivation are the pure functions of
 :mod:`.promparse` and :mod:`.derive`; every failure of one target is caught in
 its own task and counted against that target alone.
 
@@ -14,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 from dataclasses import dataclass, field
@@ -48,6 +54,22 @@ GPU_INDEX_EVERY = 0.1
 #: an unchanged DCGM page's stats are shared with the other replicas this often
 #: (they drop an exporter's stats after ``dcgm_stale_after``, 90 s by default)
 GPU_SHARE_UNCHANGED_EVERY = 10.0
+
+
+def phase(key: str, interval: float) -> float:
+    """Where in each interval a target's slots fall: ``[0, interval)``, from a
+    hash of its key (the same in every process and run)."""
+    return zlib.crc32(key.encode()) / 2**32 * interval
+
+
+def next_slot(started: float, now: float, interval: float, offset: float) -> float:
+    """The time of a target's next scrape: the first of its slots
+    (``offset + k * interval``) at least half an interval after the last
+    scrape began and not in the past. In the steady state that is exactly one
+    interval after the last slot; a scrape that ran past its next slot skips
+    to the one after, as Prometheus does."""
+    earliest = max(started + interval / 2, now)
+    return offset + math.ceil((earliest - offset) / interval) * interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,10 +267,11 @@ class Collector:
     async def _vllm_loop(self, tr: EndpointTracker) -> None:
         loop = asyncio.get_running_loop()
         interval = self.config.interval
+        offset = phase("/".join(tr.target.key), interval)
         while True:
             started = loop.time()
             await self.scrape_endpoint(tr)
-            await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+            await asyncio.sleep(max(0.0, next_slot(started, loop.time(), interval, offset) - loop.time()))
 
     async def scrape_endpoint(self, tr: EndpointTracker) -> None:
         """One scrape of one endpoint: fetch, parse, derive, offer. Never raises."""
@@ -298,10 +321,12 @@ class Collector:
 
     async def _dcgm_loop(self, d: _Dcgm) -> None:
         loop = asyncio.get_running_loop()
+        interval = self.config.dcgm_interval
+        offset = phase("/".join(d.target.key), interval)
         while True:
             started = loop.time()
             await self.scrape_dcgm(d)
-            await asyncio.sleep(max(0.0, self.config.dcgm_interval - (loop.time() - started)))
+            await asyncio.sleep(max(0.0, next_slot(started, loop.time(), interval, offset) - loop.time()))
 
     async def scrape_dcgm(self, d: _Dcgm) -> None:
         assert self._session is not None

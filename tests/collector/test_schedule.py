@@ -1,0 +1,65 @@
+"""When a collector scrapes: each target at its own phase of the interval."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kinference_collector.discovery import ListDiscovery, Target
+from kinference_collector.publish import NullBus, Publisher
+from kinference_collector.service import Collector, CollectorConfig, next_slot, phase
+
+
+def test_next_slot_keeps_the_phase() -> None:
+    interval, offset = 0.1, 0.037
+    # the steady state: one interval after the slot that began the last scrape
+    assert abs(next_slot(10.037, 10.05, interval, offset) - 10.137) < 1e-9
+    # a scrape that ran past its next slot skips to the one after, never to the past
+    assert abs(next_slot(10.037, 10.2, interval, offset) - 10.237) < 1e-9
+    # the first scrape (at any time): the next slot at least half an interval on
+    for started in (5.0, 5.01, 5.06, 5.099):
+        got = next_slot(started, started + 0.001, interval, offset)
+        assert started + interval / 2 <= got < started + 1.5 * interval + 1e-9
+        assert abs(((got - offset) / interval) - round((got - offset) / interval)) < 1e-6
+
+
+def test_phases_spread_over_the_interval() -> None:
+    phases = [phase(f"vllm/ns/ws/pod-{i}", 1.0) for i in range(1000)]
+    assert all(0.0 <= p < 1.0 for p in phases)
+    tenths = [sum(1 for p in phases if k / 10 <= p < (k + 1) / 10) for k in range(10)]
+    assert min(tenths) > 60 and max(tenths) < 140, tenths
+    assert phase("vllm/ns/ws/pod-1", 1.0) == phase("vllm/ns/ws/pod-1", 1.0)
+
+
+class Timed(Collector):
+    """A collector whose scrapes only note when they began."""
+
+    def __init__(self, *a: object, **kw: object) -> None:
+        super().__init__(*a, **kw)  # type: ignore[arg-type]
+        self.starts: dict[str, list[float]] = {}
+
+    async def scrape_endpoint(self, tr) -> None:  # type: ignore[no-untyped-def,override]
+        self.starts.setdefault(tr.target.pod, []).append(asyncio.get_running_loop().time())
+
+
+async def test_a_replicas_scrapes_do_not_start_together() -> None:
+    """200 targets started at once: after the first round their scrapes fall
+    at their own phases, each target's one interval apart (the old loop kept
+    every target's scrapes in the same instant, and a thousand of them queued
+    their parses and publishes behind each other)."""
+    interval = 0.2
+    targets = [Target(namespace="ns", worker_set="ws", pod=f"pod-{i}", address=f"127.0.0.1:{10000 + i}")
+               for i in range(200)]
+    c = Timed(CollectorConfig(interval=interval), ListDiscovery(targets), Publisher(NullBus()))
+    await c.start()
+    try:
+        await asyncio.sleep(6 * interval)
+    finally:
+        await c.stop()
+    assert len(c.starts) == 200
+    later = [t for ts in c.starts.values() for t in ts[1:3]]  # after the start of the replica
+    t0 = min(later)
+    tenths = [sum(1 for t in later if k / 10 <= ((t - t0) % interval) / interval < (k + 1) / 10) for k in range(10)]
+    assert max(tenths) < 0.3 * len(later), f"scrapes bunched in one tenth of the interval: {tenths}"
+    for pod, ts in c.starts.items():
+        gaps = [b - a for a, b in zip(ts[1:], ts[2:])]
+        assert gaps and all(0.5 * interval < g < 1.5 * interval for g in gaps), (pod, gaps)
