@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -209,7 +209,7 @@ class SnapshotKeeper:
             log.info("no configuration yet", pool=f"{self.namespace}/{self.pool_name}")
         except Exception as exc:  # NATS went away mid-resync: the next reconnect retries
             log.warning("configuration resync failed", error=str(exc))
-        await resync_telemetry(js, self.set_endpoint, self.set_provider)
+        await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
         self.rebuild()
 
     async def resync_config(self) -> None:
@@ -450,22 +450,31 @@ class PoolsFollower:
             log.info("no configuration yet")
         except Exception as exc:  # NATS went away mid-resync: the next reconnect retries
             log.warning("configuration resync failed", error=str(exc))
-        await resync_telemetry(js, self.set_endpoint, self.set_provider)
+        await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
         for k in self.keepers.values():
             k.rebuild()
 
 
 async def resync_telemetry(js: Any, set_endpoint: Callable[[object], None],
-                           set_provider: Callable[[object], None]) -> None:
+                           set_provider: Callable[[object], None],
+                           held: Mapping[str, EndpointState] | None = None) -> None:
     """Read every endpoint and provider state in the telemetry bucket into
     ``set_endpoint`` / ``set_provider`` (what a (re)connecting router does;
     a missing bucket is no telemetry yet, a failure is logged and left to the
-    next reconnect or resync)."""
+    next reconnect or resync). An endpoint state older than the one ``held``
+    (the subscription, open first, brought a newer one: the collector writes
+    a key at most once a second, but every change on its subject) is not
+    taken."""
+    def newer(st: Any) -> None:
+        old = held.get(f"{st.namespace}/{st.worker_set}/{st.pod}") if held is not None else None
+        if old is None or st.scraped_at >= old.scraped_at:
+            set_endpoint(st)
+
     try:
         kv = await js.key_value(subjects.TELEMETRY_BUCKET)
         async for key, value in bus.kv_items(kv):
             if key.startswith("endpoint."):
-                SnapshotKeeper._apply(value, _endpoint_decoder, set_endpoint)
+                SnapshotKeeper._apply(value, _endpoint_decoder, newer)
             elif key.startswith("provider."):
                 SnapshotKeeper._apply(value, _provider_decoder, set_provider)
     except BucketNotFoundError:

@@ -32,8 +32,13 @@ class CollectorMetrics:
             ["state"], registry=self.registry,
         )
         self.published = Counter(
-            "kinference_collector_published_total", "States published to NATS.", ["kind"],
-            registry=self.registry,
+            "kinference_collector_published_total", "States published to NATS, by kind (endpoint, provider).",
+            ["kind"], registry=self.registry,
+        )
+        self.kv_writes = Counter(
+            "kinference_collector_kv_writes_total",
+            "States written to the telemetry KV bucket: at most once a second per key, and at once when an "
+            "endpoint's readiness changes (every change goes on its subject).", registry=self.registry,
         )
         self.dcgm_unchanged = Counter(
             "kinference_collector_dcgm_unchanged_total",

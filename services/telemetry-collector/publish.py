@@ -7,6 +7,13 @@ when it differs from the last one sent (ignoring ``scrapedAt``/``updatedAt``,
 which move on every scrape) or when ``min_interval`` has passed since, so a
 consumer can also tell a quiet endpoint from a dead collector.
 
+Every send goes on the subject; the KV key is written at most once per
+``min_interval`` (and at once when an endpoint's readiness changes): a pod
+scraped every 100 ms whose load moves at every scrape would otherwise cost
+NATS ten replicated writes a second, for a copy only a starting router reads
+(and that router keeps the newer of the copy and what its subscription
+already brought).
+
 The :class:`Publisher` never blocks the scrape loops: ``offer_*`` only
 records the latest state per key; one flusher task sends them. A state that
 could not be sent (NATS away) stays pending and is retried; only the newest
@@ -33,7 +40,9 @@ log = structlog.get_logger("kinference.collector.publish")
 class Bus(Protocol):
     """Where states go. :class:`NatsBus` in production; tests and benches may use others."""
 
-    async def put(self, subject: str, key: str, data: bytes) -> None: ...
+    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
+        """``data`` on ``subject``, and (``store``) in the KV bucket under ``key``."""
+        ...
 
     async def delete(self, subject: str, key: str, data: bytes) -> None: ...
 
@@ -77,10 +86,12 @@ class NatsBus:
         """Open the bucket again before the next write (after a reconnect)."""
         self._kv = None
 
-    async def put(self, subject: str, key: str, data: bytes) -> None:
+    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
         if self._kv is None:
             await self.start()
         await self._nc.publish(subject, data)  # type: ignore[attr-defined]
+        if not store:
+            return
         kv = self._kv
         try:
             await kv.put(key, data)  # type: ignore[union-attr]
@@ -108,7 +119,7 @@ class NullBus:
     def __init__(self) -> None:
         self.puts = 0
 
-    async def put(self, subject: str, key: str, data: bytes) -> None:
+    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
         self.puts += 1
 
     async def delete(self, subject: str, key: str, data: bytes) -> None:
@@ -116,16 +127,23 @@ class NullBus:
 
 
 class _Entry:
-    __slots__ = ("subject", "data", "fingerprint", "sent_fingerprint", "sent_at", "pending", "deleted")
+    __slots__ = ("subject", "kind", "data", "fingerprint", "sent_fingerprint", "sent_at", "pending", "deleted",
+                 "ready", "stored_at", "stored_ready")
 
-    def __init__(self, subject: str) -> None:
+    def __init__(self, subject: str, kind: str) -> None:
         self.subject = subject
+        self.kind = kind
         self.data = b""
         self.fingerprint = b""
         self.sent_fingerprint: bytes | None = None
         self.sent_at = float("-inf")
         self.pending = False
         self.deleted = False
+        #: the readiness of ``data`` (None for a provider), and when and with
+        #: what readiness the KV key was last written
+        self.ready: bool | None = None
+        self.stored_at = float("-inf")
+        self.stored_ready: bool | None = None
 
 
 class Publisher:
@@ -147,6 +165,9 @@ class Publisher:
         self._sent: deque[tuple[float, str]] = deque()
         self._wake = asyncio.Event()
         self.published = 0
+        #: sends by kind (``endpoint``, ``provider``), and KV writes among them
+        self.sent_by_kind: dict[str, int] = {"endpoint": 0, "provider": 0}
+        self.stored = 0
         self.failures = 0
         self._failing = False  # logs once per outage, not once per key and pass
 
@@ -157,14 +178,14 @@ class Publisher:
         subject = subjects.endpoint_subject(st.namespace, st.worker_set, st.pod)
         data = encode(st)
         fp = encode(msgspec.structs.replace(st, scraped_at=0.0))
-        self._offer(key, subject, data, fp)
+        self._offer(key, subject, data, fp, "endpoint", st.ready)
 
     def offer_provider(self, st: ProviderState) -> None:
         key = subjects.provider_key(st.namespace, st.name)
         subject = subjects.provider_subject(st.namespace, st.name)
         data = encode(st)
         fp = encode(msgspec.structs.replace(st, updated_at=0.0))
-        self._offer(key, subject, data, fp)
+        self._offer(key, subject, data, fp, "provider", None)
 
     def remove_endpoint(self, st: EndpointState) -> None:
         """The endpoint is gone: a last (not ready) state on its subject, its KV key deleted."""
@@ -180,11 +201,11 @@ class Publisher:
         """Another replica publishes ``key`` now: send nothing more for it."""
         self._entries.pop(key, None)
 
-    def _offer(self, key: str, subject: str, data: bytes, fp: bytes) -> None:
+    def _offer(self, key: str, subject: str, data: bytes, fp: bytes, kind: str, ready: bool | None) -> None:
         e = self._entries.get(key)
         if e is None:
-            e = self._entries[key] = _Entry(subject)
-        e.data, e.fingerprint, e.deleted = data, fp, False
+            e = self._entries[key] = _Entry(subject, kind)
+        e.data, e.fingerprint, e.deleted, e.ready = data, fp, False, ready
         if fp != e.sent_fingerprint or self._clock() - e.sent_at >= self.min_interval:
             self._mark(key, e)
 
@@ -222,13 +243,14 @@ class Publisher:
         e = self._entries.get(key)
         if e is None:
             return False
-        data, fp, deleted = e.data, e.fingerprint, e.deleted
+        data, fp, deleted, ready = e.data, e.fingerprint, e.deleted, e.ready
+        store = ready != e.stored_ready or now - e.stored_at >= self.min_interval
         e.pending = False
         try:
             if deleted:
                 await self._bus.delete(e.subject, key, data)
             else:
-                await self._bus.put(e.subject, key, data)
+                await self._bus.put(e.subject, key, data, store)
         except Exception as exc:  # NATS away, timeouts: retry on the next pass
             self.failures += 1
             e.pending = True
@@ -246,6 +268,11 @@ class Publisher:
         elif self._entries.get(key) is e:
             e.sent_fingerprint, e.sent_at = fp, now
             self._sent.append((now, key))
+            if store:
+                e.stored_at, e.stored_ready = now, ready
+        if store and not deleted:
+            self.stored += 1
+        self.sent_by_kind[e.kind] += 1
         self.published += 1
         return True
 

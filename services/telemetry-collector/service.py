@@ -134,6 +134,8 @@ class Collector:
         self.config = config
         self.discovery = discovery
         self.publisher = publisher
+        #: the publisher's counts already added to the metrics
+        self._counted: dict[str, int] = {}
         self.metrics = metrics or CollectorMetrics()
         self.providers = ProviderAggregator(config.providers)
         #: the routers' reports of provider keys they cannot read (for the providers' status)
@@ -472,7 +474,14 @@ class Collector:
         self.update_gauges()
 
     def update_gauges(self) -> None:
-        """``kinference_endpoints{state}`` from the trackers, now."""
+        """``kinference_endpoints{state}`` from the trackers, now; the publish
+        counters up to the publisher's counts."""
+        pub, m = self.publisher, self.metrics
+        for kind, n in pub.sent_by_kind.items():
+            m.published.labels(kind).inc(n - self._counted.get(kind, 0))
+            self._counted[kind] = n
+        m.kv_writes.inc(pub.stored - self._counted.get("stored", 0))
+        self._counted["stored"] = pub.stored
         now = self._clock()
         counts = dict.fromkeys(ENDPOINT_STATES, 0)
         for tr in self.trackers.values():

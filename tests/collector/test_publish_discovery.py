@@ -16,13 +16,17 @@ from kinference_common.messages import EndpointState, ProviderState
 class RecordingBus:
     def __init__(self) -> None:
         self.puts: list[tuple[str, str, dict]] = []  # type: ignore[type-arg]
+        #: what the KV bucket holds, by key
+        self.stored: dict[str, dict] = {}  # type: ignore[type-arg]
         self.deletes: list[tuple[str, str]] = []
         self.fail = False
 
-    async def put(self, subject: str, key: str, data: bytes) -> None:
+    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
         if self.fail:
             raise ConnectionError("nats away")
         self.puts.append((subject, key, msgspec.json.decode(data)))
+        if store:
+            self.stored[key] = msgspec.json.decode(data)
 
     async def delete(self, subject: str, key: str, data: bytes) -> None:
         self.deletes.append((subject, key))
@@ -120,6 +124,31 @@ async def test_many_keys_each_sent_when_changed_or_due_once() -> None:
     assert await pub.flush() == 3 and sorted(b["pod"] for _, _, b in bus.puts) == ["p-0", "p-1", "p-2"]
     clock.t = 1.6
     assert await pub.flush() == 0
+
+
+async def test_kv_written_once_a_second_every_change_on_the_subject() -> None:
+    """A pod whose load moves at every 100 ms scrape: every state on its
+    subject, its KV key written at most once a second and at once when its
+    readiness changes; the newest state reaches KV within a second."""
+    bus, clock = RecordingBus(), Clock()
+    pub = Publisher(bus, min_interval=1.0, clock=clock)
+    key = "endpoint.ns.w.p-0"
+    writes = []
+    for k in range(25):
+        clock.t = k / 10
+        st = pod(0, k, clock.t)
+        if k == 13:
+            st = msgspec.structs.replace(st, ready=False)
+        pub.offer_endpoint(st)
+        before = dict(bus.stored)
+        assert await pub.flush() == 1
+        assert bus.puts[-1][2]["queued"] == k  # every change on the subject
+        if bus.stored != before:
+            writes.append(k)
+        assert clock.t - bus.stored[key]["scrapedAt"] <= 1.0 + 1e-9
+    # the first, a second later, the readiness turning false (13) and back (14), then a second after that
+    assert writes == [0, 10, 13, 14, 24], writes
+    assert pub.stored == 5 and pub.sent_by_kind == {"endpoint": 25, "provider": 0}
 
 
 async def test_offers_close_together_go_out_in_one_flush() -> None:
