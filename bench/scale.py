@@ -453,7 +453,7 @@ async def api_calls(pods: int, gpus_per_node: int, seconds: float, watch_cut: fl
 
 
 def verdicts(rows: list[dict[str, Any]], router: list[dict[str, Any]],
-             model: dict[str, Any] | None = None) -> list[str]:
+             model: dict[str, Any] | None = None, goal: dict[str, Any] | None = None) -> list[str]:
     out = []
     for r in rows:
         ok = r["share_max_dev"] is not None and r["share_max_dev"] <= GOAL_SHARE_DEV
@@ -469,7 +469,13 @@ def verdicts(rows: list[dict[str, Any]], router: list[dict[str, Any]],
         out.append(f"{'MET ' if worst <= GOAL_CPU_FLAT else 'MISS'} total CPU per scrape flat within 15% from "
                    f"{rows[0]['collectors']} to {rows[-1]['collectors']} replicas (largest change {100 * worst:.1f}%: "
                    f"{costs} s per 1,000{norm})")
-    if model is not None and model.get("separable", True):
+    if goal is not None:
+        c = goal["cores_for_1000_pods_at_100ms"]
+        out.append(f"{'MET ' if c <= GOAL_CORES_1000_AT_100MS else 'MISS'} 1,000 pods at 100 ms need at most 4 "
+                   f"cores of collectors: {c:.2f} ({goal['cpu_s_per_1000_scrapes']:.3f} ms a scrape x 10,000/s, "
+                   f"measured on one replica at 100 ms, {goal['pods']} pods whose load moves at every scrape, "
+                   f"{goal['cpu_cores']:.2f} cores busy)")
+    elif model is not None and model.get("separable", True):
         c = model["cores_for_1000_pods_at_100ms"]
         out.append(f"{'MET ' if c <= GOAL_CORES_1000_AT_100MS else 'MISS'} 1,000 pods at 100 ms need at most 4 "
                    f"cores of collectors: {c:.2f} ({model['cpu_ms_per_scrape']:.3f} ms a scrape x 10,000/s + "
@@ -532,6 +538,16 @@ def table(result: dict[str, Any]) -> str:
                       f"whatever its scrapes (its state published at least every second, its node's DCGM exporter "
                       f"scraped every second); so 1,000 pods at 100 ms need {m['cores_for_1000_pods_at_100ms']:.2f} "
                       f"cores of collectors and 10,000 pods {m['cores_for_10000_pods_at_100ms']:.1f}."]
+    g = result.get("goal_row")
+    if g:
+        lines += ["", f"One replica at the goal's 100 ms on {g['pods']} pods whose load moves at every scrape "
+                      f"(a fleet of its own): {g['scrapes_per_s']:,.0f} scrapes a second of "
+                      f"{g['target_scrapes_per_s']:,.0f} asked, {g['cpu_cores']:.2f} cores, "
+                      f"{g['cpu_s_per_1000_scrapes']:.3f} ms of CPU a scrape, everything counted (fetch, parse, "
+                      f"publish, its pods' exporters, membership); so 1,000 pods at 100 ms need "
+                      f"{g['cores_for_1000_pods_at_100ms']:.2f} cores of collectors and 10,000 pods "
+                      f"{10 * g['cores_for_1000_pods_at_100ms']:.1f}. Scrape to router p50 / p99: "
+                      f"{g['pipeline_lag_p50_ms']:.1f} / {g['pipeline_lag_p99_ms']:.1f} ms."]
     lines += ["", "| router at | apply one update | snapshot rebuild: whole / none changed / 5% / 50% | "
               "rebuild CPU, every pod changing each 1 s / 100 ms | memory | decision p50 / p99 |",
               "| --- | --- | --- | --- | --- | --- |"]
@@ -601,6 +617,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 
     rows: list[dict[str, Any]] = []
     split: dict[str, Any] | None = None
+    goal: dict[str, Any] | None = None
     server = natsserver.start()
     try:
         with tempfile.TemporaryDirectory(prefix="kinference-bench-scale-") as tmp, \
@@ -633,13 +650,41 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                                           server.url, fleet.url, targets, Path(tmp), args.gpus_per_node)
                 row["role"] = "cost split"
                 split = row
+        if args.goal_pods:
+            goal = await goal_interval_run(args, server.url)
     finally:
         server.stop()
     model = cost_model(next(r for r in rows if r["collectors"] == 1), split) if split else None
     router = router_costs(args.router_sizes, args.updates) if args.router_sizes else []
     kube = await api_calls(args.pods, args.gpus_per_node, args.kube_seconds, args.watch_cut) \
         if args.kube_seconds > 0 else None
-    return {"rows": rows, "split_row": split, "cost_model": model, "router": router, "api_server": kube}
+    return {"rows": rows, "split_row": split, "cost_model": model, "goal_row": goal, "router": router,
+            "api_server": kube}
+
+
+async def goal_interval_run(args: argparse.Namespace, nats_url: str) -> dict[str, Any]:
+    """One replica at the goal's 100 ms on ``--goal-pods`` pods whose load
+    moves at every scrape (a fleet of its own): a replica sized for 100 ms is
+    busy, and busy it pays none of this machine's cost of work after an idle
+    pause, so its CPU per scrape, times 10,000 scrapes a second, is what 1,000
+    pods at 100 ms need."""
+    from kinference_simulators.testing import run_simulator
+
+    with tempfile.TemporaryDirectory(prefix="kinference-bench-scale-goal-") as tmp, \
+            run_simulator("fleet", "--pods", str(args.goal_pods), "--gpus-per-node", str(args.gpus_per_node),
+                          "--change-interval", "0.1", "--dcgm-collect-interval", str(args.dcgm_collect_interval),
+                          "--log-format", "json") as fleet:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{fleet.url}/sim/targets") as r:
+                targets = await r.json()
+        row = await collector_run(args.goal_pods, 1, 0.1, args.seconds, args.changes, nats_url, fleet.url,
+                                  targets, Path(tmp), args.gpus_per_node)
+    row["role"] = "the goal's interval"
+    row["cores_for_1000_pods_at_100ms"] = round(10_000 * row["cpu_s_per_1000_scrapes"] / 1000, 2)
+    print(f"  1 replica at 100 ms on {args.goal_pods} pods: {row['scrapes_per_s']:.0f} scrapes/s "
+          f"({row['target_scrapes_per_s']:.0f} asked), {row['cpu_cores']:.2f} cores, "
+          f"{row['cpu_s_per_1000_scrapes']:.3f} CPU s per 1,000 scrapes", flush=True)
+    return row
 
 
 def cost_model(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -675,6 +720,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds between two collections of a simulated DCGM exporter, which serves the same "
                          "page in between (dcgm-exporter's default, %(default)s; 0 = a new page at every move "
                          "of its pods' load)")
+    ap.add_argument("--goal-pods", type=int, default=100,
+                    help="pods of the run of one replica at the goal's 100 ms interval, their load moving at "
+                         "every scrape (default %(default)s: what one replica holds here; 0 = skip)")
     ap.add_argument("--no-split", dest="split", action="store_false",
                     help="skip the run of one replica at twice the interval (the per-scrape / per-pod cost split)")
     ap.add_argument("--router-sizes", type=int, nargs="*", default=[100, 1000, 10000],
@@ -698,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.pods, args.collectors, args.seconds, args.changes = min(args.pods, 50), [2], 3.0, 5
         args.interval, args.router_sizes, args.kube_seconds, args.no_page = 0.2, [], 0.0, True
-        args.split = False
+        args.split, args.goal_pods = False, 0
     import logging
 
     import structlog
@@ -721,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(result: dict[str, Any], args: argparse.Namespace, measured: bool) -> int:
-    result["verdicts"] = verdicts(result["rows"], result["router"], result["cost_model"])
+    result["verdicts"] = verdicts(result["rows"], result["router"], result["cost_model"], result.get("goal_row"))
     print(table(result))
     print("\n".join(result["verdicts"]))
     out = Path(args.out)

@@ -74,3 +74,21 @@ def test_router_rows_time_the_rebuild_by_what_changed_and_render() -> None:
            "cores_for_1000_pods_at_100ms": 3.0, "pipeline_lag_p99_ms": 20.0}
     (follows,) = [v for v in scale.verdicts([row], router) if "rebuild follows what changed" in v]
     assert "at 120 endpoints" in follows and f"{r['rebuild_whole_ms']:.1f} ms whole" in follows
+
+
+def test_the_cores_verdict_reads_the_run_at_the_goals_interval() -> None:
+    """With a run of one replica at 100 ms, the 4-core verdict is judged on it
+    (10,000 scrapes a second at its CPU per scrape) and the table says it."""
+    row = {"pods": 1000, "collectors": 1, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": 1.5,
+           "cores_for_1000_pods_at_100ms": 15.0, "pipeline_lag_p99_ms": 20.0}
+    goal = {"pods": 100, "collectors": 1, "scrapes_per_s": 990.0, "target_scrapes_per_s": 1000.0,
+            "cpu_cores": 0.38, "cpu_s_per_1000_scrapes": 0.38, "cores_for_1000_pods_at_100ms": 3.8,
+            "pipeline_lag_p50_ms": 5.0, "pipeline_lag_p99_ms": 30.0}
+    (v,) = [v for v in scale.verdicts([row], [], None, goal) if "4 cores" in v]
+    assert v.startswith("MET ") and "3.80" in v and "100 pods" in v
+    (v,) = [v for v in scale.verdicts([row], [], None, dict(goal, cores_for_1000_pods_at_100ms=4.2)) if "4 cores" in v]
+    assert v.startswith("MISS")
+    (v,) = [v for v in scale.verdicts([row], [], None, None) if "4 cores" in v]
+    assert v.startswith("MISS") and "15.00" in v
+    text = scale.table({"rows": [], "router": [], "api_server": None, "goal_row": goal})
+    assert "One replica at the goal's 100 ms on 100 pods" in text and "need 3.80 cores" in text
