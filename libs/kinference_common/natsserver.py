@@ -37,7 +37,36 @@ def find_binary() -> str | None:
     return str(candidate) if candidate.exists() else None
 
 
+#: where :func:`free_port` looks first: below the kernel's ephemeral range
+_BELOW_EPHEMERAL = 20_000
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, taken below the kernel's ephemeral range
+    when there is room. A port from ``bind(0)`` is an ephemeral one, and any
+    outgoing connection of any process may take it before the caller's
+    server binds it (a test's router once failed with "address already in
+    use" that way, beside the other test worker's traffic)."""
+    import random
+
+    start = _ephemeral_start()
+    if start - _BELOW_EPHEMERAL >= 1_000:
+        rnd = random.SystemRandom()
+        for _ in range(100):
+            port = rnd.randrange(_BELOW_EPHEMERAL, start)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -162,11 +162,9 @@ class Engine:
 
 
 def free_port() -> int:
-    import socket
+    from kinference_common import natsserver
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return natsserver.free_port()
 
 
 async def until(cond: Callable[[], Any], what: str) -> Any:

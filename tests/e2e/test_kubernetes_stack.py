@@ -28,7 +28,7 @@ import aiohttp
 import nats
 import pytest
 
-from kinference_common import subjects
+from kinference_common import natsserver, subjects
 from kinference_common.kube import rbac
 
 pytestmark = [pytest.mark.slow, pytest.mark.nats]
@@ -42,9 +42,7 @@ PATIENCE = 20.0
 def free_port(hosts: tuple[str, ...]) -> int:
     """A port free on every one of ``hosts`` (each simulated pod binds its own address)."""
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = natsserver.free_port()
         try:
             for h in hosts:
                 with socket.socket() as s:

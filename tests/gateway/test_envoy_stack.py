@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import nats
 import pytest
 import pytest_asyncio
 
+from kinference_common import natsserver
 from kinference_simulators import envoy
 from kinference_simulators.stack import ENVOY_PORTS, PODS, Proc, Stack
 
@@ -89,9 +89,7 @@ class Rig:
 
     def port(self) -> int:
         """A free port for an extra Envoy or router."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+        return natsserver.free_port()
 
     async def served_counts(self) -> dict[str, float]:
         out = {}
@@ -138,10 +136,10 @@ async def _extra_router(stack: Stack, pool: str) -> int:
             skip = True
             continue
         argv.append(a)
-    with socket.socket() as s1, socket.socket() as s2, socket.socket() as s3:
-        for s in (s1, s2, s3):
-            s.bind(("127.0.0.1", 0))
-        port, admin, epp = (s.getsockname()[1] for s in (s1, s2, s3))
+    ports: set[int] = set()
+    while len(ports) < 3:
+        ports.add(natsserver.free_port())
+    port, admin, epp = sorted(ports)
     proc = Proc(f"router-{pool}", [*argv, "--pool", f"default/{pool}", "--port", str(port), "--admin-port",
                                   str(admin), "--epp-port", str(epp), "--epp-fallbacks", "0"],
                 ready_url=f"http://127.0.0.1:{port}/readyz")

@@ -7,7 +7,6 @@ deadline per request)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -115,9 +114,9 @@ async def test_many_freed_slots_while_a_pass_runs_place_that_many(queue: FlowQue
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from kinference_common import natsserver
+
+    return natsserver.free_port()
 
 
 @pytest.fixture
