@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,9 @@ def find_binary() -> str | None:
 
 #: where :func:`free_port` looks first: below the kernel's ephemeral range
 _BELOW_EPHEMERAL = 20_000
+#: the ports :func:`free_port` gave lately (a caller asking for several before
+#: binding any must get different ones)
+_given: deque[int] = deque(maxlen=1024)
 
 
 def _ephemeral_start() -> int:
@@ -61,12 +65,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         rnd = random.SystemRandom()
         for _ in range(100):
             port = rnd.randrange(_BELOW_EPHEMERAL, start)
+            if port in _given:  # handed out lately, maybe not bound yet
+                continue
             with socket.socket() as s:
                 try:
                     s.bind((host, port))
                 except OSError:
                     continue
-                return port
+            _given.append(port)
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

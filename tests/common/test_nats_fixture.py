@@ -66,3 +66,16 @@ async def test_sync_means_the_server_has_a_fresh_subscription(nats_server: natss
     finally:
         await sub_side.close()
         await pub_side.close()
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_not_given_twice() -> None:
+    """A port from bind(0) is an ephemeral one that any outgoing connection may
+    take before the server binds it; free_port keeps below that range, and a
+    caller asking for several before binding gets different ones."""
+    from kinference_common import natsserver
+
+    start = natsserver._ephemeral_start()
+    ports = [natsserver.free_port() for _ in range(300)]
+    assert len(set(ports)) == 300
+    if start - natsserver._BELOW_EPHEMERAL >= 1_000:
+        assert all(natsserver._BELOW_EPHEMERAL <= p < start for p in ports)

@@ -136,10 +136,7 @@ async def _extra_router(stack: Stack, pool: str) -> int:
             skip = True
             continue
         argv.append(a)
-    ports: set[int] = set()
-    while len(ports) < 3:
-        ports.add(natsserver.free_port())
-    port, admin, epp = sorted(ports)
+    port, admin, epp = (natsserver.free_port() for _ in range(3))
     proc = Proc(f"router-{pool}", [*argv, "--pool", f"default/{pool}", "--port", str(port), "--admin-port",
                                   str(admin), "--epp-port", str(epp), "--epp-fallbacks", "0"],
                 ready_url=f"http://127.0.0.1:{port}/readyz")
