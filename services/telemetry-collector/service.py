@@ -62,13 +62,14 @@ def phase(key: str, interval: float) -> float:
     return zlib.crc32(key.encode()) / 2**32 * interval
 
 
-def next_slot(started: float, now: float, interval: float, offset: float) -> float:
+def next_slot(previous: float, now: float, interval: float, offset: float) -> float:
     """The time of a target's next scrape: the first of its slots
-    (``offset + k * interval``) at least half an interval after the last
-    scrape began and not in the past. In the steady state that is exactly one
-    interval after the last slot; a scrape that ran past its next slot skips
-    to the one after, as Prometheus does."""
-    earliest = max(started + interval / 2, now)
+    (``offset + k * interval``) at least half an interval after ``previous``
+    (the slot the last scrape was for; the first scrape's start) and not in
+    the past. In the steady state that is exactly one interval after the last
+    slot, also when the loop woke late for it; a scrape that ran past its next
+    slot skips to the one after, as Prometheus does."""
+    earliest = max(previous + interval / 2, now)
     return offset + math.ceil((earliest - offset) / interval) * interval
 
 
@@ -270,10 +271,11 @@ class Collector:
         loop = asyncio.get_running_loop()
         interval = self.config.interval
         offset = phase("/".join(tr.target.key), interval)
+        slot = loop.time()
         while True:
-            started = loop.time()
             await self.scrape_endpoint(tr)
-            await asyncio.sleep(max(0.0, next_slot(started, loop.time(), interval, offset) - loop.time()))
+            slot = next_slot(slot, loop.time(), interval, offset)
+            await asyncio.sleep(max(0.0, slot - loop.time()))
 
     async def scrape_endpoint(self, tr: EndpointTracker) -> None:
         """One scrape of one endpoint: fetch, parse, derive, offer. Never raises."""
@@ -325,10 +327,11 @@ class Collector:
         loop = asyncio.get_running_loop()
         interval = self.config.dcgm_interval
         offset = phase("/".join(d.target.key), interval)
+        slot = loop.time()
         while True:
-            started = loop.time()
             await self.scrape_dcgm(d)
-            await asyncio.sleep(max(0.0, next_slot(started, loop.time(), interval, offset) - loop.time()))
+            slot = next_slot(slot, loop.time(), interval, offset)
+            await asyncio.sleep(max(0.0, slot - loop.time()))
 
     async def scrape_dcgm(self, d: _Dcgm) -> None:
         assert self._session is not None
