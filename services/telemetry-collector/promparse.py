@@ -233,12 +233,17 @@ def parse_vllm(body: bytes) -> VllmSample:
 #: full), so a page of ever-new labels cannot grow it.
 _LABEL_MEMO: dict[bytes, tuple[int | None, int | None] | bool] = {}
 _LABEL_MEMO_MAX = 4096
+#: label sets longer than this are read afresh each time (real ones are a few
+#: hundred bytes; a page's are bounded only by the body's cap)
+_LABEL_MEMO_KEY_MAX = 1024
 
 
-def _memo(raw: bytes | None, value: tuple[int | None, int | None] | bool) -> None:
+def _memo(key: bytes, value: tuple[int | None, int | None] | bool) -> None:
+    if len(key) > _LABEL_MEMO_KEY_MAX:
+        return
     if len(_LABEL_MEMO) >= _LABEL_MEMO_MAX:
         _LABEL_MEMO.clear()
-    _LABEL_MEMO[raw] = value
+    _LABEL_MEMO[key] = value
 
 
 def _cache_config(raw: bytes | None) -> tuple[int | None, int | None]:

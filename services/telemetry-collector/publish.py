@@ -220,15 +220,15 @@ class Publisher:
     def _take_due(self, now: float) -> list[str]:
         """Keys to send now: changed ones, and those not sent for ``min_interval``
         (from the head of the send log; a record a later send superseded is dropped)."""
-        keys = list(self._pending)
+        keys = dict.fromkeys(self._pending)
         self._pending.clear()
         sent, cutoff = self._sent, now - self.min_interval
         while sent and sent[0][0] <= cutoff:
             at, key = sent.popleft()
             e = self._entries.get(key)
             if e is not None and e.sent_at == at and not e.pending:
-                keys.append(key)
-        return keys
+                keys[key] = None  # once, though two sends of the same instant both left a record
+        return list(keys)
 
     async def flush(self) -> int:
         """Send every due state once; returns how many were sent."""
@@ -251,6 +251,10 @@ class Publisher:
                 await self._bus.delete(e.subject, key, data)
             else:
                 await self._bus.put(e.subject, key, data, store)
+        except asyncio.CancelledError:  # stopping mid-send: still to send, as it was
+            e.pending = True
+            self._pending[key] = None
+            raise
         except Exception as exc:  # NATS away, timeouts: retry on the next pass
             self.failures += 1
             e.pending = True

@@ -263,3 +263,8 @@ def test_label_memo_is_bounded() -> None:
     for i in range(promparse._LABEL_MEMO_MAX + 10):
         parse_vllm(b'vllm:cache_config_info{block_size="16",num_gpu_blocks="%d"} 1.0\n' % (i + 1))
     assert 0 < len(promparse._LABEL_MEMO) <= promparse._LABEL_MEMO_MAX
+    # a long label set (a page's are bounded only by the body's cap) is read, not kept
+    promparse._LABEL_MEMO.clear()
+    long = b'vllm:cache_config_info{block_size="16",num_gpu_blocks="7",x="%s"} 1.0\n' % (b"a" * 5000)
+    assert parse_vllm(long).kv_capacity_tokens == 112
+    assert not promparse._LABEL_MEMO

@@ -151,6 +151,51 @@ async def test_kv_written_once_a_second_every_change_on_the_subject() -> None:
     assert pub.stored == 5 and pub.sent_by_kind == {"endpoint": 25, "provider": 0}
 
 
+async def test_a_send_cancelled_by_a_stop_is_sent_later() -> None:
+    """A flush cancelled mid-send (the collector stopping) leaves the state to
+    send, for the stop's own flush; a removal is not forgotten either."""
+    import asyncio
+
+    class Stuck(RecordingBus):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hang = False
+
+        async def delete(self, subject: str, key: str, data: bytes) -> None:
+            if self.hang:
+                await asyncio.sleep(3600)
+            await super().delete(subject, key, data)
+
+    bus, clock = Stuck(), Clock()
+    pub = Publisher(bus, min_interval=1.0, clock=clock)
+    pub.offer_endpoint(ep(1))
+    assert await pub.flush() == 1
+    clock.t = 1.0
+    pub.remove_endpoint(ep(1))
+    bus.hang = True
+    task = asyncio.create_task(pub.flush())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    bus.hang = False
+    clock.t = 1.5
+    assert await pub.flush() == 1
+    assert bus.deletes == [("kinference.telemetry.endpoint.ns.w_x.p-0", "endpoint.ns.w_x.p-0")]
+
+
+async def test_two_sends_of_one_instant_are_resent_once() -> None:
+    bus, clock = RecordingBus(), Clock()
+    pub = Publisher(bus, min_interval=1.0, clock=clock)
+    pub.offer_endpoint(ep(1))
+    assert await pub.flush() == 1
+    pub.offer_endpoint(ep(2))
+    assert await pub.flush() == 1  # the same instant: two records of the key
+    clock.t = 1.0
+    bus.puts.clear()
+    assert await pub.flush() == 1 and len(bus.puts) == 1
+
+
 async def test_offers_close_together_go_out_in_one_flush() -> None:
     """States offered within the batch window are sent by one flush."""
     import asyncio
