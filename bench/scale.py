@@ -277,14 +277,20 @@ async def _changes(http: aiohttp.ClientSession, fleet_url: str, probe: RouterPro
     return [x * 1e3 for x in got if x is not None]
 
 
+def _fleet_page() -> bytes:
+    """One of the fleet's vLLM pages, as the collector reads it."""
+    from kinference_simulators.fleet import PodLoad, vllm_template
+
+    return vllm_template("meta-llama/Llama-3.1-8B-Instruct", 8192).fill(PodLoad(rate=2.0).values())
+
+
 def parse_baseline(seconds: float = 0.5) -> float:
     """Microseconds for the collector's parser to read one of the fleet's pages,
     in this process, now: the machine's speed during the run (a shared
     machine's CPU seconds stretch when its caches are shared)."""
     from kinference_collector.promparse import parse_vllm
-    from kinference_simulators.fleet import PodLoad, vllm_template
 
-    body = vllm_template("meta-llama/Llama-3.1-8B-Instruct", 8192).fill(PodLoad(rate=2.0).values())
+    body = _fleet_page()
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         parse_vllm(body)
@@ -299,9 +305,8 @@ def parse_after_gap(gap: float, seconds: float = 1.0) -> float:
     runs slower (cold caches, a descheduled core) than the same work in a
     tight loop, and this is how much, now."""
     from kinference_collector.promparse import parse_vllm
-    from kinference_simulators.fleet import PodLoad, vllm_template
 
-    body = vllm_template("meta-llama/Llama-3.1-8B-Instruct", 8192).fill(PodLoad(rate=2.0).values())
+    body = _fleet_page()
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         time.sleep(gap)
@@ -611,28 +616,36 @@ def rewrite(page: str, result: dict[str, Any]) -> str:
 # --------------------------------------------------------------------- main
 
 
+@contextlib.asynccontextmanager
+async def fleet_of(args: argparse.Namespace, pods: int, change_interval: float) -> Any:
+    """A simulated fleet of ``pods`` and their exporters: ``(fleet, its targets, a scratch directory)``."""
+    from kinference_simulators.testing import run_simulator
+
+    with tempfile.TemporaryDirectory(prefix="kinference-bench-scale-") as tmp, \
+            run_simulator("fleet", "--pods", str(pods), "--gpus-per-node", str(args.gpus_per_node),
+                          "--change-interval", str(change_interval),
+                          "--dcgm-collect-interval", str(args.dcgm_collect_interval),
+                          "--log-format", "json") as fleet:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{fleet.url}/sim/targets") as r:
+                targets = await r.json()
+        yield fleet, targets, Path(tmp)
+
+
 async def amain(args: argparse.Namespace) -> dict[str, Any]:
     from kinference_common import natsserver
-    from kinference_simulators.testing import run_simulator
 
     rows: list[dict[str, Any]] = []
     split: dict[str, Any] | None = None
     goal: dict[str, Any] | None = None
     server = natsserver.start()
     try:
-        with tempfile.TemporaryDirectory(prefix="kinference-bench-scale-") as tmp, \
-                run_simulator("fleet", "--pods", str(args.pods), "--gpus-per-node", str(args.gpus_per_node),
-                              "--change-interval", str(args.change_interval),
-                              "--dcgm-collect-interval", str(args.dcgm_collect_interval),
-                              "--log-format", "json") as fleet:
-            async with aiohttp.ClientSession() as http:
-                async with http.get(f"{fleet.url}/sim/targets") as r:
-                    targets = await r.json()
+        async with fleet_of(args, args.pods, args.change_interval) as (fleet, targets, tmp):
             for n in args.collectors:
                 f0 = cpu_seconds(fleet.proc.pid)
                 t0 = time.monotonic()
                 row = await collector_run(args.pods, n, args.interval, args.seconds, args.changes, server.url,
-                                          fleet.url, targets, Path(tmp), args.gpus_per_node)
+                                          fleet.url, targets, tmp, args.gpus_per_node)
                 row["fleet_cpu_cores"] = round((cpu_seconds(fleet.proc.pid) - f0) / (time.monotonic() - t0), 3)
                 row["parse_us_baseline"] = round(parse_baseline(), 1)
                 # the mean pause between two of a replica's scrapes
@@ -647,7 +660,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                 # the same replica at twice the interval: what a scrape costs apart from what
                 # a pod costs whatever its scrapes (publishing at least once a second, DCGM)
                 row = await collector_run(args.pods, 1, 2 * args.interval, args.seconds, args.changes,
-                                          server.url, fleet.url, targets, Path(tmp), args.gpus_per_node)
+                                          server.url, fleet.url, targets, tmp, args.gpus_per_node)
                 row["role"] = "cost split"
                 split = row
         if args.goal_pods:
@@ -668,19 +681,10 @@ async def goal_interval_run(args: argparse.Namespace, nats_url: str) -> dict[str
     busy, and busy it pays none of this machine's cost of work after an idle
     pause, so its CPU per scrape, times 10,000 scrapes a second, is what 1,000
     pods at 100 ms need."""
-    from kinference_simulators.testing import run_simulator
-
-    with tempfile.TemporaryDirectory(prefix="kinference-bench-scale-goal-") as tmp, \
-            run_simulator("fleet", "--pods", str(args.goal_pods), "--gpus-per-node", str(args.gpus_per_node),
-                          "--change-interval", "0.1", "--dcgm-collect-interval", str(args.dcgm_collect_interval),
-                          "--log-format", "json") as fleet:
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"{fleet.url}/sim/targets") as r:
-                targets = await r.json()
+    async with fleet_of(args, args.goal_pods, 0.1) as (fleet, targets, tmp):
         row = await collector_run(args.goal_pods, 1, 0.1, args.seconds, args.changes, nats_url, fleet.url,
-                                  targets, Path(tmp), args.gpus_per_node)
+                                  targets, tmp, args.gpus_per_node)
     row["role"] = "the goal's interval"
-    row["cores_for_1000_pods_at_100ms"] = round(10_000 * row["cpu_s_per_1000_scrapes"] / 1000, 2)
     print(f"  1 replica at 100 ms on {args.goal_pods} pods: {row['scrapes_per_s']:.0f} scrapes/s "
           f"({row['target_scrapes_per_s']:.0f} asked), {row['cpu_cores']:.2f} cores, "
           f"{row['cpu_s_per_1000_scrapes']:.3f} CPU s per 1,000 scrapes", flush=True)

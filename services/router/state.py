@@ -27,6 +27,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from kinference_common import bus, subjects
 from kinference_common.compiled import CompiledPool, decode_pool
 from kinference_common.engine import InFlightLedger, Snapshot, TTFTModel
+from kinference_common.engine.candidates import endpoint_key
 from kinference_common.engine.ttft import DEFAULT_TTFT_MODEL
 from kinference_common.messages import EndpointState, ProviderState
 from kinference_common.tasks import cancel_and_wait
@@ -466,7 +467,7 @@ async def resync_telemetry(js: Any, set_endpoint: Callable[[object], None],
     a key at most once a second, but every change on its subject) is not
     taken."""
     def newer(st: Any) -> None:
-        old = held.get(f"{st.namespace}/{st.worker_set}/{st.pod}") if held is not None else None
+        old = held.get(endpoint_key(st.namespace, st.worker_set, st.pod)) if held is not None else None
         if old is None or st.scraped_at >= old.scraped_at:
             set_endpoint(st)
 
@@ -487,7 +488,7 @@ def record_endpoint(endpoints: dict[str, EndpointState], ledger: Any,
                     healthy: Callable[[str, float], None] | None, state: EndpointState) -> None:
     """Keep an endpoint's latest state; a scraped one tells the in-flight
     ledger what telemetry has seen, and a ready one may end an ejection."""
-    key = f"{state.namespace}/{state.worker_set}/{state.pod}"
+    key = endpoint_key(state.namespace, state.worker_set, state.pod)
     endpoints[key] = state
     if state.scraped_at:
         ledger.observed(key, state.scraped_at)

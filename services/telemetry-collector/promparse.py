@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 # ------------------------------------------------------------------ labels
 
@@ -181,13 +183,13 @@ def parse_vllm(body: bytes) -> VllmSample:
             sums[slot] += v
             counts[slot] += 1
         elif slot == _CACHE_CONFIG:
-            bs, tokens = _cache_config(m.group(2))
+            bs, tokens = _labels_say(b"c", m.group(2), _cache_config)
             if bs is not None:
                 block_size = bs
             if tokens is not None:
                 capacity += tokens
                 have_capacity = True
-        elif _local_compute(m.group(2)):  # prompt tokens by source
+        elif _labels_say(b"s", m.group(2), _local_compute):  # prompt tokens by source
             local += v
             have_local = True
 
@@ -236,38 +238,34 @@ _LABEL_MEMO_MAX = 4096
 #: label sets longer than this are read afresh each time (real ones are a few
 #: hundred bytes; a page's are bounded only by the body's cap)
 _LABEL_MEMO_KEY_MAX = 1024
+_T = TypeVar("_T")
 
 
-def _memo(key: bytes, value: tuple[int | None, int | None] | bool) -> None:
-    if len(key) > _LABEL_MEMO_KEY_MAX:
-        return
-    if len(_LABEL_MEMO) >= _LABEL_MEMO_MAX:
-        _LABEL_MEMO.clear()
-    _LABEL_MEMO[key] = value
+def _labels_say(tag: bytes, raw: bytes | None, read: Callable[[dict[str, str]], _T]) -> _T:
+    """``read`` of the label set ``raw``, memoised under ``tag`` (one per reader)."""
+    key = tag + (raw or b"")
+    hit = _LABEL_MEMO.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    value = read(parse_labels(raw))
+    if len(key) <= _LABEL_MEMO_KEY_MAX:
+        if len(_LABEL_MEMO) >= _LABEL_MEMO_MAX:
+            _LABEL_MEMO.clear()
+        _LABEL_MEMO[key] = value  # type: ignore[assignment]
+    return value
 
 
-def _cache_config(raw: bytes | None) -> tuple[int | None, int | None]:
+def _cache_config(labels: dict[str, str]) -> tuple[int | None, int | None]:
     """``cache_config_info``'s (block size, KV capacity in tokens): blocks x
     block size, else ``kv_cache_size_tokens``."""
-    hit = _LABEL_MEMO.get(b"c" + (raw or b""))
-    if hit is not None:
-        return hit  # type: ignore[return-value]
-    labels = parse_labels(raw)
     bs = _int(labels.get("block_size"))
     blocks = _int(labels.get("num_gpu_blocks"))
-    tokens = bs * blocks if bs is not None and blocks is not None else _int(labels.get("kv_cache_size_tokens"))
-    _memo(b"c" + (raw or b""), (bs, tokens))
-    return bs, tokens
+    return bs, bs * blocks if bs is not None and blocks is not None else _int(labels.get("kv_cache_size_tokens"))
 
 
-def _local_compute(raw: bytes | None) -> bool:
+def _local_compute(labels: dict[str, str]) -> bool:
     """A ``prompt_tokens_by_source`` series of ``source="local_compute"``."""
-    hit = _LABEL_MEMO.get(b"s" + (raw or b""))
-    if hit is not None:
-        return hit  # type: ignore[return-value]
-    local = parse_labels(raw).get("source") == "local_compute"
-    _memo(b"s" + (raw or b""), local)
-    return local
+    return labels.get("source") == "local_compute"
 
 
 def _int(s: str | None) -> int | None:

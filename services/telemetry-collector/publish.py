@@ -164,7 +164,6 @@ class Publisher:
         self._pending: dict[str, None] = {}
         self._sent: deque[tuple[float, str]] = deque()
         self._wake = asyncio.Event()
-        self.published = 0
         #: sends by kind (``endpoint``, ``provider``), and KV writes among them
         self.sent_by_kind: dict[str, int] = {"endpoint": 0, "provider": 0}
         self.stored = 0
@@ -277,8 +276,12 @@ class Publisher:
         if store and not deleted:
             self.stored += 1
         self.sent_by_kind[e.kind] += 1
-        self.published += 1
         return True
+
+    @property
+    def published(self) -> int:
+        """States sent, of every kind."""
+        return sum(self.sent_by_kind.values())
 
     async def run(self, stop: asyncio.Event, retry_delay: float = 0.2) -> None:
         """Flush ``batch`` seconds after something is offered, and at least every ``min_interval / 4``."""

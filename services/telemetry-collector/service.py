@@ -7,8 +7,8 @@ delays only itself. A target's slots sit at its own phase of the interval
 (from a hash of its key), so a replica's scrapes are spread over the
 interval instead of starting together: a thousand scrapes begun at once
 queue their parses and publishes behind each other, and the last state
-reaches the routers most of an interval late. Parsing and derivation are the pure functions of
-:mod:`.promparse` and :mod:`.derive`; every failure of one target is caught in
+reaches the routers most of an interval late. Parsing and derivation are
+the pure functions of :mod:`.promparse` and :mod:`.derive`; every failure of one target is caught in
 its own task and counted against that target alone.
 
 :func:`run_service` wires it to NATS and the HTTP server for ``__main__``.
@@ -22,7 +22,7 @@ import math
 import signal
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from dataclasses import dataclass, field
 
@@ -246,7 +246,9 @@ class Collector:
             if t.kind == "dcgm":
                 if key not in self._tasks:
                     d = self._dcgm[key] = _Dcgm(t)
-                    self._tasks[key] = asyncio.create_task(self._dcgm_loop(d), name=f"dcgm {t.address}")
+                    self._tasks[key] = asyncio.create_task(
+                        self._on_slots(t, self.config.dcgm_interval, lambda d=d: self.scrape_dcgm(d)),
+                        name=f"dcgm {t.address}")
                 continue
             tr = self.trackers.get(key)
             if tr is not None and tr.target.address == t.address:
@@ -257,7 +259,9 @@ class Collector:
             if key in self._tasks:
                 self._tasks.pop(key).cancel()
             tr = self.trackers[key] = EndpointTracker(t, self.config.derive)
-            self._tasks[key] = asyncio.create_task(self._vllm_loop(tr), name=f"scrape {t.pod}")
+            self._tasks[key] = asyncio.create_task(
+                self._on_slots(t, self.config.interval, lambda tr=tr: self.scrape_endpoint(tr)),
+                name=f"scrape {t.pod}")
             log.info("endpoint_added", pod=t.pod, namespace=t.namespace, address=t.address)
 
     async def _discovery_loop(self) -> None:
@@ -267,13 +271,14 @@ class Collector:
 
     # ------------------------------------------------------------- scraping
 
-    async def _vllm_loop(self, tr: EndpointTracker) -> None:
+    @staticmethod
+    async def _on_slots(target: Target, interval: float, scrape: Callable[[], Awaitable[None]]) -> None:
+        """``scrape`` now, then at each of the target's slots (its phase of the interval)."""
         loop = asyncio.get_running_loop()
-        interval = self.config.interval
-        offset = phase("/".join(tr.target.key), interval)
+        offset = phase("/".join(target.key), interval)
         slot = loop.time()
         while True:
-            await self.scrape_endpoint(tr)
+            await scrape()
             slot = next_slot(slot, loop.time(), interval, offset)
             await asyncio.sleep(max(0.0, slot - loop.time()))
 
@@ -322,16 +327,6 @@ class Collector:
         except ScrapeError:
             pass
         tr.set_context_window(cw, self._clock())
-
-    async def _dcgm_loop(self, d: _Dcgm) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self.config.dcgm_interval
-        offset = phase("/".join(d.target.key), interval)
-        slot = loop.time()
-        while True:
-            await self.scrape_dcgm(d)
-            slot = next_slot(slot, loop.time(), interval, offset)
-            await asyncio.sleep(max(0.0, slot - loop.time()))
 
     async def scrape_dcgm(self, d: _Dcgm) -> None:
         assert self._session is not None

@@ -34,6 +34,7 @@ from kinference_common.kube import rbac
 from kinference_common.kube.client import ResourceClient
 from kinference_common.kube.config import api_client
 from kinference_common.messages import EndpointState, Observation, ProviderState, encode
+from kinference_common.natsserver import free_port
 
 GROUP = "kinference.buoyant.io"
 PATIENCE = 10.0
@@ -159,12 +160,6 @@ class Engine:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-
-
-def free_port() -> int:
-    from kinference_common import natsserver
-
-    return natsserver.free_port()
 
 
 async def until(cond: Callable[[], Any], what: str) -> Any:

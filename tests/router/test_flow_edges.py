@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from kinference_common.natsserver import free_port
 from kinference_router.flow import FlowQueue
 
 from .test_flow import (
@@ -111,12 +112,6 @@ async def test_many_freed_slots_while_a_pass_runs_place_that_many(queue: FlowQue
 
 
 # ------------------------------------------------------- through the router
-
-
-def free_port() -> int:
-    from kinference_common import natsserver
-
-    return natsserver.free_port()
 
 
 @pytest.fixture
