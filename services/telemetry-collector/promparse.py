@@ -118,7 +118,9 @@ def _trie(words: list[bytes]) -> bytes:
 # The lookahead requires the name to end there (``{`` or blank), which
 # rejects ``_bucket``, ``_created`` and ``num_requests_waiting_by_reason``.
 _SERIES_TAIL = (
-    rb")(?=[{ \t])[ \t]*+(?:\{((?:[^\"}\n]|\"(?:[^\"\\\n]|\\.)*+\")*+)\})?+[ \t]*+([^ \t\r\n]{1,64})"
+    rb")(?=[{ \t])[ \t]*+(?:\{("
+    rb'[^"}\n]*+(?:"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"[^"}\n]*+)*+'
+    rb")\})?+[ \t]*+([^ \t\r\n]{1,64})"
 )
 _VLLM_LINE = re.compile(
     rb"\nvllm:("
@@ -173,23 +175,23 @@ def parse_vllm(body: bytes) -> VllmSample:
     have_local = False
     n = 0
     names = _VLLM_NAMES
-    for m in _VLLM_LINE.finditer(b"\n" + body):
-        v = _value(m.group(3))
+    for name, labels, raw in _VLLM_LINE.findall(b"\n" + body):
+        v = _value(raw)
         if v is None:
             continue
-        slot = names[m.group(1)]
+        slot = names[name]
         n += 1
         if slot >= 0:
             sums[slot] += v
             counts[slot] += 1
         elif slot == _CACHE_CONFIG:
-            bs, tokens = _labels_say(b"c", m.group(2), _cache_config)
+            bs, tokens = _labels_say(b"c", labels, _cache_config)
             if bs is not None:
                 block_size = bs
             if tokens is not None:
                 capacity += tokens
                 have_capacity = True
-        elif _labels_say(b"s", m.group(2), _local_compute):  # prompt tokens by source
+        elif _labels_say(b"s", labels, _local_compute):  # prompt tokens by source
             local += v
             have_local = True
 

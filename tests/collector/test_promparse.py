@@ -132,6 +132,32 @@ def test_label_values_with_escapes_and_braces() -> None:
     assert parse_vllm(body).running == 5.0
 
 
+def _escaped(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True).filter(lambda k: k != "block_size"),
+                       st.text(alphabet=st.sampled_from('ab}{"\\\n =,x'), max_size=12), max_size=5),
+       st.integers(1, 10**6), st.integers(1, 512))
+def test_any_quoted_label_values_read_as_prometheus_client_reads_them(
+        labels: dict[str, str], value: int, block: int) -> None:
+    """Label values holding quotes, backslashes, braces and newlines (escaped
+    as the text format says) neither end a label set early nor hide a series."""
+    rendered = ",".join(f'{k}="{_escaped(v)}"' for k, v in labels.items())
+    info = ",".join(filter(None, [rendered, f'block_size="{block}"', 'num_gpu_blocks="10"']))
+    text = (f"vllm:num_requests_running{{{rendered}}} {value}\n"
+            f"vllm:cache_config_info{{{info}}} 1.0\n"
+            f"vllm:num_requests_waiting{{{rendered}}} 2\n")
+    [ref] = [s for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name == "vllm:cache_config_info"]
+    assert ref.labels == {**labels, "block_size": str(block), "num_gpu_blocks": "10"}
+    assert parse_labels(info.encode()) == ref.labels
+    s = parse_vllm(text.encode())
+    assert (s.running, s.waiting, s.series) == (value, 2.0, 3)
+    assert (s.block_size, s.kv_capacity_tokens) == (block, block * 10)
+
+
 @pytest.mark.parametrize("bad", [
     b"", b"\x00\xff\xfe", b"vllm:num_requests_running NaN\n", b"vllm:num_requests_running +Inf\n",
     b"vllm:num_requests_running{engine=\"0\" 5\n", b"vllm:num_requests_running {} abc\n",
