@@ -1,15 +1,17 @@
 """Telemetry-collector benchmark: ``make bench-collector`` (``python -m bench.collector``).
 
-Three short runs (a few seconds each):
+Short runs (a few seconds each):
 
 1. parser: the collector's vLLM parser vs ``prometheus_client.parser.
    text_string_to_metric_families`` on the same realistic page (histograms
    with full bucket sets, ``_created`` series, process and HTTP metrics);
 2. scrape throughput: the collector's real scrape path (HTTP GET over
-   localhost with one ClientSession, parse, derive, offer to a publisher that
+   localhost with its client, parse, derive, offer to a publisher that
    drops) against N page servers in another process whose pages change every
    100 ms; ``scrapes_per_s_per_core`` = scrapes / CPU seconds of the collector
    process, so the servers' CPU does not count;
+   Then the fetch alone: CPU per GET with the collector's client against
+   aiohttp's ``ClientSession`` on the same pages, in alternating rounds;
 3. publish lag: the same with a real nats-server and the real publisher at
    the default 100 ms interval; the servers are told to change one page
    (``waiting`` = a fresh value) and the lag is from that change being served
@@ -172,6 +174,46 @@ async def bench_scrape(ports: list[int], seconds: float) -> dict[str, Any]:
     }
 
 
+async def bench_fetch(ports: list[int], fetches: int = 1500, rounds: int = 4) -> dict[str, Any]:
+    """CPU per GET of a page: the collector's client (``upstream_http``, what
+    ``scrape.fetch`` uses) against aiohttp's ``ClientSession`` set up as the
+    collector used to, the same pages from the same servers, in alternating
+    rounds so that the machine's drift falls on both."""
+    import aiohttp
+
+    from kinference_collector.scrape import HEADERS, fetch, new_client
+
+    urls = [f"http://127.0.0.1:{p}/metrics" for p in ports]
+    client = new_client()
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+                                    headers=dict(HEADERS), auto_decompress=False)
+
+    async def with_client(url: str) -> bytes:
+        return await fetch(client, url, 2.0, 1 << 22)
+
+    async def with_aiohttp(url: str) -> bytes:
+        async with session.get(url, allow_redirects=False) as resp:
+            return await resp.read()
+
+    cpu = {"client": 0.0, "aiohttp": 0.0}
+    try:
+        for name, get in (("client", with_client), ("aiohttp", with_aiohttp)):  # connections up
+            for url in urls:
+                await get(url)
+        for _ in range(rounds):
+            for name, get in (("client", with_client), ("aiohttp", with_aiohttp)):
+                c0 = time.process_time()
+                for i in range(fetches):
+                    await get(urls[i % len(urls)])
+                cpu[name] += time.process_time() - c0
+    finally:
+        await client.close()
+        await session.close()
+    n = fetches * rounds
+    client_us, aiohttp_us = cpu["client"] / n * 1e6, cpu["aiohttp"] / n * 1e6
+    return {"fetches": n, "client_us": client_us, "aiohttp_us": aiohttp_us, "aiohttp_over_client": aiohttp_us / client_us}
+
+
 async def bench_lag(ports: list[int], changes: int, interval: float) -> dict[str, Any]:
     import aiohttp
     import msgspec
@@ -241,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.collector", description=__doc__.splitlines()[0])
     ap.add_argument("--endpoints", type=int, default=50, help="page servers for the throughput run")
     ap.add_argument("--seconds", type=float, default=3.0, help="length of the throughput run")
+    ap.add_argument("--fetches", type=int, default=1500, help="GETs per round of the fetch run (4 rounds)")
     ap.add_argument("--changes", type=int, default=60, help="page changes timed in the lag run")
     ap.add_argument("--interval", type=float, default=0.1, help="scrape interval of the lag run")
     ap.add_argument("--engines", type=int, default=1, help="engine label values per page")
@@ -270,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = Servers(args.endpoints, args.engines)
     try:
         scrape = run(bench_scrape(servers.ports, args.seconds))
+        fetch = run(bench_fetch(servers.ports, args.fetches))
     finally:
         servers.close()
     lag_servers = Servers(min(10, args.endpoints), args.engines)
@@ -285,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "parser_speedup_vs_prometheus_client": round(parser["speedup"], 1),
         "parser": {k: round(v, 2) if isinstance(v, float) else v for k, v in parser.items()},
         "scrape": {k: round(v, 3) if isinstance(v, float) else v for k, v in scrape.items()},
+        "fetch": {k: round(v, 2) if isinstance(v, float) else v for k, v in fetch.items()},
         "lag": {k: round(v, 2) if isinstance(v, float) else v for k, v in lag.items()},
         "env": {"python": platform.python_version(), "loop": loop_name, "cpus": os.cpu_count(),
                 "engines_per_page": args.engines},
@@ -298,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         ("scrape+parse+derive", f"{scrape['scrapes_per_s_per_core']:.0f} /s per core "
                                 f"({scrape['scrapes_per_s_wall']:.0f} /s wall, {scrape['endpoints']} endpoints, "
                                 f"{scrape['errors']} errors)"),
+        ("fetch, CPU per GET", f"{fetch['client_us']:.0f} us with the collector's client, "
+                               f"{fetch['aiohttp_us']:.0f} us with aiohttp's ClientSession "
+                               f"({fetch['aiohttp_over_client']:.2f}x; {fetch['fetches']} each)"),
         ("publish lag p50 / p99 / max", f"{lag['publish_lag_ms_p50']:.1f} / {lag['publish_lag_ms_p99']:.1f} / "
                                         f"{lag['publish_lag_ms_max']:.1f} ms "
                                         f"({lag['changes']} changes, interval {lag['interval_ms']:.0f} ms)"),

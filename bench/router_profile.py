@@ -53,7 +53,7 @@ PARTS: dict[str, tuple[str, ...]] = {
     "classification": ("router/classification.py",),
     "metrics": ("router/metrics.py", "prometheus_client"),
     "snapshot keeping": ("router/state.py",),
-    "upstream client": ("router/upstream_http.py", "router/upstream.py", "router/stream_usage.py"),
+    "upstream client": ("kinference_common/upstream_http.py", "router/upstream.py", "router/stream_usage.py"),
     "HTTP server": ("router/http_server.py", "httptools"),
     "request control (app, director)": ("router/app.py", "router/director.py", "router/retry.py",
                                         "router/tenants.py"),

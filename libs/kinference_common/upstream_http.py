@@ -1,20 +1,23 @@
-"""The router's upstream HTTP/1.1 client: keep-alive connection pools per
-origin, requests written in one go, responses parsed by ``httptools``.
+"""An HTTP/1.1 client for the hot paths: keep-alive connection pools per
+origin, requests written in one go, responses parsed by ``httptools``. The
+router proxies requests to its upstreams with it, and the telemetry collector
+scrapes its targets' pages with it.
 
-Why not aiohttp's ``ClientSession`` (which the router used first): on one core
+Why not aiohttp's ``ClientSession`` (which both used first): on one core
 it cost about 75-85 µs of CPU per proxied request, against about 10-13 µs for
 this client on the same machine (``bench/router.py`` shows the effect on the
-whole router). A proxy needs little of what ``ClientSession`` does per
-request (cookies, redirects, tracing signals, URL building, multipart, proxy
-settings, decompression), so the router talks to upstreams with this (and
-serves its clients with :mod:`kinference_router.http_server`, for the same
-reason): the HTTP parsing is ``httptools`` (llhttp, the parser of Node.js and
-uvicorn), the TLS is asyncio's.
+whole router), and about twice this client's CPU per scrape of a 35 KB page
+(``make bench-collector``'s fetch row). Neither needs much of what
+``ClientSession`` does per request (cookies, redirects, tracing signals, URL
+building, multipart, proxy settings, decompression); the router serves its
+clients with :mod:`kinference_router.http_server` for the same reason. The
+HTTP parsing is ``httptools`` (llhttp, the parser of Node.js and uvicorn),
+the TLS is asyncio's.
 
 What it does:
 
-- ``POST`` with a body and headers; the status and headers are available once
-  they arrive; the body is read whole (:meth:`Response.read`) or as chunks as
+- ``POST`` with a body and headers, ``GET`` with headers; the status and
+  headers are available once they arrive; the body is read whole (:meth:`Response.read`) or as chunks as
   they arrive (:meth:`Response.chunks`), with chunked transfer encoding
   decoded and reading paused while the consumer is behind (no unbounded
   buffering of a stream).
@@ -31,26 +34,55 @@ What it does:
   so the caller may try another upstream), :class:`UpstreamTimeout`,
   :class:`SentNotAnswered` (the request was written whole, then the
   connection closed before any byte of the answer: it may have been
-  received, so it is never sent again) and :class:`UpstreamBroken` (the
-  connection dropped mid-answer, or the answer was not HTTP). The only
-  request sent twice is one provably not received (:mod:`.retry`): a
-  pooled connection found closed before anything was written on it is
-  dropped for another, and one lost while part of the request was still
-  unwritten is tried once more on a new connection. Header values with line breaks are refused before anything is
-  written (no request smuggling through a forwarded header or a key file).
+  received) and :class:`UpstreamBroken` (the connection dropped mid-answer,
+  or the answer was not HTTP). A POST is sent twice only when provably not
+  received (the router's :mod:`kinference_router.retry`): a pooled
+  connection found closed before anything was written on it is dropped for
+  another, and one lost while part of the request was still unwritten is
+  tried once more on a new connection. A GET is safe to repeat: one written
+  whole on a reused connection that then closed unanswered (the server
+  closing it as the request went out) is sent once more on a new one.
+- Header values with line breaks are refused before anything is written (no
+  request smuggling through a forwarded header or a key file).
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import httptools
 
-from kinference_router import retry
+#: why a request written whole was not sent again (the router's retry rule,
+#: docs/hardening.md): in its errors, its 502 and its decision event
+MAY_HAVE_BEEN_RECEIVED = "the request was written whole, so the upstream may have received it: not sent again"
+
+
+def peer_closed(transport: Any) -> bool:
+    """True when the peer has closed (or reset) this idle connection, or sent
+    bytes nobody asked for: a zero-timeout poll of its socket finds it
+    readable (end of file, data) or hung up, before the event loop has got
+    round to telling the protocol. False when it looks alive (nothing to
+    read) or cannot be checked. About a microsecond."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sock.fileno(), _POLL_MASK)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+#: readable (end of file or stray bytes), peer hung up, error
+_POLL_MASK = select.POLLIN | select.POLLPRI | getattr(select, "POLLRDHUP", 0)
+
 
 
 class UpstreamError(Exception):
@@ -72,7 +104,12 @@ class UpstreamBroken(UpstreamError):
 
 class SentNotAnswered(UpstreamBroken):
     """The request was written whole, then the connection closed before any
-    byte of the answer: the upstream may have received it (never re-sent)."""
+    byte of the answer: the upstream may have received it (a POST is never
+    re-sent). ``reused``: it went out on a pooled connection."""
+
+    def __init__(self, message: str, *, reused: bool = False) -> None:
+        super().__init__(message)
+        self.reused = reused
 
 
 class NotFullyWritten(ConnectFailed):
@@ -405,10 +442,29 @@ class UpstreamClient:
         :class:`UpstreamBroken` when the connection dropped, and
         :class:`ValueError` for a bad URL or a header value with a line break.
         """
+        return await self._exchange("POST", url, body, headers, connect_timeout, read_timeout)
+
+    async def get(self, url: str, headers: Iterable[tuple[str, str]] = (), *,
+                  connect_timeout: float, read_timeout: float) -> Response:
+        """Send ``GET url`` and return once the response's headers are in;
+        raises as :meth:`post` does. A GET is safe to repeat, so one lost
+        unanswered on a reused connection (the server closed it as the
+        request went out) is sent once more on a new one."""
+        try:
+            return await self._exchange("GET", url, None, headers, connect_timeout, read_timeout)
+        except SentNotAnswered as exc:
+            if not exc.reused:
+                raise
+        return await self._exchange("GET", url, None, headers, connect_timeout, read_timeout, pooled=False)
+
+    async def _exchange(self, method: str, url: str, body: bytes | None, headers: Iterable[tuple[str, str]],
+                        connect_timeout: float, read_timeout: float, pooled: bool = True) -> Response:
         if self._closed:
             raise RuntimeError("the upstream client is closed")
         t = self.target(url)
-        head = [f"POST {t.path} HTTP/1.1\r\nHost: {t.authority}\r\nContent-Length: {len(body)}\r\n"]
+        head = [f"{method} {t.path} HTTP/1.1\r\nHost: {t.authority}\r\n"]
+        if body is not None:
+            head.append(f"Content-Length: {len(body)}\r\n")
         for name, value in headers:
             if "\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name:
                 raise ValueError(f"header {name!r} has a line break or colon in it; not sent")
@@ -416,9 +472,11 @@ class UpstreamClient:
         head.append("\r\n")
         # header values as the server side decoded them (UTF-8, undecodable
         # bytes kept as surrogates): the bytes the client sent go out again
-        data = "".join(head).encode("utf-8", "surrogateescape") + body
+        data = "".join(head).encode("utf-8", "surrogateescape")
+        if body:
+            data += body
         key = (t.scheme, t.host, t.port)
-        conn = self._acquire(key)
+        conn = self._acquire(key) if pooled else None
         reused = conn is not None
         if conn is None:
             conn = await self._connect(t, connect_timeout)
@@ -439,7 +497,7 @@ class UpstreamClient:
                         continue
                     raise NotFullyWritten(f"{t.authority} closed the connection before the request was fully "
                                           "written") from None
-                raise SentNotAnswered(f"{exc}; {retry.MAY_HAVE_BEEN_RECEIVED}") from None
+                raise SentNotAnswered(f"{exc}; {MAY_HAVE_BEEN_RECEIVED}", reused=reused) from None
             except BaseException:
                 conn.abort()
                 raise
@@ -454,7 +512,7 @@ class UpstreamClient:
             conn = idle.pop()
             if conn.closed or conn.transport is None or conn.transport.is_closing():
                 continue
-            if retry.peer_closed(conn.transport):  # its close is on the way: never write on it
+            if peer_closed(conn.transport):  # its close is on the way: never write on it
                 conn.abort()
                 continue
             if now - conn.idle_since > self.idle_timeout:

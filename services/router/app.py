@@ -48,7 +48,7 @@ from kinference_router.http_server import HttpLimits, HttpServer, Request as Htt
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import ProviderLimiter, SecretError, SecretFiles, UpstreamHealth
-from kinference_router.upstream_http import (ConnectFailed, SentNotAnswered, UpstreamClient, UpstreamError,
+from kinference_common.upstream_http import (ConnectFailed, SentNotAnswered, UpstreamClient, UpstreamError,
                                              UpstreamTimeout)
 
 log = structlog.get_logger("router")

@@ -10,7 +10,7 @@ router). The router's answers come in two shapes only, a JSON body or a
 server-sent-event stream passed through, so it needs little of a web
 framework: no middlewares, cookies, multipart, compression, static files or
 websockets. The parsing is ``httptools``, the parser of uvicorn and of the
-router's upstream client (:mod:`kinference_router.upstream_http`).
+router's upstream client (:mod:`kinference_common.upstream_http`).
 
 What it does:
 

@@ -1,6 +1,6 @@
 """The collector: scrape loops, DCGM attachment, provider aggregation, publishing.
 
-:class:`Collector` owns one :class:`aiohttp.ClientSession` and one task per
+:class:`Collector` owns one HTTP client (:func:`.scrape.new_client`) and one task per
 target. Each target's task scrapes, sleeps until its next slot, and
 scrapes again, so scrapes of one target never overlap and a slow target
 delays only itself. A target's slots sit at its own phase of the interval
@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from dataclasses import dataclass, field
 
-import aiohttp
 import msgspec
 import structlog
 from aiohttp import web
@@ -36,6 +35,7 @@ from kinference_common.bus import close as close_nats
 from kinference_common.bus import servers as nats_servers
 from kinference_common.messages import EndpointState, Observation, ProviderKeyReport
 from kinference_common.tasks import cancel_and_wait
+from kinference_common.upstream_http import UpstreamClient
 
 from .derive import DeriveConfig, EndpointTracker, GpuStats, gpu_stats_by_pod, merge_gpu_stats
 from .discovery import Discovery, Target
@@ -43,7 +43,7 @@ from .metrics import ENDPOINT_STATES, CollectorMetrics, http_app
 from .promparse import parse_dcgm, parse_vllm
 from .providers import ProviderAggregator, ProviderConfig, ProviderKeyReports
 from .publish import Bus, NatsBus, Publisher
-from .scrape import ScrapeError, context_window, describe, fetch, new_session
+from .scrape import ScrapeError, context_window, describe, fetch, new_client
 from .shard import Membership as Shard
 from .shard import default_replica_id
 
@@ -68,7 +68,10 @@ def next_slot(previous: float, now: float, interval: float, offset: float) -> fl
     (the slot the last scrape was for; the first scrape's start) and not in
     the past. In the steady state that is exactly one interval after the last
     slot, also when the loop woke late for it; a scrape that ran past its next
-    slot skips to the one after, as Prometheus does."""
+    slot skips to the one after, as Prometheus does. An interval of 0
+    (``make bench-collector``'s "as fast as it goes") is now, back to back."""
+    if interval <= 0:
+        return now
     earliest = max(previous + interval / 2, now)
     return offset + math.ceil((earliest - offset) / interval) * interval
 
@@ -152,7 +155,7 @@ class Collector:
         self._tasks: dict[tuple[str, str, str, str], asyncio.Task[None]] = {}
         self._aux: set[asyncio.Task[None]] = set()
         self._background: list[asyncio.Task[None]] = []
-        self._session: aiohttp.ClientSession | None = None
+        self._session: UpstreamClient | None = None
         self._stop = asyncio.Event()
         self._obs_decoder = msgspec.json.Decoder(Observation)
         self.scrapes = 0
@@ -170,7 +173,7 @@ class Collector:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self._session = new_session()
+        self._session = new_client()
         self._stop.clear()
         self.running = True
         await self.refresh_targets()
@@ -182,7 +185,7 @@ class Collector:
         log.info("collector_started", targets=len(self._tasks), interval=self.config.interval)
 
     async def stop(self, flush_timeout: float = 2.0) -> None:
-        """Stop scraping, send what is pending (bounded), close the session."""
+        """Stop scraping, send what is pending (bounded), close the client."""
         if not self.running:
             return
         self.running = False

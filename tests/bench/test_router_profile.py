@@ -6,7 +6,7 @@ from __future__ import annotations
 from bench import router_profile as rp
 
 UPSTREAM_WRITE = ("<module> (kinference_router/__main__.py:10);run (asyncio/runners.py:118);"
-                  "_run_once (asyncio/base_events.py:1900);send (kinference_router/upstream_http.py:300);"
+                  "_run_once (asyncio/base_events.py:1900);send (kinference_common/upstream_http.py:300);"
                   "write (asyncio/selector_events.py:1000)")
 DECIDE = ("<module> (kinference_router/__main__.py:10);_route (kinference_router/app.py:290);"
           "decide (kinference_common/engine/decide.py:120);predict (kinference_common/engine/ttft.py:90)")

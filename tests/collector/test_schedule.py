@@ -25,6 +25,11 @@ def test_next_slot_keeps_the_phase() -> None:
         assert abs(((got - offset) / interval) - round((got - offset) / interval)) < 1e-6
 
 
+def test_an_interval_of_zero_scrapes_back_to_back() -> None:
+    # make bench-collector's throughput run; a division by the interval killed every target's loop
+    assert next_slot(10.0, 10.3, 0.0, phase("k", 0.0)) == 10.3
+
+
 def test_phases_spread_over_the_interval() -> None:
     phases = [phase(f"vllm/ns/ws/pod-{i}", 1.0) for i in range(1000)]
     assert all(0.0 <= p < 1.0 for p in phases)

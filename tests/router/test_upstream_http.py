@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from kinference_router import upstream_http
-from kinference_router.upstream_http import ConnectFailed, Target, UpstreamBroken, UpstreamClient, UpstreamTimeout
+from kinference_common import upstream_http
+from kinference_common.upstream_http import ConnectFailed, Target, UpstreamBroken, UpstreamClient, UpstreamTimeout
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -1,4 +1,4 @@
-"""Edge cases of the upstream HTTP/1.1 client (services/router/upstream_http.py),
+"""Edge cases of the upstream HTTP/1.1 client (libs/kinference_common/upstream_http.py),
 written during a review as failing tests; each docstring tells the defect it
 caught (all fixed) and the test holds the fixed behaviour.
 """
@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from kinference_router import upstream_http
-from kinference_router.upstream_http import UpstreamBroken, UpstreamClient
+from kinference_common import upstream_http
+from kinference_common.upstream_http import UpstreamBroken, UpstreamClient
 
 
 async def serve(handler) -> tuple[web.AppRunner, int]:  # type: ignore[no-untyped-def]
