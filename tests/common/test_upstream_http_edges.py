@@ -229,6 +229,35 @@ async def test_a_request_the_server_read_on_a_pooled_connection_is_never_sent_ag
     assert len(heads) == 2  # the first request and the second, once
 
 
+async def test_a_get_lost_unanswered_on_a_reused_connection_is_sent_again_on_a_new_one(
+        client: UpstreamClient) -> None:
+    """The same server for the collector's scrapes: a GET is safe to repeat,
+    so where a POST fails as SentNotAnswered the GET goes out once more on a
+    new connection and gets its answer (a scrape is not lost to a keep-alive
+    race)."""
+    heads: list[bytes] = []
+
+    async def close_on_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        try:
+            heads.append(await reader.readuntil(b"\r\n\r\n"))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        writer.transport.abort()
+
+    srv = await asyncio.start_server(close_on_second, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    async with srv:
+        url = f"http://127.0.0.1:{port}/metrics"
+        assert await (await client.get(url, connect_timeout=2, read_timeout=2)).read() == b"ok"
+        assert client.idle_connections() == 1
+        assert await (await client.get(url, connect_timeout=2, read_timeout=2)).read() == b"ok"
+    assert [h.split(b"\r\n")[0] for h in heads] == [b"GET /metrics HTTP/1.1"] * 3
+    assert all(b"content-length" not in h.lower() for h in heads)  # a GET has no body
+
+
 async def test_a_pooled_connection_the_server_already_closed_is_not_written_on(client: UpstreamClient) -> None:
     """The idle-close race: the server closed a pooled connection (its FIN is
     in the router's kernel, the event loop has not seen it yet). The client
