@@ -5,11 +5,22 @@ already every replica's dependency, in files mode as on a cluster, so one
 mechanism serves the local stack, the suite and Kubernetes). Every
 ``heartbeat`` seconds each replica writes its key (its replica id) with the
 wall time; one watch of the bucket, for the replica's life, brings it
-everyone's beats: the live members are those whose newest beat is under
-``ttl`` seconds old (the replica itself always counts). A
-replica that stops writes a last beat at time 0 and deletes its key (the
-others take its share at their next heartbeat); one that dies is dropped
-``ttl`` after its last heartbeat.
+everyone's beats: the live members are those whose newest beat arrived
+under ``ttl`` seconds ago (the replica itself always counts). A beat's age
+is counted on the reader's own monotonic clock from when the watch brought
+it, so replicas whose wall clocks disagree still see each other alive; only
+the entries the watch replays when it opens (written before this replica
+was listening) are aged by their wall time.
+
+A replica that joins, and one that stops (it writes a last beat at time 0
+and deletes its key), changes every other replica's members as soon as the
+watch brings that write: the shares move within a round trip to NATS, not
+at the next heartbeat. One that dies is dropped ``ttl`` after its last
+heartbeat (checked at every heartbeat). Keep ``ttl`` a few heartbeats and
+above the longest stall a replica's event loop may have (CPU throttling
+under a pod's limit stalls a process for up to the rest of a 100 ms
+period): a live replica taken for dead only makes the others scrape its
+share as well until its next beat, but that is work done twice.
 
 Assignment is rendezvous hashing with bounded loads (consistent hashing
 that also balances): every target ranks the live members by
@@ -123,7 +134,7 @@ class Membership:
         self._dec = msgspec.json.Decoder(_Beat)
         self._failing = False
         self._memo: tuple[object, set[tuple[str, ...]]] | None = None
-        #: member -> its newest beat seen (wall time)
+        #: member -> when its newest beat arrived (the event loop's monotonic clock)
         self._beats: dict[str, float] = {}
         self._watcher: Any = None
         self._follow: asyncio.Task[None] | None = None
@@ -163,22 +174,33 @@ class Membership:
         return self._kv
 
     async def _follow_beats(self, watcher: Any) -> None:
-        """Keep ``_beats`` from the watch: the newest beat of each member; a
-        beat at time 0 (a replica leaving) or a deleted key drops it."""
+        """Keep ``_beats`` from the watch: when each member's newest beat
+        arrived (monotonic); a beat at time 0 (a replica leaving) or a
+        deleted key drops it. A member appearing or leaving changes the
+        members at once."""
+        caught_up = False
+        loop = asyncio.get_running_loop()
         async for entry in watcher:
-            if entry is None:  # caught up with the bucket
+            if entry is None:  # caught up with the bucket: what comes next is written now
+                caught_up = True
                 continue
+            key = entry.key
+            known = key in self._beats
             if entry.operation is not None or not entry.value:  # deleted or purged
-                self._beats.pop(entry.key, None)
-                continue
-            try:
-                b = self._dec.decode(entry.value)
-            except msgspec.DecodeError:
-                continue
-            if b.at <= 0:
-                self._beats.pop(entry.key, None)
-            elif b.at > self._beats.get(entry.key, 0.0):
-                self._beats[entry.key] = b.at
+                self._beats.pop(key, None)
+            else:
+                try:
+                    b = self._dec.decode(entry.value)
+                except msgspec.DecodeError:
+                    continue
+                # a replayed entry is as old as its wall time says; a new one is fresh
+                age = 0.0 if caught_up else max(0.0, self._clock() - b.at)
+                if b.at <= 0 or age > self.ttl:  # left, or died before this replica listened
+                    self._beats.pop(key, None)
+                else:
+                    self._beats[key] = max(self._beats.get(key, float("-inf")), loop.time() - age)
+            if known != (key in self._beats) and key != self.id:
+                self._update_members()
 
     async def _unwatch(self) -> None:
         follow, watcher = self._follow, self._watcher
@@ -190,17 +212,13 @@ class Membership:
                 await watcher.stop()
 
     async def beat(self) -> None:
-        """Write this replica's heartbeat; the live members are those whose
-        newest beat the watch delivered is under ``ttl`` old."""
+        """Write this replica's heartbeat and drop the members whose last beat
+        arrived over ``ttl`` ago."""
         try:
             kv = await self._open()
-            now = self._clock()
-            await kv.put(self.id, self._enc.encode(_Beat(self.id, now)))  # type: ignore[attr-defined]
+            await kv.put(self.id, self._enc.encode(_Beat(self.id, self._clock())))  # type: ignore[attr-defined]
             if self._follow is not None and self._follow.done():  # the watch ended: open it again
                 raise RuntimeError("the watch of the members bucket ended")
-            for key in [k for k, at in self._beats.items() if now - at > self.ttl]:
-                del self._beats[key]
-            live = {self.id, *self._beats}
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # NATS away: keep the last view (scrape too much, never too little)
@@ -212,7 +230,15 @@ class Membership:
         if self._failing:
             self._failing = False
             log.info("membership_recovered")
-        members = sorted(live)
+        now = asyncio.get_running_loop().time()
+        for key in [k for k, at in self._beats.items() if now - at > self.ttl]:
+            del self._beats[key]
+        self._update_members()
+
+    def _update_members(self) -> None:
+        """The members are this replica and those whose beats are held; tell
+        the listeners when that changed."""
+        members = sorted({self.id, *self._beats})
         if members != self.members:
             log.info("membership_changed", replica=self.id, members=members, leader=members[0] == self.id)
             self.members = members
@@ -234,7 +260,7 @@ class Membership:
             await self.beat()
 
     async def stop(self) -> None:
-        """Leave: the others take this replica's share at their next heartbeat."""
+        """Leave: the others take this replica's share as soon as they hear it."""
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None

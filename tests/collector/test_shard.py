@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from typing import Any
 
@@ -211,3 +212,63 @@ async def test_scale_one_three_one_without_a_gap(replicas: Any, watcher: NotRead
     await _until(lambda: a.shard.members == ["collector-0"] and _exactly_once([a]))
     await asyncio.sleep(STALE_AFTER)
     assert watcher.not_ready == []
+
+
+async def _members(url: str, name: str, bucket: str, heartbeat: float, ttl: float,
+                   skew: float = 0.0) -> Membership:
+    nc = await nats.connect(url)
+    return Membership(nc, name, heartbeat=heartbeat, ttl=ttl, bucket=bucket, clock=lambda: time.time() + skew)
+
+
+async def test_a_join_and_a_leave_move_the_members_at_once_not_at_the_next_heartbeat(nats_server: Any) -> None:
+    # heartbeats 30 s apart: only the watch can bring the change within the test's patience
+    a = await _members(nats_server.url, "collector-a", "test-members-join", 30.0, 90.0)
+    b = await _members(nats_server.url, "collector-b", "test-members-join", 30.0, 90.0)
+    changes: list[list[str]] = []
+    a.on_change(lambda: changes.append(list(a.members)))
+    await a.beat()
+    await b.beat()
+    await _until(lambda: a.members == ["collector-a", "collector-b"])
+    await b.stop()
+    await _until(lambda: a.members == ["collector-a"])
+    assert changes == [["collector-a", "collector-b"], ["collector-a"]]
+    await a.stop()
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0])
+async def test_a_replica_whose_wall_clock_is_off_is_alive_while_it_beats_and_dead_after_ttl(
+        nats_server: Any, skew: float) -> None:
+    """Ages count on the reader's clock from a beat's arrival: with the
+    writer's wall time, a clock an hour ahead kept a dead replica alive for an
+    hour (its share scraped by nobody), and one an hour behind was never alive."""
+    bucket = f"test-members-skew-{int(skew > 0)}"
+    a = await _members(nats_server.url, "collector-a", bucket, 0.1, 0.4)
+    b = await _members(nats_server.url, "collector-b", bucket, 0.1, 0.4, skew=skew)
+    await a.beat()
+    for _ in range(5):  # b beats for a while, a beats too (and checks ages)
+        await b.beat()
+        await a.beat()
+        assert a.members == ["collector-a", "collector-b"]
+        await asyncio.sleep(0.1)
+    # b dies: no more beats, nothing said
+    await _until_beating(a, lambda: a.members == ["collector-a"])
+    await a.stop()
+
+
+async def test_a_beat_written_before_the_watch_opened_counts_by_its_age(nats_server: Any) -> None:
+    """What the watch replays when it opens is as old as its wall time: a
+    replica that died a minute ago is not taken for alive by one starting now."""
+    old = await _members(nats_server.url, "collector-old", "test-members-replay", 0.1, 0.4, skew=-60.0)
+    await old.beat()  # its last beat, a minute old by everyone's clock
+    a = await _members(nats_server.url, "collector-a", "test-members-replay", 0.1, 0.4)
+    await a.beat()
+    await asyncio.sleep(0.2)  # the replay has been read
+    assert a.members == ["collector-a"]
+    await a.stop()
+
+
+async def _until_beating(m: Membership, pred: Any) -> None:
+    async with asyncio.timeout(PATIENCE):
+        while not pred():
+            await m.beat()
+            await asyncio.sleep(0.05)
