@@ -471,6 +471,13 @@ def verdicts(rows: list[dict[str, Any]], router: list[dict[str, Any]],
         rel = [r["scrape_cost_in_parses"] for r in rows if r.get("scrape_cost_in_parses")]
         norm = (f"; counted in bare parses timed in the same run, {' / '.join(f'{x:.2f}' for x in rel)}"
                 if len(rel) == len(rows) else "")
+        factors = [r["parse_us_after_gap"] / r["parse_us_baseline"] for r in rows
+                   if r.get("parse_us_after_gap") and r.get("parse_us_baseline")]
+        if len(factors) == len(rows):
+            adjusted = [r["cpu_s_per_1000_scrapes"] / f for r, f in zip(rows, factors, strict=True)]
+            spread = max(abs(a - adjusted[0]) / adjusted[0] for a in adjusted)
+            norm += (f"; divided by the cost of work after each run's pause ({' / '.join(f'{f:.2f}x' for f in factors)})"
+                     f" {' / '.join(f'{a:.3f}' for a in adjusted)}, within {100 * spread:.0f}%")
         out.append(f"{'MET ' if worst <= GOAL_CPU_FLAT else 'MISS'} total CPU per scrape flat within 15% from "
                    f"{rows[0]['collectors']} to {rows[-1]['collectors']} replicas (largest change {100 * worst:.1f}%: "
                    f"{costs} s per 1,000{norm})")

@@ -92,3 +92,18 @@ def test_the_cores_verdict_reads_the_run_at_the_goals_interval() -> None:
     assert v.startswith("MISS") and "15.00" in v
     text = scale.table({"rows": [], "router": [], "api_server": None, "goal_row": goal})
     assert "One replica at the goal's 100 ms on 100 pods" in text and "need 3.80 cores" in text
+
+
+def test_the_flat_cpu_verdict_also_gives_the_costs_divided_by_each_runs_pause_cost() -> None:
+    """The verdict stays on the CPU measured; beside it, each run's cost over
+    the slowdown of work after that run's pause, measured in the same run."""
+    rows = [{"pods": 1000, "collectors": n, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": cost,
+             "parse_us_baseline": 100.0, "parse_us_after_gap": after,
+             "cores_for_1000_pods_at_100ms": 10 * cost, "pipeline_lag_p99_ms": 20.0}
+            for n, cost, after in ((1, 0.9, 150.0), (4, 1.3, 220.0))]
+    (v,) = [v for v in scale.verdicts(rows, []) if "flat within 15%" in v]
+    assert v.startswith("MISS") and "44.4%" in v
+    assert "(1.50x / 2.20x) 0.600 / 0.591, within 2%" in v
+    rows[1].pop("parse_us_after_gap")
+    (v,) = [v for v in scale.verdicts(rows, []) if "flat within 15%" in v]
+    assert "divided by" not in v
