@@ -10,6 +10,7 @@ import socket
 import struct
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -194,6 +195,24 @@ async def test_a_reset_close_delimited_body_is_not_complete(client: UpstreamClie
             await r.read()
 
 
+def _answers_once_then_closes(heads: list[bytes], body: int) -> Any:
+    """A server that answers a connection's first request, then reads the
+    second (its head and ``body`` bytes) and closes without a byte of answer."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        await reader.readexactly(body)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        try:
+            heads.append(await reader.readuntil(b"\r\n\r\n"))
+            await reader.readexactly(body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        writer.transport.abort()
+
+    return handle
+
+
 async def test_a_request_the_server_read_on_a_pooled_connection_is_never_sent_again(
     client: UpstreamClient,
 ) -> None:
@@ -203,21 +222,8 @@ async def test_a_request_the_server_read_on_a_pooled_connection_is_never_sent_ag
     response byte, which ran the generation twice. Now the request, written
     whole, fails as SentNotAnswered and is not sent again (retry.py); the
     server saw it exactly once."""
-    heads = []
-
-    async def close_on_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        heads.append(await reader.readuntil(b"\r\n\r\n"))
-        await reader.readexactly(2)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        try:
-            heads.append(await reader.readuntil(b"\r\n\r\n"))
-            await reader.readexactly(2)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return
-        writer.transport.abort()
-
-    srv = await asyncio.start_server(close_on_second, "127.0.0.1", 0)
+    heads: list[bytes] = []
+    srv = await asyncio.start_server(_answers_once_then_closes(heads, body=2), "127.0.0.1", 0)
     port = srv.sockets[0].getsockname()[1]
     async with srv:
         url = f"http://127.0.0.1:{port}/"
@@ -236,18 +242,7 @@ async def test_a_get_lost_unanswered_on_a_reused_connection_is_sent_again_on_a_n
     new connection and gets its answer (a scrape is not lost to a keep-alive
     race)."""
     heads: list[bytes] = []
-
-    async def close_on_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        heads.append(await reader.readuntil(b"\r\n\r\n"))
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        try:
-            heads.append(await reader.readuntil(b"\r\n\r\n"))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return
-        writer.transport.abort()
-
-    srv = await asyncio.start_server(close_on_second, "127.0.0.1", 0)
+    srv = await asyncio.start_server(_answers_once_then_closes(heads, body=0), "127.0.0.1", 0)
     port = srv.sockets[0].getsockname()[1]
     async with srv:
         url = f"http://127.0.0.1:{port}/metrics"
