@@ -412,8 +412,11 @@ class UpstreamClient:
     """Keep-alive pools of upstream connections, one per (scheme, host, port)."""
 
     def __init__(self, *, idle_timeout: float = 4.0, max_idle_per_origin: int = 512,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, max_urls: int = 4096) -> None:
         self.idle_timeout = idle_timeout
+        #: parsed URLs kept (emptied when full): a router's upstreams, or a
+        #: collector's three URLs per target
+        self.max_urls = max_urls
         self.max_idle_per_origin = max_idle_per_origin
         self._ssl = ssl_context
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
@@ -425,7 +428,7 @@ class UpstreamClient:
         """``url`` parsed (cached; bounded by the distinct upstream URLs seen)."""
         t = self._targets.get(url)
         if t is None:
-            if len(self._targets) > 4096:
+            if len(self._targets) >= self.max_urls:
                 self._targets.clear()
             t = self._targets[url] = Target.parse(url)
         return t

@@ -31,8 +31,9 @@ class ScrapeError(Exception):
 def new_client() -> UpstreamClient:
     """The collector's one client. Idle connections are closed after 4 s, below
     the 5 s after which vLLM's server (uvicorn) closes them: a target scraped
-    less often than that gets a new connection each time."""
-    return UpstreamClient(idle_timeout=4.0)
+    less often than that gets a new connection each time. Up to 65,536 parsed
+    URLs are kept (two a pod, its page and its models, and one an exporter)."""
+    return UpstreamClient(idle_timeout=4.0, max_urls=1 << 16)
 
 
 def describe(exc: BaseException) -> str:
