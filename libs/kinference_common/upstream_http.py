@@ -147,6 +147,11 @@ class Target:
 
 #: body bytes buffered per response before reading from the socket pauses
 _HIGH_WATER = 256 * 1024
+#: the most bytes a response may send in a row without a byte of body: the
+#: status line and headers, a chunk's size line, the trailers (the parser
+#: holds a header whole, and a hostile upstream could send one without end;
+#: aiohttp refuses a header line over 8 KiB)
+MAX_FRAMING = 64 * 1024
 
 
 class _Connection(asyncio.Protocol):
@@ -186,6 +191,9 @@ class _Connection(asyncio.Protocol):
         self._read_timeout = 0.0
         #: every byte of the request is with the kernel (not in our write buffer)
         self.fully_written = False
+        #: body bytes so far, and bytes of the reads in a row that brought none
+        self._body_bytes = 0
+        self._framing = 0
 
     # ---------------------------------------------------- asyncio.Protocol
 
@@ -198,12 +206,19 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_data = self.loop.time()
         self.got_bytes = True
+        body_before = self._body_bytes
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # pragma: no cover - we never ask to upgrade
             self._fail(UpstreamBroken("the upstream switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(UpstreamBroken(f"malformed HTTP response: {exc}"))
+        # reads that brought no body byte, in a row (a head, a chunk's size line
+        # or trailers that do not end)
+        self._framing = 0 if self._body_bytes > body_before else self._framing + len(data)
+        if self._framing > MAX_FRAMING and not self.complete:
+            self._fail(UpstreamBroken(f"the upstream sent over {MAX_FRAMING // 1024} KiB of headers or "
+                                      "framing without body"))
         if self._stray:
             # the upstream sent more than the response it owed: the connection
             # cannot be trusted to frame the next one; the response already
@@ -262,6 +277,7 @@ class _Connection(asyncio.Protocol):
             return
         self.body.append(body)
         self.buffered += len(body)
+        self._body_bytes += len(body)
         if self.buffered > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()

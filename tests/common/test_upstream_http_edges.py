@@ -297,3 +297,58 @@ async def test_a_connection_lost_before_the_request_was_written_is_not_received(
         with pytest.raises(upstream_http.NotFullyWritten):
             await client.post(f"http://127.0.0.1:{port}/", b"x" * (64 * 1024 * 1024), [], connect_timeout=2,
                               read_timeout=5)
+
+
+@pytest.mark.parametrize("head, tail", [
+    # a header that never ends, endless small headers, endless trailers after the last chunk
+    (b"HTTP/1.1 200 OK\r\nX-Big: ", b"a" * 4096),
+    (b"HTTP/1.1 200 OK\r\n", b"a: b\r\n" * 700),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n", b"t: " + b"v" * 4093),
+])
+async def test_a_response_that_sends_headers_without_end_is_cut_off(
+        client: UpstreamClient, head: bytes, tail: bytes) -> None:
+    """llhttp holds a header whole and httptools keeps every header: an
+    upstream (a scraped pod, a provider) sending headers or trailers without
+    end grew the process by 100 MB a target in half a second. Past 64 KiB in a
+    row without body the response fails, and the server is cut off."""
+    sent = 0
+
+    async def bomb(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head)
+        try:
+            for _ in range(10_000):
+                writer.write(tail)
+                sent += len(tail)
+                await writer.drain()
+        except ConnectionError:
+            return
+
+    srv = await asyncio.start_server(bomb, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    async with srv:
+        with pytest.raises(UpstreamBroken, match="64 KiB"):
+            r = await client.get(f"http://127.0.0.1:{port}/metrics", connect_timeout=2, read_timeout=5)
+            await r.read()
+        await asyncio.sleep(0.1)
+    assert sent < 10_000 * len(tail) // 4  # cut off, not read to the end
+
+
+async def test_a_long_stream_of_small_chunks_is_not_taken_for_endless_framing(client: UpstreamClient) -> None:
+    """Every read that brings body resets the count: a long streamed answer
+    (an SSE stream of tokens) has far more framing than 64 KiB in all."""
+    body = b"".join(b"5\r\ntoken\r\n" for _ in range(20_000)) + b"0\r\n\r\n"
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(0, len(body), 4096):
+            writer.write(body[i:i + 4096])
+            await writer.drain()
+
+    srv = await asyncio.start_server(stream, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    async with srv:
+        r = await client.get(f"http://127.0.0.1:{port}/", connect_timeout=2, read_timeout=5)
+        assert await r.read() == b"token" * 20_000
