@@ -24,6 +24,14 @@ def _positive(text: str) -> float:
     return v
 
 
+def _above_zero(text: str) -> float:
+    """A period or a timeout: 0 would scrape (or beat) in a tight loop."""
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return v
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kinference-telemetry-collector",
@@ -46,14 +54,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoints-file", help="YAML/JSON endpoint list (re-read when it changes)")
     p.add_argument("--dcgm", action="append", default=[], metavar="HOST:PORT",
                    help="a DCGM exporter to scrape (repeatable)")
-    p.add_argument("--interval", type=_positive, default=0.1, help="seconds between scrapes of an endpoint (default 0.1)")
-    p.add_argument("--timeout", type=_positive, default=0.5, help="per-scrape timeout, seconds (default 0.5)")
+    p.add_argument("--interval", type=_above_zero, default=0.1, help="seconds between scrapes of an endpoint (default 0.1)")
+    p.add_argument("--timeout", type=_above_zero, default=0.5, help="per-scrape timeout, seconds (default 0.5)")
     p.add_argument("--stale-after", type=_positive, default=1.0,
                    help="an endpoint with no successful scrape for this long is not ready (default 1.0)")
     p.add_argument("--window", type=_positive, default=10.0,
                    help="seconds covered by windowed signals: hit rate, mean TTFT, prefill throughput (default 10)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest page accepted (default 8 MiB)")
-    p.add_argument("--dcgm-interval", type=_positive, default=1.0, help="seconds between DCGM scrapes (default 1)")
+    p.add_argument("--dcgm-interval", type=_above_zero, default=1.0, help="seconds between DCGM scrapes (default 1)")
     p.add_argument("--min-publish-interval", type=_positive, default=1.0,
                    help="republish unchanged state at least this often, seconds (default 1)")
     p.add_argument("--models-interval", type=_positive, default=300.0,
@@ -63,9 +71,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--replica-id", default="",
                    help="this replica's name among the collectors sharing the fleet (default: $POD_NAME, "
                         "else host-pid); replicas find each other in the NATS KV bucket kinference-collectors")
-    p.add_argument("--heartbeat", type=_positive, default=0.5,
+    p.add_argument("--heartbeat", type=_above_zero, default=0.5,
                    help="seconds between a replica's heartbeats (default 0.5)")
-    p.add_argument("--member-ttl", type=_positive, default=1.5,
+    p.add_argument("--member-ttl", type=_above_zero, default=1.5,
                    help="a replica silent this long is dead and its share is taken over (default 1.5)")
     p.add_argument("--kv-replicas", type=int, default=int(os.environ.get("KINFERENCE_KV_REPLICAS", "1")),
                    help="replicas of the KV buckets this service creates: 3 on a three-server NATS cluster "

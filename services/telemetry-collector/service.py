@@ -697,10 +697,23 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
     # a discovery with watches of its own (Kubernetes) runs beside the collector
     attach = getattr(discovery, "attach", None)
     attached = asyncio.create_task(attach(collector), name="discovery") if attach is not None else None
+
+    async def ready() -> None:
+        """Count among the replicas sharing the fleet once this one scrapes:
+        the others keep its share until then (their view lacks it), so a
+        replica starting, or waiting on an API server, leaves nothing unscraped."""
+        wait_synced = getattr(discovery, "wait_synced", None)
+        if wait_synced is not None:
+            await wait_synced()
+            await collector.refresh_targets()
+        await shard.set_ready()
+
+    becoming_ready = asyncio.create_task(ready(), name="collector-ready")
     try:
         await stop.wait()
         log.info("draining")
     finally:
+        await cancel_and_wait(becoming_ready)
         if attached is not None:
             await cancel_and_wait(attached)
         # leave first and scrape one more heartbeat, so the others take over with no gap

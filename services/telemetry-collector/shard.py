@@ -8,14 +8,19 @@ wall time; one watch of the bucket, for the replica's life, brings it
 everyone's beats: the live members are those whose newest beat arrived
 under ``ttl`` seconds ago (the replica itself always counts). A beat's age
 is counted on the reader's own monotonic clock from when the watch brought
-it, so replicas whose wall clocks disagree still see each other alive; only
-the entries the watch replays when it opens (written before this replica
-was listening) are aged by their wall time.
+it, so replicas whose wall clocks disagree still see each other alive; the
+entries the watch replays when it opens (written before this replica was
+listening) are aged by the NATS server's time of the write, and a replay
+never ages a member already known.
 
-A replica that joins, and one that stops (it writes a last beat at time 0
-and deletes its key), changes every other replica's members as soon as the
-watch brings that write: the shares move within a round trip to NATS, not
-at the next heartbeat. One that dies is dropped ``ttl`` after its last
+A replica counts for the others once it is ready: its beats say
+``ready: false`` until its discovery has listed the targets and it scrapes
+(on Kubernetes, once its informers have synced), and until then the others
+keep its share while it scrapes its own view of it (twice, never none). A
+replica that becomes ready, and one that stops (it writes a last beat at
+time 0 and deletes its key), changes every other replica's members as soon
+as the watch brings that write: the shares move within a round trip to
+NATS, not at the next heartbeat. One that dies is dropped ``ttl`` after its last
 heartbeat (checked at every heartbeat). Keep ``ttl`` a few heartbeats and
 above the longest stall a replica's event loop may have (CPU throttling
 under a pod's limit stalls a process for up to the rest of a 100 ms
@@ -37,7 +42,7 @@ assignment from the same members and the same discovered targets, so each
 target has exactly one owner.
 
 The leader (writer of the Kubernetes statuses and the provider states) is
-the smallest live member id. While replicas' views differ (at most one
+the smallest live member id, once it is ready. While replicas' views differ (at most one
 heartbeat), two may briefly both scrape a target, never none.
 """
 
@@ -113,6 +118,10 @@ def default_replica_id() -> str:
 class _Beat(msgspec.Struct):
     id: str
     at: float
+    #: it scrapes: its discovery has listed the targets (the others count only
+    #: ready replicas, so a starting one takes nothing from them before it
+    #: can scrape); a beat without the field is from a replica that is
+    ready: bool = True
 
 
 class Membership:
@@ -133,6 +142,10 @@ class Membership:
         self._enc = msgspec.json.Encoder()
         self._dec = msgspec.json.Decoder(_Beat)
         self._failing = False
+        #: this replica scrapes (:meth:`set_ready`); until then the others keep its share
+        self.ready = False
+        #: the watch has brought what the bucket held when it opened
+        self._caught_up = asyncio.Event()
         self._memo: tuple[object, set[tuple[str, ...]]] | None = None
         #: member -> when its newest beat arrived (the event loop's monotonic clock)
         self._beats: dict[str, float] = {}
@@ -154,7 +167,8 @@ class Membership:
 
     @property
     def leader(self) -> bool:
-        return self.members[0] == self.id
+        """The smallest ready member (a replica not ready yet leads nothing)."""
+        return self.ready and self.members[0] == self.id
 
     async def _open(self) -> object:
         from nats.js.api import KeyValueConfig
@@ -174,32 +188,42 @@ class Membership:
         return self._kv
 
     async def _follow_beats(self, watcher: Any) -> None:
-        """Keep ``_beats`` from the watch: when each member's newest beat
-        arrived (monotonic); a beat at time 0 (a replica leaving) or a
-        deleted key drops it. A member appearing or leaving changes the
-        members at once."""
+        """Keep ``_beats`` from the watch: when each ready member's newest beat
+        arrived (monotonic); a beat at time 0 (a replica leaving), a beat
+        that is not ready and a deleted key drop it. A member appearing or
+        leaving changes the members at once.
+
+        When the watch opens it first replays the bucket: a member already
+        known keeps the arrival time of its last beat (a replay says nothing
+        new of it), and one not known is as old as the server's time of its
+        write says (not the writer's clock)."""
         caught_up = False
         loop = asyncio.get_running_loop()
         async for entry in watcher:
             if entry is None:  # caught up with the bucket: what comes next is written now
                 caught_up = True
+                self._caught_up.set()
                 continue
             key = entry.key
+            if key == self.id:
+                continue
             known = key in self._beats
-            if entry.operation is not None or not entry.value:  # deleted or purged
-                self._beats.pop(key, None)
-            else:
+            b: _Beat | None = None
+            if entry.operation is None and entry.value:  # not deleted or purged
                 try:
                     b = self._dec.decode(entry.value)
                 except msgspec.DecodeError:
                     continue
-                # a replayed entry is as old as its wall time says; a new one is fresh
-                age = 0.0 if caught_up else max(0.0, self._clock() - b.at)
-                if b.at <= 0 or age > self.ttl:  # left, or died before this replica listened
-                    self._beats.pop(key, None)
-                else:
-                    self._beats[key] = max(self._beats.get(key, float("-inf")), loop.time() - age)
-            if known != (key in self._beats) and key != self.id:
+            if b is None or b.at <= 0 or not b.ready:  # gone, leaving, or not scraping yet
+                self._beats.pop(key, None)
+            elif caught_up:
+                self._beats[key] = loop.time()
+            elif not known:
+                written = entry.created.timestamp() if entry.created is not None else b.at
+                age = max(0.0, self._clock() - written)
+                if age <= self.ttl:  # else it died before this replica listened
+                    self._beats[key] = loop.time() - age
+            if known != (key in self._beats):
                 self._update_members()
 
     async def _unwatch(self) -> None:
@@ -216,7 +240,7 @@ class Membership:
         arrived over ``ttl`` ago."""
         try:
             kv = await self._open()
-            await kv.put(self.id, self._enc.encode(_Beat(self.id, self._clock())))  # type: ignore[attr-defined]
+            await kv.put(self.id, self._enc.encode(_Beat(self.id, self._clock(), self.ready)))  # type: ignore[attr-defined]
             if self._follow is not None and self._follow.done():  # the watch ended: open it again
                 raise RuntimeError("the watch of the members bucket ended")
         except asyncio.CancelledError:
@@ -243,16 +267,28 @@ class Membership:
             log.info("membership_changed", replica=self.id, members=members, leader=members[0] == self.id)
             self.members = members
             for cb in self._listeners:
-                cb()
+                try:
+                    cb()
+                except Exception:  # a listener's bug must not stop the watch or the heartbeats
+                    log.exception("membership_listener_failed", replica=self.id)
 
     async def start(self) -> None:
-        """Beat, listen one heartbeat, beat again: replicas started together
-        (a Deployment's first rollout) see each other before their first
-        targets, instead of each taking the whole fleet for a heartbeat."""
+        """Beat (not ready yet) and wait until the watch has brought what the
+        bucket holds (at most a heartbeat): the first targets are then this
+        replica's share among the ready replicas. Call :meth:`set_ready` once
+        it scrapes."""
         await self.beat()
-        await asyncio.sleep(self.heartbeat)
-        await self.beat()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.heartbeat):
+                await self._caught_up.wait()
         self._task = asyncio.create_task(self._run(), name="collector-membership")
+
+    async def set_ready(self) -> None:
+        """This replica scrapes its share: say so now (the others give it its
+        share as soon as they hear it)."""
+        if not self.ready:
+            self.ready = True
+            await self.beat()
 
     async def _run(self) -> None:
         while True:

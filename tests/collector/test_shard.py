@@ -86,6 +86,7 @@ class Replica:
         self.shard.on_change(self.collector.reassign)
         await self.shard.start()
         await self.collector.start()
+        await self.shard.set_ready()  # as the service does once its discovery has listed the targets
 
     def owned(self) -> set[str]:
         return {k[3] for k in self.collector.trackers}
@@ -217,7 +218,9 @@ async def test_scale_one_three_one_without_a_gap(replicas: Any, watcher: NotRead
 async def _members(url: str, name: str, bucket: str, heartbeat: float, ttl: float,
                    skew: float = 0.0) -> Membership:
     nc = await nats.connect(url)
-    return Membership(nc, name, heartbeat=heartbeat, ttl=ttl, bucket=bucket, clock=lambda: time.time() + skew)
+    m = Membership(nc, name, heartbeat=heartbeat, ttl=ttl, bucket=bucket, clock=lambda: time.time() + skew)
+    m.ready = True
+    return m
 
 
 async def test_a_join_and_a_leave_move_the_members_at_once_not_at_the_next_heartbeat(nats_server: Any) -> None:
@@ -255,12 +258,18 @@ async def test_a_replica_whose_wall_clock_is_off_is_alive_while_it_beats_and_dea
     await a.stop()
 
 
-async def test_a_beat_written_before_the_watch_opened_counts_by_its_age(nats_server: Any) -> None:
-    """What the watch replays when it opens is as old as its wall time: a
-    replica that died a minute ago is not taken for alive by one starting now."""
-    old = await _members(nats_server.url, "collector-old", "test-members-replay", 0.1, 0.4, skew=-60.0)
-    await old.beat()  # its last beat, a minute old by everyone's clock
-    a = await _members(nats_server.url, "collector-a", "test-members-replay", 0.1, 0.4)
+@pytest.mark.parametrize("skew", [0.0, 3600.0])
+async def test_a_beat_written_before_the_watch_opened_counts_by_the_servers_time(
+        nats_server: Any, skew: float) -> None:
+    """What the watch replays on opening is as old as the NATS server's time
+    of the write says: a replica that died before this one listened is not
+    taken for alive, even when its clock ran an hour ahead (aged by the
+    writer's clock it was, and its share went unscraped for a ttl)."""
+    bucket = f"test-members-replay-{int(skew)}"
+    old = await _members(nats_server.url, "collector-old", bucket, 0.1, 0.4, skew=skew)
+    await old.beat()  # its last beat: then it dies
+    await asyncio.sleep(0.6)
+    a = await _members(nats_server.url, "collector-a", bucket, 0.1, 0.4)
     await a.beat()
     await asyncio.sleep(0.2)  # the replay has been read
     assert a.members == ["collector-a"]
@@ -272,3 +281,58 @@ async def _until_beating(m: Membership, pred: Any) -> None:
         while not pred():
             await m.beat()
             await asyncio.sleep(0.05)
+
+
+async def test_a_replica_not_ready_yet_takes_no_share_from_the_others(nats_server: Any) -> None:
+    """A replica starting (its discovery not listed yet, its informers not
+    synced) beats as not ready: the others keep its share until it says it
+    scrapes, so nothing goes unscraped while it starts. It counts the ready
+    ones, and leads nothing."""
+    a = await _members(nats_server.url, "collector-a", "test-members-ready", 30.0, 90.0)
+    b = await _members(nats_server.url, "collector-b", "test-members-ready", 30.0, 90.0)
+    b.ready = False
+    await a.beat()
+    await b.start()
+    assert b.members == ["collector-a", "collector-b"] and not b.leader
+    await asyncio.sleep(0.3)
+    assert a.members == ["collector-a"] and a.leader  # b has taken nothing yet
+    await b.set_ready()
+    await _until(lambda: a.members == ["collector-a", "collector-b"])
+    await b.stop()
+    await a.stop()
+
+
+async def test_a_watch_opened_again_does_not_age_the_members_it_knows(nats_server: Any) -> None:
+    """A replica whose clock is an hour behind: its beats, replayed when a
+    watch opens again (after NATS went away), said it was an hour old, and
+    the member was dropped and taken back at every reopen."""
+    a = await _members(nats_server.url, "collector-a", "test-members-reopen", 30.0, 90.0)
+    b = await _members(nats_server.url, "collector-b", "test-members-reopen", 30.0, 90.0, skew=-3600.0)
+    changes: list[list[str]] = []
+    await a.beat()
+    await b.beat()
+    await _until(lambda: a.members == ["collector-a", "collector-b"])
+    a.on_change(lambda: changes.append(list(a.members)))
+    a._kv = None  # as after a failed put: the next beat opens the bucket and its watch again
+    await a.beat()
+    await asyncio.sleep(0.3)
+    assert a.members == ["collector-a", "collector-b"] and changes == []
+    await a.stop()
+
+
+async def test_a_listener_that_raises_leaves_the_membership_running(nats_server: Any) -> None:
+    a = await _members(nats_server.url, "collector-a", "test-members-listener", 30.0, 90.0)
+    b = await _members(nats_server.url, "collector-b", "test-members-listener", 30.0, 90.0)
+    seen: list[list[str]] = []
+
+    def broken() -> None:
+        raise RuntimeError("a bug in a listener")
+
+    a.on_change(broken)
+    a.on_change(lambda: seen.append(list(a.members)))
+    await a.beat()
+    await b.beat()
+    await _until(lambda: seen == [["collector-a", "collector-b"]])
+    await b.stop()
+    await _until(lambda: seen[-1] == ["collector-a"])  # the watch still runs
+    await a.stop()
