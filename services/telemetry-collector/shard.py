@@ -146,6 +146,8 @@ class Membership:
         self.ready = False
         #: the watch has brought what the bucket held when it opened
         self._caught_up = asyncio.Event()
+        #: when the watch last brought this replica's own beat back (monotonic)
+        self._own_seen = 0.0
         self._memo: tuple[object, set[tuple[str, ...]]] | None = None
         #: member -> when its newest beat arrived (the event loop's monotonic clock)
         self._beats: dict[str, float] = {}
@@ -183,6 +185,7 @@ class Membership:
             # bucket at each beat made a consumer per beat, and its listing missed keys
             # being rewritten)
             self._watcher = await kv.watchall()  # type: ignore[attr-defined]
+            self._own_seen = asyncio.get_running_loop().time()
             self._follow = asyncio.create_task(self._follow_beats(self._watcher), name="collector-members-watch")
             self._kv = kv
         return self._kv
@@ -205,7 +208,8 @@ class Membership:
                 self._caught_up.set()
                 continue
             key = entry.key
-            if key == self.id:
+            if key == self.id:  # this replica's own beat came back: the watch works
+                self._own_seen = loop.time()
                 continue
             known = key in self._beats
             b: _Beat | None = None
@@ -243,6 +247,11 @@ class Membership:
             await kv.put(self.id, self._enc.encode(_Beat(self.id, self._clock(), self.ready)))  # type: ignore[attr-defined]
             if self._follow is not None and self._follow.done():  # the watch ended: open it again
                 raise RuntimeError("the watch of the members bucket ended")
+            if asyncio.get_running_loop().time() - self._own_seen > self.ttl + self.heartbeat:
+                # puts land but the watch brings none of them back (the bucket was
+                # made again after the servers lost it, and the watch's consumer
+                # waits for a sequence the new stream has not reached): open it again
+                raise RuntimeError("the watch of the members bucket brings nothing back")
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # NATS away: keep the last view (scrape too much, never too little)

@@ -336,3 +336,27 @@ async def test_a_listener_that_raises_leaves_the_membership_running(nats_server:
     await b.stop()
     await _until(lambda: seen[-1] == ["collector-a"])  # the watch still runs
     await a.stop()
+
+
+async def test_a_watch_that_brings_nothing_back_is_opened_again(nats_server: Any) -> None:
+    """Puts that land while the watch brings none of them back (the bucket
+    made again after the servers lost it; the watch's consumer waits for a
+    sequence the new stream has not reached): a peer's beats went unseen, the
+    peer was dropped, and this replica led beside the real leader. The watch
+    is opened again once its own beat has not come back for ttl and a
+    heartbeat."""
+    a = await _members(nats_server.url, "collector-a", "test-members-deaf", 0.1, 0.4)
+    b = await _members(nats_server.url, "collector-b", "test-members-deaf", 0.1, 0.4)
+    await a.beat()
+    await b.beat()
+    await _until(lambda: a.members == ["collector-a", "collector-b"])
+    assert a._watcher is not None
+    await a._watcher.stop()  # a deaf watch: its consumer gone, its task waiting for ever
+    a._follow = asyncio.create_task(asyncio.Event().wait())
+    for _ in range(12):  # both keep beating; a must keep seeing b
+        await asyncio.sleep(0.1)
+        await b.beat()
+        await a.beat()
+    assert a.members == ["collector-a", "collector-b"]
+    await a.stop()
+    await b.stop()
