@@ -473,7 +473,7 @@ def verdicts(rows: list[dict[str, Any]], router: list[dict[str, Any]],
                 if len(rel) == len(rows) else "")
         factors = [r["parse_us_after_gap"] / r["parse_us_baseline"] for r in rows
                    if r.get("parse_us_after_gap") and r.get("parse_us_baseline")]
-        if len(factors) == len(rows):
+        if len(factors) == len(rows) and all(r["cpu_s_per_1000_scrapes"] > 0 for r in rows):
             adjusted = [r["cpu_s_per_1000_scrapes"] / f for r, f in zip(rows, factors, strict=True)]
             spread = max(abs(a - adjusted[0]) / adjusted[0] for a in adjusted)
             norm += (f"; divided by the cost of work after each run's pause ({' / '.join(f'{f:.2f}x' for f in factors)})"
@@ -549,7 +549,9 @@ def table(result: dict[str, Any]) -> str:
                       f"{m['cpu_ms_per_scrape']:.3f} ms of CPU, and a pod {m['cpu_ms_per_pod_second']:.3f} ms a second "
                       f"whatever its scrapes (its state published at least every second, its node's DCGM exporter "
                       f"scraped every second); so 1,000 pods at 100 ms need {m['cores_for_1000_pods_at_100ms']:.2f} "
-                      f"cores of collectors and 10,000 pods {m['cores_for_10000_pods_at_100ms']:.1f}."]
+                      f"cores of collectors and 10,000 pods {m['cores_for_10000_pods_at_100ms']:.1f}. A split from "
+                      f"two idle-heavy runs moves with this machine's noise from run to run; the run at the goal's "
+                      f"interval below measures the same thing busy."]
     g = result.get("goal_row")
     if g:
         lines += ["", f"One replica at the goal's 100 ms on {g['pods']} pods whose load moves at every scrape "

@@ -6,7 +6,7 @@ scrapes its targets' pages with it.
 Why not aiohttp's ``ClientSession`` (which both used first): on one core
 it cost about 75-85 µs of CPU per proxied request, against about 10-13 µs for
 this client on the same machine (``bench/router.py`` shows the effect on the
-whole router), and about twice this client's CPU per scrape of a 35 KB page
+whole router), and about twice this client's CPU per scrape of a 45 KB page
 (``make bench-collector``'s fetch row). Neither needs much of what
 ``ClientSession`` does per request (cookies, redirects, tracing signals, URL
 building, multipart, proxy settings, decompression); the router serves its

@@ -53,7 +53,7 @@ async def fetch(client: UpstreamClient, url: str, timeout: float, max_bytes: int
             async with await client.get(url, HEADERS, connect_timeout=timeout, read_timeout=timeout) as resp:
                 if resp.status != 200:
                     raise ScrapeError(f"HTTP {resp.status}")
-                if (resp.header("Content-Encoding") or "identity").lower() != "identity":
+                if (resp.header("Content-Encoding") or "identity").strip().lower() != "identity":
                     raise ScrapeError("compressed body refused")
                 length = resp.header("Content-Length")
                 if length is not None and length.strip().isdigit() and int(length) > max_bytes:
