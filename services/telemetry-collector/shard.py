@@ -273,7 +273,8 @@ class Membership:
         the listeners when that changed."""
         members = sorted({self.id, *self._beats})
         if members != self.members:
-            log.info("membership_changed", replica=self.id, members=members, leader=members[0] == self.id)
+            log.info("membership_changed", replica=self.id, members=members,
+                     leader=self.ready and members[0] == self.id)
             self.members = members
             for cb in self._listeners:
                 try:
