@@ -20,8 +20,9 @@ router                 classify requests (``kinference.classify.>``), ``_INBOX_r
                        stream (create, set its limits)
 policy-compiler        ``kinference.config.>``, its KV bucket       ``_INBOX_policy-compiler.>``
                        (create, put, read)
-telemetry-collector    ``kinference.telemetry.>``, its KV bucket    ``_INBOX_telemetry-collector.>``,
-                                                                    ``kinference.observations.>``
+telemetry-collector    ``kinference.telemetry.>``, its KV buckets,  ``_INBOX_telemetry-collector.>``,
+                       the replicas' GPU and alive subjects and     ``kinference.observations.>``, the
+                       replies to probes (``allow_responses``)      GPU and alive subjects, endpoint states
 classifier             nothing but replies to requests it got       ``kinference.classify.>`` (queue group)
                        (``allow_responses``)
 observer (optional)    the JetStream API of the records stream      decisions and observations (``kinfctl events``)
@@ -149,10 +150,13 @@ def permissions(user: str) -> dict[str, Any]:
     if user == COLLECTOR:
         # replicas share the fleet: their heartbeats in a bucket of their own, GPU stats on a subject
         members = [s for s in _kv_write(subjects.COLLECTORS_BUCKET) if s not in _kv_write(subjects.TELEMETRY_BUCKET)]
+        # and each answers on its own alive subject (allow_responses: the answer to a probe)
+        alive = f"{subjects.COLLECTOR_ALIVE_PREFIX}.>"
         return {"publish": {"allow": ["kinference.telemetry.>", *_kv_write(subjects.TELEMETRY_BUCKET), *members,
-                                      subjects.COLLECTOR_GPU_SUBJECT]},
+                                      subjects.COLLECTOR_GPU_SUBJECT, alive]},
                 "subscribe": {"allow": [inbox, f"{subjects.OBSERVATIONS_PREFIX}.>", subjects.COLLECTOR_GPU_SUBJECT,
-                                      f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>"]}}
+                                      f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", alive]},
+                "allow_responses": {"max": 1}}
     if user == CLASSIFIER:
         # replies only to the requests it received (allow_responses), nothing else
         return {"publish": {"deny": [">"]}, "subscribe": {"allow": [classify, inbox]},

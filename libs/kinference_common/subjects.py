@@ -24,6 +24,9 @@ TELEMETRY_BUCKET = "kinference-telemetry"
 COLLECTORS_BUCKET = "kinference-collectors"
 #: GPU stats a DCGM exporter's owning collector replica shares with the others
 COLLECTOR_GPU_SUBJECT = "kinference.collector.gpu"
+#: each collector replica answers on ``<this>.<replica id>`` while it is connected:
+#: NATS says "no responders" at once when it is not (a replica that died)
+COLLECTOR_ALIVE_PREFIX = "kinference.collector.alive"
 
 #: queue group shared by classifier replicas
 CLASSIFIER_QUEUE_GROUP = "kinference-classifier"

@@ -682,8 +682,10 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
     except Exception as exc:
         log.warning("kv_bucket_unavailable", error=describe(exc))  # retried on the first put
     publisher = Publisher(bus, config.collector.min_publish_interval)
+    # a dead replica's share is taken within a probe or two: one probe a scrape interval
     shard = Shard(nc, config.replica_id or default_replica_id(), heartbeat=config.heartbeat,
-                  ttl=config.member_ttl, replicas=config.kv_replicas)
+                  ttl=config.member_ttl, replicas=config.kv_replicas,
+                  probe_every=max(0.05, config.collector.interval))
     collector = Collector(config.collector, discovery, publisher, metrics, shard=shard)
     shard.on_change(collector.reassign)
     subs = [*await share_between_replicas(nc, collector, status=hasattr(discovery, "attach"))]

@@ -20,8 +20,11 @@ keep its share while it scrapes its own view of it (twice, never none). A
 replica that becomes ready, and one that stops (it writes a last beat at
 time 0 and deletes its key), changes every other replica's members as soon
 as the watch brings that write: the shares move within a round trip to
-NATS, not at the next heartbeat. One that dies is dropped ``ttl`` after its last
-heartbeat (checked at every heartbeat). Keep ``ttl`` a few heartbeats and
+NATS, not at the next heartbeat. One that dies is found by its neighbour's
+probe (:meth:`Membership._probe_loop`, every ``probe_every`` seconds: NATS
+answers "no responders" once its connection is gone), which deletes its
+key; where NATS cannot tell, it is dropped ``ttl`` after its last heartbeat
+(checked at every heartbeat). Keep ``ttl`` a few heartbeats and
 above the longest stall a replica's event loop may have (CPU throttling
 under a pod's limit stalls a process for up to the rest of a 100 ms
 period): a live replica taken for dead only makes the others scrape its
@@ -128,11 +131,15 @@ class Membership:
     """This replica's view of the live replicas, kept in NATS KV."""
 
     def __init__(self, nc: object, replica_id: str, *, heartbeat: float = 0.5, ttl: float = 1.5,
-                 bucket: str = MEMBERS_BUCKET, replicas: int = 1,
+                 bucket: str = MEMBERS_BUCKET, replicas: int = 1, probe_every: float | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._nc = nc
         self.id = replica_id
         self.heartbeat, self.ttl = heartbeat, ttl
+        #: seconds between two probes of the next member (None: never probe)
+        self.probe_every = probe_every
+        self._alive_sub: Any = None
+        self._probe: asyncio.Task[None] | None = None
         self.bucket, self.replicas = bucket, replicas
         self._clock = clock
         self._kv: object | None = None
@@ -283,10 +290,21 @@ class Membership:
                     log.exception("membership_listener_failed", replica=self.id)
 
     async def start(self) -> None:
-        """Beat (not ready yet) and wait until the watch has brought what the
-        bucket holds (at most a heartbeat): the first targets are then this
-        replica's share among the ready replicas. Call :meth:`set_ready` once
-        it scrapes."""
+        """Answer on this replica's alive subject, beat (not ready yet) and
+        wait until the watch has brought what the bucket holds (at most a
+        heartbeat): the first targets are then this replica's share among the
+        ready replicas. Call :meth:`set_ready` once it scrapes."""
+        if self.probe_every is not None:
+            async def answer(msg: Any) -> None:
+                with contextlib.suppress(Exception):
+                    await msg.respond(b"")
+
+            try:
+                self._alive_sub = await self._nc.subscribe(  # type: ignore[attr-defined]
+                    f"{subjects.COLLECTOR_ALIVE_PREFIX}.{self.id}", cb=answer)
+            except Exception as exc:  # NATS away: beats and the ttl still work
+                log.warning("alive_subject_unavailable", error=f"{type(exc).__name__}: {exc}"[:200])
+            self._probe = asyncio.create_task(self._probe_loop(), name="collector-members-probe")
         await self.beat()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.heartbeat):
@@ -305,14 +323,66 @@ class Membership:
             await asyncio.sleep(self.heartbeat)
             await self.beat()
 
+    def _next_member(self) -> str | None:
+        """The member after this one in id order (a ring: each replica probes one)."""
+        others = [m for m in self.members if m != self.id]
+        if not others:
+            return None
+        after = [m for m in others if m > self.id]
+        return after[0] if after else others[0]
+
+    async def _probe_loop(self) -> None:
+        """Every ``probe_every`` seconds ask NATS whether the next member is
+        still connected: a request to its alive subject gets "no responders"
+        at once when its connection is gone (a process killed: its socket
+        closed with it), and then its key is deleted, which every replica's
+        watch brings as a leave. A replica that is only slow, or stalled, still
+        holds its subscription: its probe times out and proves nothing, and
+        ``ttl`` stays the bound. One reconnecting to another server can be
+        taken for dead for a moment; its next beat brings it back (its share
+        is scraped twice meanwhile, never not at all)."""
+        from nats.errors import NoRespondersError
+
+        assert self.probe_every is not None
+        while True:
+            await asyncio.sleep(self.probe_every)
+            peer = self._next_member()
+            if peer is None:
+                continue
+            try:
+                await self._nc.request(f"{subjects.COLLECTOR_ALIVE_PREFIX}.{peer}", b"",  # type: ignore[attr-defined]
+                                       timeout=max(self.probe_every, 0.05))
+            except NoRespondersError:
+                if peer not in self._beats:  # gone meanwhile
+                    continue
+                log.warning("member_gone", replica=self.id, member=peer,
+                            why="NATS has no connection of it: taking its share now")
+                self._beats.pop(peer, None)
+                self._update_members()
+                kv = self._kv
+                if kv is not None:
+                    with contextlib.suppress(Exception):
+                        await kv.delete(peer)  # type: ignore[attr-defined]
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a timeout (alive but slow), NATS away: nothing learnt
+                continue
+
     async def stop(self) -> None:
         """Leave: the others take this replica's share as soon as they hear it."""
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
+        if self._probe is not None:
+            await cancel_and_wait(self._probe)
+            self._probe = None
         if self._kv is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
                     await self._kv.put(self.id, self._enc.encode(_Beat(self.id, 0.0)))  # type: ignore[attr-defined]
                     await self._kv.delete(self.id)  # type: ignore[attr-defined]
+        if self._alive_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._alive_sub.unsubscribe()
+            self._alive_sub = None
         await self._unwatch()

@@ -21,6 +21,7 @@ from kinference_collector.service import Collector, CollectorConfig
 from kinference_collector.shard import Membership, assign, owners
 from kinference_common import subjects
 from kinference_common.messages import EndpointState
+from kinference_common.tasks import cancel_and_wait
 
 PODS = 9
 INTERVAL = 0.1
@@ -360,3 +361,36 @@ async def test_a_watch_that_brings_nothing_back_is_opened_again(nats_server: Any
     assert a.members == ["collector-a", "collector-b"]
     await a.stop()
     await b.stop()
+
+
+async def test_a_replica_killed_is_dropped_within_a_probe_or_two_not_a_ttl(nats_server: Any) -> None:
+    """kill -9: the process's socket closes with it, and NATS answers a probe
+    of its alive subject with "no responders" at once. Its neighbour deletes
+    its key and every replica drops it, long before the ttl (here 90 s). A
+    replica that only stopped beating but is still connected is kept."""
+    names = ["collector-a", "collector-b", "collector-c"]
+    ms = []
+    for n in names:
+        m = await _members(nats_server.url, n, "test-members-probe", 30.0, 90.0)
+        m.probe_every = 0.05
+        await m.start()
+        ms.append(m)
+    a, b, c = ms
+    for m in ms:
+        await m.beat()
+    await _until(lambda: all(m.members == names for m in ms))
+    # c stops beating but stays connected (a stall): the probes prove nothing, it stays
+    assert c._task is not None
+    await cancel_and_wait(c._task)
+    await asyncio.sleep(0.5)
+    assert a.members == names and b.members == names
+    # b is killed: no leave, its connection simply gone
+    for t in (b._task, b._probe, b._follow):
+        if t is not None:
+            await cancel_and_wait(t)
+    await b._nc.close()  # type: ignore[attr-defined]
+    async with asyncio.timeout(2.0):  # a probe or two, not the 90 s ttl
+        while not (a.members == ["collector-a", "collector-c"] and c.members == ["collector-a", "collector-c"]):
+            await asyncio.sleep(0.02)
+    await a.stop()
+    await c.stop()

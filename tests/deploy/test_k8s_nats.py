@@ -18,6 +18,7 @@ from typing import Any
 import nats
 import pytest
 import yaml
+from nats.errors import NoRespondersError
 
 from kinference_common import bus, natsserver, subjects
 from kinference_common.classify_client import classify_body
@@ -190,6 +191,21 @@ async def test_each_service_does_its_work_as_its_user(server: dict[str, Any]) ->
         await router.nc.publish(subjects.observations_subject(ns, name), b"{}")
         await router.nc.subscribe(subjects.replica_sync_subject(ns, name))  # replica sync: publish and listen
         await router.nc.publish(subjects.replica_sync_subject(ns, name), b"{}")
+        # collector replicas probe each other: one answers on its alive subject, and
+        # NATS answers "no responders" for a replica that is not connected
+        peer = Client()
+        await peer.connect(server, "telemetry-collector")
+
+        async def alive(msg: Any) -> None:
+            await msg.respond(b"")
+
+        await collector.nc.subscribe(f"{subjects.COLLECTOR_ALIVE_PREFIX}.collector-0", cb=alive)
+        await settle(collector, peer)
+        assert (await peer.nc.request(f"{subjects.COLLECTOR_ALIVE_PREFIX}.collector-0", b"", timeout=2)).data == b""
+        with pytest.raises(NoRespondersError):
+            await peer.nc.request(f"{subjects.COLLECTOR_ALIVE_PREFIX}.collector-9", b"", timeout=2)
+        assert peer.violations() == []
+        await peer.nc.close()
         await settle(compiler, collector, router, classifier)
         assert subjects.config_subject(ns, name) in seen
         assert subjects.observations_subject(ns, name) in seen
