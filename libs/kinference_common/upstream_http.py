@@ -431,7 +431,7 @@ class UpstreamClient:
                  ssl_context: ssl.SSLContext | None = None, max_urls: int = 4096) -> None:
         self.idle_timeout = idle_timeout
         #: parsed URLs kept (emptied when full): a router's upstreams, or a
-        #: collector's three URLs per target
+        #: collector's targets' pages
         self.max_urls = max_urls
         self.max_idle_per_origin = max_idle_per_origin
         self._ssl = ssl_context

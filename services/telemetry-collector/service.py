@@ -155,7 +155,7 @@ class Collector:
         self._tasks: dict[tuple[str, str, str, str], asyncio.Task[None]] = {}
         self._aux: set[asyncio.Task[None]] = set()
         self._background: list[asyncio.Task[None]] = []
-        self._session: UpstreamClient | None = None
+        self._http: UpstreamClient | None = None
         self._stop = asyncio.Event()
         self._obs_decoder = msgspec.json.Decoder(Observation)
         self.scrapes = 0
@@ -173,7 +173,7 @@ class Collector:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self._session = new_client()
+        self._http = new_client()
         self._stop.clear()
         self.running = True
         await self.refresh_targets()
@@ -197,9 +197,9 @@ class Collector:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(flush_timeout):
                 await self.publisher.flush()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         log.info("collector_stopped")
 
     # ------------------------------------------------------------ discovery
@@ -287,10 +287,10 @@ class Collector:
 
     async def scrape_endpoint(self, tr: EndpointTracker) -> None:
         """One scrape of one endpoint: fetch, parse, derive, offer. Never raises."""
-        assert self._session is not None
+        assert self._http is not None
         t0 = time.perf_counter()
         try:
-            body = await fetch(self._session, tr.target.base_url + "/metrics",
+            body = await fetch(self._http, tr.target.base_url + "/metrics",
                                self.config.timeout, self.config.max_body_bytes)
             sample = parse_vllm(body)
             if not sample.looks_like_vllm:
@@ -321,10 +321,10 @@ class Collector:
         self.publisher.offer_endpoint(tr.state(now, self._gpu_index.get((t.namespace, t.pod))))
 
     async def _fetch_models(self, tr: EndpointTracker) -> None:
-        assert self._session is not None
+        assert self._http is not None
         cw: int | None = None
         try:
-            body = await fetch(self._session, tr.target.base_url + "/v1/models",
+            body = await fetch(self._http, tr.target.base_url + "/v1/models",
                                max(self.config.timeout, 1.0), 1 << 20)
             cw = context_window(body, tr.target.model)
         except ScrapeError:
@@ -332,11 +332,11 @@ class Collector:
         tr.set_context_window(cw, self._clock())
 
     async def scrape_dcgm(self, d: _Dcgm) -> None:
-        assert self._session is not None
+        assert self._http is not None
         t0 = time.perf_counter()
         changed = True
         try:
-            body = await fetch(self._session, d.target.base_url + "/metrics",
+            body = await fetch(self._http, d.target.base_url + "/metrics",
                                self.config.dcgm_timeout, self.config.max_body_bytes)
             now = self._clock()
             # the exporter serves its last collection until the next one (every
@@ -684,8 +684,7 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
     publisher = Publisher(bus, config.collector.min_publish_interval)
     # a dead replica's share is taken within a probe or two: one probe a scrape interval
     shard = Shard(nc, config.replica_id or default_replica_id(), heartbeat=config.heartbeat,
-                  ttl=config.member_ttl, replicas=config.kv_replicas,
-                  probe_every=max(0.05, config.collector.interval))
+                  ttl=config.member_ttl, replicas=config.kv_replicas, probe_every=config.collector.interval)
     collector = Collector(config.collector, discovery, publisher, metrics, shard=shard)
     shard.on_change(collector.reassign)
     subs = [*await share_between_replicas(nc, collector, status=hasattr(discovery, "attach"))]

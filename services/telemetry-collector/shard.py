@@ -136,8 +136,9 @@ class Membership:
         self._nc = nc
         self.id = replica_id
         self.heartbeat, self.ttl = heartbeat, ttl
-        #: seconds between two probes of the next member (None: never probe)
-        self.probe_every = probe_every
+        #: seconds between two probes of the next member, also a probe's timeout
+        #: (None: never probe)
+        self.probe_every = None if probe_every is None else max(0.05, probe_every)
         self._alive_sub: Any = None
         self._probe: asyncio.Task[None] | None = None
         self.bucket, self.replicas = bucket, replicas
@@ -325,11 +326,8 @@ class Membership:
 
     def _next_member(self) -> str | None:
         """The member after this one in id order (a ring: each replica probes one)."""
-        others = [m for m in self.members if m != self.id]
-        if not others:
-            return None
-        after = [m for m in others if m > self.id]
-        return after[0] if after else others[0]
+        ms = self.members  # sorted, this replica among them
+        return ms[(ms.index(self.id) + 1) % len(ms)] if len(ms) > 1 else None
 
     async def _probe_loop(self) -> None:
         """Every ``probe_every`` seconds ask NATS whether the next member is
@@ -351,7 +349,7 @@ class Membership:
                 continue
             try:
                 await self._nc.request(f"{subjects.COLLECTOR_ALIVE_PREFIX}.{peer}", b"",  # type: ignore[attr-defined]
-                                       timeout=max(self.probe_every, 0.05))
+                                       timeout=self.probe_every)
             except NoRespondersError:
                 if peer not in self._beats:  # gone meanwhile
                     continue

@@ -106,8 +106,8 @@ class Replica:
         for t in [*self.collector._tasks.values(), *self.collector._background]:
             t.cancel()
         self.collector.running = False
-        if self.collector._session is not None:  # the process's sockets die with it
-            await self.collector._session.close()
+        if self.collector._http is not None:  # the process's sockets die with it
+            await self.collector._http.close()
         await self.nc.close()
 
 
