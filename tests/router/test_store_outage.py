@@ -30,6 +30,11 @@ async def test_no_quorum_is_said_once_and_its_end_too(nats_cluster: natsserver.N
     try:
         keeper = SnapshotKeeper("default", "pool", InFlightLedger(), store_probe=0.5)
         keeper._nc = nc  # probed by hand below (the rebuild loop does it every store_probe seconds)
+        for _ in range(40):  # a bucket just made at three replicas answers on every server once it has a leader
+            await keeper.probe_store()
+            if keeper.store.available:
+                break
+            await asyncio.sleep(0.25)
         with capture_logs() as logs:
             await keeper.probe_store()
             assert keeper.store.available
