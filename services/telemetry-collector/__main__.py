@@ -32,6 +32,16 @@ def _above_zero(text: str) -> float:
     return v
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
+    return v
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kinference-telemetry-collector",
@@ -61,6 +71,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=_positive, default=10.0,
                    help="seconds covered by windowed signals: hit rate, mean TTFT, prefill throughput (default 10)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest page accepted (default 8 MiB)")
+    p.add_argument("--scrape-batch", type=_at_least_one, default=8,
+                   help="endpoints of a kind scraped together at one wake-up: their slots share a grid of "
+                   "interval x N / endpoints held, so a replica wakes about endpoints / N times an interval "
+                   "(each wake-up costs CPU of its own); 1 spreads every scrape over the interval (default 8)")
     p.add_argument("--dcgm-interval", type=_above_zero, default=1.0, help="seconds between DCGM scrapes (default 1)")
     p.add_argument("--min-publish-interval", type=_positive, default=1.0,
                    help="republish unchanged state at least this often, seconds (default 1)")
@@ -131,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=args.timeout,
             max_body_bytes=args.max_body_bytes,
             dcgm_interval=args.dcgm_interval,
+            scrape_batch=args.scrape_batch,
             min_publish_interval=args.min_publish_interval,
             derive=DeriveConfig(window=args.window, stale_after=args.stale_after,
                                 models_interval=args.models_interval),

@@ -6,7 +6,7 @@ import asyncio
 
 from kinference_collector.discovery import ListDiscovery, Target
 from kinference_collector.publish import NullBus, Publisher
-from kinference_collector.service import Collector, CollectorConfig, next_slot, phase
+from kinference_collector.service import Collector, CollectorConfig, batch_phase, next_slot, phase
 
 
 def test_next_slot_keeps_the_phase() -> None:
@@ -36,6 +36,23 @@ def test_phases_spread_over_the_interval() -> None:
     tenths = [sum(1 for p in phases if k / 10 <= p < (k + 1) / 10) for k in range(10)]
     assert min(tenths) > 60 and max(tenths) < 140, tenths
     assert phase("vllm/ns/ws/pod-1", 1.0) == phase("vllm/ns/ws/pod-1", 1.0)
+
+
+def test_batches_put_about_n_targets_in_a_slot() -> None:
+    interval = 2.5
+    phases = [phase(f"vllm/ns/ws/pod-{i}", interval) for i in range(1000)]
+    slots = [batch_phase(p, interval, 1000, 8) for p in phases]
+    # each on a grid of 2.5 * 8 / 1000 = 20 ms, never later than its own phase
+    assert all(0.0 <= p - s < 0.02 + 1e-12 for p, s in zip(phases, slots))
+    assert all(abs(s / 0.02 - round(s / 0.02)) < 1e-6 for s in slots)
+    distinct = len(set(slots))
+    assert 110 <= distinct <= 125, distinct  # about 1,000 / 8 wake-ups an interval, not 1,000
+    # the same key keeps its slot while the replica holds as many targets
+    assert batch_phase(phases[0], interval, 1000, 8) == slots[0]
+    # a batch of 1 leaves every phase alone; a replica with few targets scrapes them together
+    assert [batch_phase(p, interval, 1000, 1) for p in phases] == phases
+    assert {batch_phase(p, interval, 8, 8) for p in phases[:8]} == {0.0}
+    assert batch_phase(0.3, 0.0, 1000, 8) == 0.3  # make bench-collector's back-to-back runs
 
 
 class Timed(Collector):
@@ -72,3 +89,32 @@ async def test_a_replicas_scrapes_do_not_start_together() -> None:
         gaps = [b - a for a, b in zip(ts[1:], ts[2:])]
         # one slot apart (a loop woken late shortens the gap after it, never skips a slot)
         assert gaps and all(0.0 < g < 1.5 * interval for g in gaps), (pod, gaps)
+
+
+def _wakeups(starts: dict[str, list[float]], round_: int) -> int:
+    """Distinct instants (1 ms apart or more) at which one round's scrapes began."""
+    times = sorted(ts[round_] for ts in starts.values() if len(ts) > round_)
+    return 1 + sum(1 for a, b in zip(times, times[1:]) if b - a > 0.001)
+
+
+async def test_a_replica_wakes_once_for_a_batch_of_scrapes() -> None:
+    """200 targets, batches of 8: a round's scrapes start at about 25 instants
+    (200 with batches of 1), each target still one interval apart."""
+    interval = 0.4
+    targets = [Target(namespace="ns", worker_set="ws", pod=f"pod-{i}", address=f"127.0.0.1:{10000 + i}")
+               for i in range(200)]
+    got = {}
+    for batch in (8, 1):
+        c = Timed(CollectorConfig(interval=interval, scrape_batch=batch), ListDiscovery(targets),
+                  Publisher(NullBus()))
+        await c.start()
+        try:
+            await asyncio.sleep(3.5 * interval)
+        finally:
+            await c.stop()
+        got[batch] = _wakeups(c.starts, 2)
+        for pod, ts in c.starts.items():
+            gaps = [b - a for a, b in zip(ts[1:], ts[2:])]
+            assert gaps and all(0.5 * interval < g < 1.5 * interval for g in gaps), (batch, pod, gaps)
+    assert got[8] <= 30, got
+    assert got[1] >= 100, got
