@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from kinference_common.messages import EndpointState
 
 from .discovery import Target
-from .promparse import GpuSample, VllmSample
+from .promparse import GpuSample, VllmReader, VllmSample
 
 # Counters tracked for window deltas, in this order.
 _COUNTERS = (
@@ -143,10 +143,11 @@ class EndpointTracker:
     __slots__ = (
         "target", "config", "last", "last_success", "scrape_errors", "last_error",
         "context_window", "models_due", "_raw", "_adj", "_snaps", "prefill_tps",
-        "fixed_overhead", "mean_ttft", "hit_rate", "preemptions", "_theta",
+        "fixed_overhead", "mean_ttft", "hit_rate", "preemptions", "_theta", "reader",
     )
 
-    def __init__(self, target: Target, config: DeriveConfig | None = None) -> None:
+    def __init__(self, target: Target, config: DeriveConfig | None = None,
+                 reader: VllmReader | None = None) -> None:
         self.target = target
         self.config = config or DeriveConfig()
         self.last: VllmSample | None = None
@@ -168,6 +169,8 @@ class EndpointTracker:
         self.mean_ttft: float | None = None
         self.hit_rate: float | None = None
         self.preemptions: int | None = None
+        #: reads this endpoint's pages, which keep their shape from scrape to scrape
+        self.reader = reader or VllmReader()
 
     # ---------------------------------------------------------------- events
 

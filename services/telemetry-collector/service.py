@@ -40,7 +40,7 @@ from kinference_common.upstream_http import UpstreamClient
 from .derive import DeriveConfig, EndpointTracker, GpuStats, gpu_stats_by_pod, merge_gpu_stats
 from .discovery import Discovery, Target
 from .metrics import ENDPOINT_STATES, CollectorMetrics, http_app
-from .promparse import parse_dcgm, parse_vllm
+from .promparse import VllmReader, parse_dcgm
 from .providers import ProviderAggregator, ProviderConfig, ProviderKeyReports
 from .publish import Bus, NatsBus, Publisher
 from .scrape import ScrapeError, context_window, describe, fetch, new_client
@@ -49,6 +49,9 @@ from .shard import default_replica_id
 
 log = structlog.get_logger("kinference.collector")
 
+#: seconds between two full parses of an endpoint's page (the others follow its
+#: shape; a series the page gains is read from the next full parse)
+FULL_PARSE_EVERY = 1.0
 #: seconds between two rebuilds of the GPU index while DCGM data keeps arriving
 GPU_INDEX_EVERY = 0.1
 #: an unchanged DCGM page's stats are shared with the other replicas this often
@@ -173,6 +176,10 @@ class Collector:
         self._gpu_dirty = False
         self._gpu_built = float("-inf")
         self._tasks: dict[tuple[str, str, str, str], asyncio.Task[None]] = {}
+        #: one page in this many of an endpoint is parsed in full, the rest read from
+        #: its shape (:class:`.promparse.VllmReader`): a full parse about once a second
+        interval = config.interval
+        self._full_every = max(1, round(FULL_PARSE_EVERY / interval)) if interval > 0 else 10
         #: targets held per kind ("vllm", "dcgm"): the grid of their slots (:func:`batch_phase`)
         self._held: dict[str, int] = {}
         self._aux: set[asyncio.Task[None]] = set()
@@ -287,7 +294,7 @@ class Collector:
                 continue
             if key in self._tasks:
                 self._tasks.pop(key).cancel()
-            tr = self.trackers[key] = EndpointTracker(t, self.config.derive)
+            tr = self.trackers[key] = EndpointTracker(t, self.config.derive, VllmReader(self._full_every))
             self._tasks[key] = asyncio.create_task(
                 self._on_slots(t, "vllm", self.config.interval, lambda tr=tr: self.scrape_endpoint(tr)),
                 name=f"scrape {t.pod}")
@@ -322,7 +329,7 @@ class Collector:
         try:
             body = await fetch(self._http, tr.target.base_url + "/metrics",
                                self.config.timeout, self.config.max_body_bytes)
-            sample = parse_vllm(body)
+            sample = tr.reader.parse(body)
             if not sample.looks_like_vllm:
                 raise ScrapeError("no vLLM metrics on the page")
             tr.observe(sample, self._clock())
