@@ -254,6 +254,8 @@ def _fold(roles: list[_Role], raws: list[bytes]) -> VllmSample:
 #: but not one that begins with ``{``: after a line's old bytes that ended in
 #: blanks, the pattern might read a brace there as a label set
 _VALUE = re.compile(rb"[^ \t\r\n{][^ \t\r\n]{0,63}")
+#: what a well-formed line's bytes before its value end in: a blank or the label set's brace
+_VALUE_AFTER = frozenset(b" \t}")
 
 
 class VllmReader:
@@ -316,9 +318,13 @@ class VllmReader:
             raws.append(raw)
         sample = _fold(roles, raws)
         held = prefixes == self._prefixes
-        # a page that is no vLLM page (yet) gives no shape: the next is read in full
+        # a page that is no vLLM page (yet) gives no shape: the next is read in full;
+        # nor does one where a line's bytes before its value end in the name (a label
+        # set that did not close, read as the value): the pattern only matches a
+        # name followed by a brace or a blank, which those bytes no longer check
         keep = (sample.looks_like_vllm and len(prefixes) <= self.MAX_SERIES
-                and sum(map(len, prefixes)) <= self.MAX_SHAPE_BYTES)
+                and sum(map(len, prefixes)) <= self.MAX_SHAPE_BYTES
+                and all(p[-1] in _VALUE_AFTER for p in prefixes))
         self._prefixes = prefixes if keep else None
         self._places, self._roles = (places, roles) if keep else ([], [])
         # a shape not seen twice in a row is not followed yet: the next page is parsed in full too

@@ -118,3 +118,28 @@ async def test_a_replica_wakes_once_for_a_batch_of_scrapes() -> None:
             assert gaps and all(0.5 * interval < g < 1.5 * interval for g in gaps), (batch, pod, gaps)
     assert got[8] <= 30, got
     assert got[1] >= 100, got
+
+
+async def test_a_change_in_the_targets_held_moves_slots_by_less_than_an_interval() -> None:
+    """The grid moves with the number of targets held (a replica joining or
+    leaving): each target's next scrape still comes half an interval to one
+    and a half after its last, never a skipped interval, never two at once."""
+    interval = 0.4
+    targets = [Target(namespace="ns", worker_set="ws", pod=f"pod-{i}", address=f"127.0.0.1:{10000 + i}")
+               for i in range(200)]
+    discovery = ListDiscovery(targets)
+    c = Timed(CollectorConfig(interval=interval, scrape_batch=8), discovery, Publisher(NullBus()))
+    await c.start()
+    try:
+        await asyncio.sleep(2.2 * interval)
+        discovery.targets = targets[:90]
+        c.apply_targets(targets[:90])  # the grid's grain goes from 16 ms to 36 ms
+        await asyncio.sleep(2.5 * interval)
+    finally:
+        await c.stop()
+    assert c._held["vllm"] == 90
+    for pod, ts in c.starts.items():
+        if int(pod.split("-")[1]) >= 90:
+            continue
+        gaps = [b - a for a, b in zip(ts[1:], ts[2:])]
+        assert len(gaps) >= 3 and all(0.45 * interval < g < 1.55 * interval for g in gaps), (pod, gaps)
