@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import math
 import os
 import platform
 import random
@@ -458,7 +459,8 @@ async def api_calls(pods: int, gpus_per_node: int, seconds: float, watch_cut: fl
 
 
 def verdicts(rows: list[dict[str, Any]], router: list[dict[str, Any]],
-             model: dict[str, Any] | None = None, goal: dict[str, Any] | None = None) -> list[str]:
+             model: dict[str, Any] | None = None, goal: dict[str, Any] | None = None,
+             control: dict[str, Any] | None = None) -> list[str]:
     out = []
     for r in rows:
         ok = r["share_max_dev"] is not None and r["share_max_dev"] <= GOAL_SHARE_DEV
@@ -481,6 +483,14 @@ def verdicts(rows: list[dict[str, Any]], router: list[dict[str, Any]],
         out.append(f"{'MET ' if worst <= GOAL_CPU_FLAT else 'MISS'} total CPU per scrape flat within 15% from "
                    f"{rows[0]['collectors']} to {rows[-1]['collectors']} replicas (largest change {100 * worst:.1f}%: "
                    f"{costs} s per 1,000{norm})")
+        many = next((r for r in rows if r["collectors"] == (control or {}).get("load_of")), None)
+        if control is not None and many is not None and control["cpu_s_per_1000_scrapes"] > 0:
+            extra = many["cpu_s_per_1000_scrapes"] / control["cpu_s_per_1000_scrapes"] - 1
+            out.append(f"NOTE at the same load per replica: {many['collectors']} replicas sharing {many['pods']:,} "
+                       f"pods {many['cpu_s_per_1000_scrapes']:.3f} s per 1,000 scrapes, one replica holding "
+                       f"{control['pods']:,} of them (what each of the {many['collectors']} holds) "
+                       f"{control['cpu_s_per_1000_scrapes']:.3f}: replication itself adds {100 * extra:+.1f}%, the "
+                       f"rest of the change above is each replica's smaller share (longer pauses between scrapes)")
     if goal is not None:
         c = goal["cores_for_1000_pods_at_100ms"]
         out.append(f"{'MET ' if c <= GOAL_CORES_1000_AT_100MS else 'MISS'} 1,000 pods at 100 ms need at most 4 "
@@ -525,10 +535,12 @@ def table(result: dict[str, Any]) -> str:
              "per replica | sustained interval | cores for 1,000 pods at 100 ms | lag change->router p50 / p99 | "
              "scrape->router p50 / p99 | a scrape in bare parses | a bare parse after the replica's pause |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
+    control = result.get("control_row")
+    for r in rows + ([control] if control else []):
         shares = " / ".join(f"{100 * p['share']:.1f}%" for p in r["per_replica"])
+        replicas = f"1 (the share of 1 of {r['load_of']})" if r.get("role") == "control" else r["collectors"]
         cores = " / ".join(f"{p['cpu_cores']:.2f}" for p in r["per_replica"])
-        lines.append(f"| {r['pods']:,} | {r['collectors']} | {r['interval_s'] * 1e3:.0f} ms | {r['scrapes_per_s']:,.0f} | "
+        lines.append(f"| {r['pods']:,} | {replicas} | {r['interval_s'] * 1e3:.0f} ms | {r['scrapes_per_s']:,.0f} | "
                      f"{shares} ({100 * (r['share_max_dev'] or 0):.1f}%) | {r['cpu_s_per_1000_scrapes']:.3f} | {cores} | "
                      f"{r['sustained_interval_s'] * 1e3:.0f} ms | {r['cores_for_1000_pods_at_100ms']:.2f} | "
                      f"{r['lag_p50_ms']:.0f} / {r['lag_p99_ms']:.0f} ms | "
@@ -647,6 +659,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     split: dict[str, Any] | None = None
     goal: dict[str, Any] | None = None
+    control: dict[str, Any] | None = None
     server = natsserver.start()
     try:
         async with fleet_of(args, args.pods, args.change_interval) as (fleet, targets, tmp):
@@ -665,6 +678,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"  {n} replica(s): {row['scrapes_per_s']:.0f} scrapes/s, shares "
                       f"{[p['share'] for p in row['per_replica']]}, {row['cpu_s_per_1000_scrapes']:.3f} CPU s "
                       f"per 1,000 scrapes, lag p99 {row['lag_p99_ms']:.0f} ms", flush=True)
+            if args.control and 1 in args.collectors and max(args.collectors) > 1:
+                control = await control_run(args, max(args.collectors), server.url, fleet, targets, tmp)
             if args.split and 1 in args.collectors:
                 # the same replica at twice the interval: what a scrape costs apart from what
                 # a pod costs whatever its scrapes (publishing at least once a second, DCGM)
@@ -680,8 +695,31 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     router = router_costs(args.router_sizes, args.updates) if args.router_sizes else []
     kube = await api_calls(args.pods, args.gpus_per_node, args.kube_seconds, args.watch_cut) \
         if args.kube_seconds > 0 else None
-    return {"rows": rows, "split_row": split, "cost_model": model, "goal_row": goal, "router": router,
-            "api_server": kube}
+    return {"rows": rows, "split_row": split, "cost_model": model, "goal_row": goal, "control_row": control,
+            "router": router, "api_server": kube}
+
+
+async def control_run(args: argparse.Namespace, n: int, nats_url: str, fleet: Any, targets: dict[str, Any],
+                      tmp: Path) -> dict[str, Any]:
+    """One replica holding what each of ``n`` replicas holds (the first
+    1/``n`` of the pods and of their nodes' exporters), at the same interval:
+    the same load per replica, so the same pauses between scrapes. Against
+    the ``n`` replicas' run it shows what replication itself adds to a
+    scrape (membership, heartbeats, the shared GPU stats), apart from this
+    machine's cost of work after a longer pause."""
+    share = {"endpoints": targets["endpoints"][:args.pods // n],
+             "dcgm": targets["dcgm"][:math.ceil(len(targets["dcgm"]) / n)]}
+    f0, t0 = cpu_seconds(fleet.proc.pid), time.monotonic()
+    row = await collector_run(len(share["endpoints"]), 1, args.interval, args.seconds, args.changes, nats_url,
+                              fleet.url, share, tmp, args.gpus_per_node)
+    row["fleet_cpu_cores"] = round((cpu_seconds(fleet.proc.pid) - f0) / (time.monotonic() - t0), 3)
+    row["role"], row["load_of"] = "control", n
+    row["parse_us_baseline"] = round(parse_baseline(), 1)
+    row["parse_us_after_gap"] = round(parse_after_gap(1 / row["scrapes_per_s"]), 1)
+    row["scrape_cost_in_parses"] = round(row["cpu_s_per_1000_scrapes"] * 1e3 / row["parse_us_baseline"], 2)
+    print(f"  1 replica holding 1/{n} of the pods: {row['scrapes_per_s']:.0f} scrapes/s, "
+          f"{row['cpu_s_per_1000_scrapes']:.3f} CPU s per 1,000 scrapes", flush=True)
+    return row
 
 
 async def goal_interval_run(args: argparse.Namespace, nats_url: str) -> dict[str, Any]:
@@ -736,6 +774,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--goal-pods", type=int, default=100,
                     help="pods of the run of one replica at the goal's 100 ms interval, their load moving at "
                          "every scrape (default %(default)s: what one replica holds here; 0 = skip)")
+    ap.add_argument("--no-control", dest="control", action="store_false",
+                    help="skip the run of one replica holding the share of the most replicas (the same load per "
+                         "replica, to tell replication's own cost from the smaller share's)")
     ap.add_argument("--no-split", dest="split", action="store_false",
                     help="skip the run of one replica at twice the interval (the per-scrape / per-pod cost split)")
     ap.add_argument("--router-sizes", type=int, nargs="*", default=[100, 1000, 10000],
@@ -782,7 +823,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(result: dict[str, Any], args: argparse.Namespace, measured: bool) -> int:
-    result["verdicts"] = verdicts(result["rows"], result["router"], result["cost_model"], result.get("goal_row"))
+    result["verdicts"] = verdicts(result["rows"], result["router"], result["cost_model"], result.get("goal_row"),
+                                  result.get("control_row"))
     print(table(result))
     print("\n".join(result["verdicts"]))
     out = Path(args.out)

@@ -107,3 +107,23 @@ def test_the_flat_cpu_verdict_also_gives_the_costs_divided_by_each_runs_pause_co
     rows[1].pop("parse_us_after_gap")
     (v,) = [v for v in scale.verdicts(rows, []) if "flat within 15%" in v]
     assert "divided by" not in v
+
+
+def test_the_control_run_tells_replications_cost_from_the_smaller_share() -> None:
+    """One replica holding what each of 4 holds, at the same interval: the
+    change against it is what replication itself adds; the flat-CPU verdict
+    is unchanged by it. Its row goes in the table, not in the replica rows."""
+    rows = [{"pods": 1000, "collectors": n, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": cost,
+             "cores_for_1000_pods_at_100ms": 10 * cost, "pipeline_lag_p99_ms": 20.0}
+            for n, cost in ((1, 0.70), (4, 1.00))]
+    control = {"pods": 250, "collectors": 1, "role": "control", "load_of": 4, "cpu_s_per_1000_scrapes": 0.95}
+    verdicts = scale.verdicts(rows, [], None, None, control)
+    (flat,) = [v for v in verdicts if "flat within 15%" in v]
+    assert flat.startswith("MISS") and "42.9%" in flat
+    (note,) = [v for v in verdicts if v.startswith("NOTE")]
+    assert "4 replicas sharing 1,000 pods 1.000" in note and "holding 250 of them" in note and "+5.3%" in note
+    assert not [v for v in scale.verdicts(rows, []) if v.startswith("NOTE")]
+    full = dict(rows[1], interval_s=2.5, scrapes_per_s=400.0, per_replica=[{"share": 1.0, "cpu_cores": 0.2}],
+                sustained_interval_s=0.2, lag_p50_ms=1.0, lag_p99_ms=2.0, pipeline_lag_p50_ms=1.0)
+    text = scale.table({"rows": [full], "control_row": dict(full, **control), "router": [], "api_server": None})
+    assert "| 250 | 1 (the share of 1 of 4) | 2500 ms |" in text
