@@ -200,3 +200,12 @@ def test_a_page_of_long_label_sets_keeps_no_shape() -> None:
     for _ in range(3):
         assert r.parse(body).running == 1
         assert r._prefixes is None
+
+
+def test_a_reader_that_parses_every_page_in_full_keeps_no_shape() -> None:
+    """At intervals of 1.5 s and more every page is parsed in full: building a
+    shape nobody follows would cost a quarter of a parse more."""
+    r = VllmReader(full_every=1)
+    for rate in (1.0, 2.0, 3.0):
+        assert r.parse(_fleet(rate)) == parse_vllm(_fleet(rate))
+    assert r._prefixes is None
