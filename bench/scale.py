@@ -664,16 +664,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with fleet_of(args, args.pods, args.change_interval) as (fleet, targets, tmp):
             for n in args.collectors:
-                f0 = cpu_seconds(fleet.proc.pid)
-                t0 = time.monotonic()
-                row = await collector_run(args.pods, n, args.interval, args.seconds, args.changes, server.url,
-                                          fleet.url, targets, tmp, args.gpus_per_node)
-                row["fleet_cpu_cores"] = round((cpu_seconds(fleet.proc.pid) - f0) / (time.monotonic() - t0), 3)
-                row["parse_us_baseline"] = round(parse_baseline(), 1)
-                # the mean pause between two of a replica's scrapes
-                row["parse_us_after_gap"] = round(parse_after_gap(n / row["scrapes_per_s"]), 1)
-                # one scrape's whole cost (fetch, parse, derive, publish, DCGM, membership) in bare parses
-                row["scrape_cost_in_parses"] = round(row["cpu_s_per_1000_scrapes"] * 1e3 / row["parse_us_baseline"], 2)
+                row = await measured_run(args, n, server.url, fleet, targets, tmp)
                 rows.append(row)
                 print(f"  {n} replica(s): {row['scrapes_per_s']:.0f} scrapes/s, shares "
                       f"{[p['share'] for p in row['per_replica']]}, {row['cpu_s_per_1000_scrapes']:.3f} CPU s "
@@ -699,6 +690,23 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             "router": router, "api_server": kube}
 
 
+async def measured_run(args: argparse.Namespace, n: int, nats_url: str, fleet: Any, targets: dict[str, Any],
+                       tmp: Path) -> dict[str, Any]:
+    """A run of ``n`` replicas on ``targets`` at ``--interval``, with the
+    fleet's CPU and this machine's speed (a bare parse, and one after a pause
+    as long as a replica's mean gap between scrapes) measured beside it."""
+    f0, t0 = cpu_seconds(fleet.proc.pid), time.monotonic()
+    row = await collector_run(len(targets["endpoints"]), n, args.interval, args.seconds, args.changes, nats_url,
+                              fleet.url, targets, tmp, args.gpus_per_node)
+    row["fleet_cpu_cores"] = round((cpu_seconds(fleet.proc.pid) - f0) / (time.monotonic() - t0), 3)
+    row["parse_us_baseline"] = round(parse_baseline(), 1)
+    # the mean pause between two of a replica's scrapes
+    row["parse_us_after_gap"] = round(parse_after_gap(n / row["scrapes_per_s"]), 1)
+    # one scrape's whole cost (fetch, parse, derive, publish, DCGM, membership) in bare parses
+    row["scrape_cost_in_parses"] = round(row["cpu_s_per_1000_scrapes"] * 1e3 / row["parse_us_baseline"], 2)
+    return row
+
+
 async def control_run(args: argparse.Namespace, n: int, nats_url: str, fleet: Any, targets: dict[str, Any],
                       tmp: Path) -> dict[str, Any]:
     """One replica holding what each of ``n`` replicas holds (the first
@@ -709,14 +717,8 @@ async def control_run(args: argparse.Namespace, n: int, nats_url: str, fleet: An
     machine's cost of work after a longer pause."""
     share = {"endpoints": targets["endpoints"][:args.pods // n],
              "dcgm": targets["dcgm"][:math.ceil(len(targets["dcgm"]) / n)]}
-    f0, t0 = cpu_seconds(fleet.proc.pid), time.monotonic()
-    row = await collector_run(len(share["endpoints"]), 1, args.interval, args.seconds, args.changes, nats_url,
-                              fleet.url, share, tmp, args.gpus_per_node)
-    row["fleet_cpu_cores"] = round((cpu_seconds(fleet.proc.pid) - f0) / (time.monotonic() - t0), 3)
+    row = await measured_run(args, 1, nats_url, fleet, share, tmp)
     row["role"], row["load_of"] = "control", n
-    row["parse_us_baseline"] = round(parse_baseline(), 1)
-    row["parse_us_after_gap"] = round(parse_after_gap(1 / row["scrapes_per_s"]), 1)
-    row["scrape_cost_in_parses"] = round(row["cpu_s_per_1000_scrapes"] * 1e3 / row["parse_us_baseline"], 2)
     print(f"  1 replica holding 1/{n} of the pods: {row['scrapes_per_s']:.0f} scrapes/s, "
           f"{row['cpu_s_per_1000_scrapes']:.3f} CPU s per 1,000 scrapes", flush=True)
     return row

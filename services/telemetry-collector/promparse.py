@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -303,7 +303,7 @@ class VllmReader:
             return parse_vllm(body)
         page = b"\n" + body
         if self._prefixes is not None and self._since_full + 1 < self.full_every:
-            raws = self._follow(page, self._prefixes)
+            raws = self._follow(page)
             if raws is not None:
                 self._since_full += 1
                 return _fold(self._roles, raws)
@@ -333,11 +333,11 @@ class VllmReader:
         self._since_full = 0 if held else self.full_every
         return sample
 
-    def _follow(self, page: bytes, prefixes: list[bytes]) -> list[bytes] | None:
+    def _follow(self, page: bytes) -> list[bytes] | None:
         """The values of the last full parse's series, found in ``page``; None
         when one is not there (the page is then parsed in full)."""
         raws = []
-        places = self._places
+        prefixes, places = self._prefixes or [], self._places
         pos = 0  # nothing before the end of the last value is looked at again
         drift = 0
         find, starts, value = page.find, page.startswith, _VALUE.match
