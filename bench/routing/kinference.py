@@ -188,7 +188,8 @@ class Kinference(Router):
         super().setup(pods, providers, rng)
         self.pool = compile_pool(pods, providers, self.policy_yaml)
         self.ledger = InFlightLedger()
-        self.prefix = PrefixIndex()
+        self._now = 0.0
+        self.prefix = PrefixIndex(clock=lambda: self._now)  # the simulation's time
         self.calibration = Calibration()
         self.endpoints: dict[str, EndpointState] = {}
         self.provider_states = [ProviderState(namespace=NAMESPACE, name=p.name) for p in providers]
@@ -240,6 +241,7 @@ class Kinference(Router):
                               lambda t, p=peer, s=self._seq: p._receive(self.replica_id, s, summary, records, t))
 
     def _receive(self, replica: str, seq: int, summary, records, now: float) -> None:  # noqa: ANN001
+        self._now = now
         if self.ledger.merge_peer(replica, seq, summary, EPOCH + now):
             for key, hashes, cap in records:
                 self.prefix.record_peer(key, hashes, cap)

@@ -165,6 +165,9 @@ class DecisionRecord(_R, kw_only=True, tag="decision"):
     matches: dict[str, int] = {}
     #: prefix index: blocks each endpoint holds, when no endpoint matched (PrefixAffinity)
     held: dict[str, int] = {}
+    #: prefix index: the hot fraction of each endpoint over half full of
+    #: prefixes in use, when the decision read it (PrefixIndex.pressure)
+    pressure: dict[str, float] = {}
     #: ``tieBreak: Random`` draws, ``[n, drawn]`` each, in order
     draws: list[tuple[int, int]] = []
     outcome: OutcomeTrace

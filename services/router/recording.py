@@ -54,11 +54,12 @@ class RecordSettings:
 class Inputs:
     """What :meth:`Recorder.capture` kept of a decision's moment."""
 
-    __slots__ = ("loads", "matches", "held", "predicted")
+    __slots__ = ("loads", "matches", "held", "pressure", "predicted")
 
     def __init__(self, loads: dict[str, tuple[int, ...]], matches: dict[str, int], held: dict[str, int],
-                 predicted: float | None) -> None:
-        self.loads, self.matches, self.held, self.predicted = loads, matches, held, predicted
+                 pressure: dict[str, float], predicted: float | None) -> None:
+        self.loads, self.matches, self.held, self.pressure = loads, matches, held, pressure
+        self.predicted = predicted
 
 
 #: an EndpointLoad's fields as a tuple, in the records' order
@@ -98,11 +99,13 @@ class Recorder:
             matches = {k: n for k, n in ctx.matches().items() if k in by_key}
             if not matches:  # what PrefixAffinity reads when no endpoint holds the prefix
                 held = _held(ctx.prefix, by_key)
+        pressed = ctx.pressure_read()
+        pressure = {k: f for k, f in pressed.items() if k in by_key} if pressed else {}
         pick = d.candidate
         predicted = None
         if pick is not None:
             predicted = ctx.predicted_ttft(pick) if pick.is_local else pick.est_ttft
-        d.inputs = Inputs(loads, matches, held, predicted)
+        d.inputs = Inputs(loads, matches, held, pressure, predicted)
 
     # ------------------------------------------------------- off the path
 
@@ -132,7 +135,7 @@ class Recorder:
                 block_hashes=list(req.block_hashes)),
             classifiers=traces, avoid=avoid,
             loads=inputs.loads if inputs else {}, matches=inputs.matches if inputs else {},
-            held=inputs.held if inputs else {},
+            held=inputs.held if inputs else {}, pressure=inputs.pressure if inputs else {},
             draws=list(d.context.draws or ()), outcome=outcome, amended=amended,
             predicted_ttft=inputs.predicted if inputs else None,
         )

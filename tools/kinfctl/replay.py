@@ -177,14 +177,17 @@ class _Ledger:
 class _Prefix:
     """The recorded prefix matches, as the engine reads a prefix index."""
 
-    def __init__(self, matches: dict[str, int], held: dict[str, int]) -> None:
-        self._matches, self._held = matches, held
+    def __init__(self, matches: dict[str, int], held: dict[str, int], pressure: dict[str, float]) -> None:
+        self._matches, self._held, self._pressure = matches, held, pressure
 
     def match(self, block_hashes: Any) -> dict[str, int]:
         return dict(self._matches)
 
     def blocks(self, key: str) -> int:
         return self._held.get(key, 0)
+
+    def pressure(self) -> dict[str, float]:
+        return self._pressure
 
 
 class ReplayRandom(random.Random):
@@ -225,7 +228,8 @@ def _skipped(r: DecisionRecord) -> list[str]:
 
 def _decide(snap: Snapshot, r: DecisionRecord, req: Request) -> tuple[Decision, ReplayRandom]:
     rng = ReplayRandom(r.draws, r.decision_id)
-    d = decide(snap, req, ledger=_Ledger(r.loads), prefix=_Prefix(r.matches, r.held),  # type: ignore[arg-type]
+    prefix = _Prefix(r.matches, r.held, r.pressure)
+    d = decide(snap, req, ledger=_Ledger(r.loads), prefix=prefix,  # type: ignore[arg-type]
                rng=rng, avoid=frozenset(r.avoid))
     return d, rng
 

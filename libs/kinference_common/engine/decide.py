@@ -49,7 +49,7 @@ from .prefix import PrefixIndex
 from .request import Request
 from .signals import DecisionContext
 from .snapshot import ExclusionRuntime, RuleRuntime, Snapshot, TierRuntime
-from .ttft import uncached_tokens
+from .ttft import TTFTModel, uncached_tokens
 
 _EMPTY_LOADS: dict = {}
 _INF = float("inf")
@@ -290,7 +290,9 @@ def _rank_predicted_ttft(
     # as if it also prefilled ``s`` times the tokens it does beyond the best
     # prefix holder's. For candidates without a match that is a longer prompt
     # in the same line (no extra pass); the few special ones are moved below.
-    # The charge per candidate (snapshot.ttft_s) grows with its KV use.
+    # The charge per candidate (snapshot.ttft_s) grows with its KV use, and
+    # with its cache's hot fraction (PrefixIndex.pressure): a second copy of
+    # a prefix on a pod whose cache is full of prefixes in use evicts one.
     stick = 0.0
     m_best = 0
     S = snapshot.ttft_s
@@ -298,6 +300,9 @@ def _rank_predicted_ttft(
         m_best = max(min(matches.get(kept[j].ledger_key, 0), total) for j in js)
         if m_best > 0:
             stick = P / total
+            pressed = ctx.pressure()
+            if pressed:
+                S = _pressed_stickiness(snapshot, model, pressed, ctx.prefix)
     if hashes:
         if stick:
             Pe = stick * m_best
@@ -345,6 +350,28 @@ def _rank_predicted_ttft(
     if vals.count(best) == 1:
         return [kept[vals.index(best)]], best
     return [c for c, v in zip(kept, vals) if v == best], best
+
+
+def _pressed_stickiness(snapshot: Snapshot, model: TTFTModel, pressed: dict[str, float],
+                        prefix: object) -> list[float]:
+    """``snapshot.ttft_s`` with each pressed endpoint's charge raised to what
+    its hot fraction would give as KV use. Kept on the snapshot until the
+    index's pressure changes (in steps of 1/64), so a burst of decisions
+    builds it once."""
+    version = getattr(prefix, "pressure_version", None)
+    cached = snapshot.pressed_s
+    if cached is not None and version is not None and cached[0] is prefix and cached[1] == version:
+        return cached[2]
+    S = list(snapshot.ttft_s)
+    by_key = snapshot.by_key
+    for key, f in pressed.items():
+        s = model.stickiness(f)
+        for c in by_key.get(key, ()):
+            if s > S[c.index]:
+                S[c.index] = s
+    if version is not None:
+        snapshot.pressed_s = (prefix, version, S)
+    return S
 
 
 def _unstuck(v: float, c: Candidate, ctx: DecisionContext, stick: float, m_best: int, PT: list[float],

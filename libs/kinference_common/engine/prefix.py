@@ -28,21 +28,48 @@ every :meth:`record` is also kept for :meth:`take_journal`, which the router's
 replica sync publishes; a peer's records enter with :meth:`record_peer`
 (same KV-sized cap, not journalled again, so nothing echoes). A record lost
 in transit is a prefix this replica does not know about, as before sharing.
+
+How full of *live* prefixes an endpoint's cache is (:meth:`PrefixIndex.pressure`):
+in steady state every engine's cache is full of something, so the blocks it
+holds say nothing; what matters before placing a second copy of a prefix there
+is how much of it requests are using now. The index counts, per endpoint, the
+distinct blocks sent to it (by this router and its peers) in each window of
+``hot_window`` seconds, and calls the larger of the last full window's count
+and the current one's, over the endpoint's cache size in blocks, its hot
+fraction. A prompt's blocks are chained, so once a record reaches a block
+already counted in this window, the blocks before it were counted too: a
+record costs one comparison per block it adds, not per block it has.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 class PrefixIndex:
     """Per-endpoint LRU sets of prompt-block hashes, with an inverted index."""
 
-    def __init__(self, max_blocks_per_endpoint: int = 16384, max_holders_per_block: int = 16) -> None:
+    #: hot fractions above this are what :meth:`pressure` reports (the TTFT
+    #: model's stickiness starts to grow there: :attr:`.ttft.TTFTModel.busy_kv`)
+    PRESSED = 0.5
+
+    def __init__(self, max_blocks_per_endpoint: int = 16384, max_holders_per_block: int = 16,
+                 hot_window: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_blocks = max_blocks_per_endpoint
         self.max_holders = max_holders_per_block
-        self._by_endpoint: dict[str, OrderedDict[int, None]] = {}
+        self.hot_window = hot_window
+        self._clock = clock
+        #: block hash -> the hot window it was last counted in, per endpoint, least recent first
+        self._by_endpoint: dict[str, OrderedDict[int, int]] = {}
+        #: endpoint -> [window, blocks counted in it, in the window before, cache size in blocks]
+        self._hot: dict[str, list[int]] = {}
+        #: endpoints whose hot fraction is over PRESSED -> that fraction (as of _pressed_window)
+        self._pressed: dict[str, float] = {}
+        self._pressed_window = -1
+        #: counts changes of :meth:`pressure`'s answer
+        self.pressure_version = 0
         #: block hash -> endpoints holding it, least recent first
         self._holders: dict[int, dict[str, None]] = {}
         #: records since the last take_journal() (None: not kept)
@@ -90,13 +117,26 @@ class PrefixIndex:
         lru = self._by_endpoint.get(key)
         if lru is None:
             lru = self._by_endpoint[key] = OrderedDict()
+        w = int(self._clock() // self.hot_window)
+        hot = self._hot.get(key)
+        if hot is None:
+            hot = self._hot[key] = [w, 0, 0, 0]
+        elif hot[0] != w:
+            hot[2] = hot[1] if hot[0] == w - 1 else 0
+            hot[0], hot[1] = w, 0
+        fresh = 0
+        for h in reversed(block_hashes):
+            if lru.get(h) == w:  # counted in this window, and so were the blocks before it
+                break
+            lru[h] = w
+            fresh += 1
         holders = self._holders
         cap = self.max_holders
         for h in reversed(block_hashes):
             if h in lru:
                 lru.move_to_end(h)
             else:
-                lru[h] = None
+                lru[h] = w
             owners = holders.get(h)
             if owners is None:
                 holders[h] = {key: None}
@@ -113,6 +153,49 @@ class PrefixIndex:
                 owners.pop(key, None)
                 if not owners:
                     del holders[old]
+        hot[1] += fresh
+        hot[3] = cap
+        self._press(key, self._fraction(hot, w))
+
+    def _press(self, key: str, f: float) -> None:
+        """Keep ``key``'s fraction in :attr:`_pressed`, in steps of 1/64, and
+        count a change in :attr:`pressure_version` (what users cache on)."""
+        if f > self.PRESSED:
+            f = int(f * 64) / 64
+            if self._pressed.get(key) != f:
+                self._pressed[key] = f
+                self.pressure_version += 1
+        elif self._pressed.pop(key, None) is not None:
+            self.pressure_version += 1
+
+    @staticmethod
+    def _fraction(hot: list[int], w: int) -> float:
+        if hot[0] == w:
+            n = hot[1] if hot[1] > hot[2] else hot[2]
+        elif hot[0] == w - 1:
+            n = hot[1]
+        else:
+            return 0.0
+        return min(1.0, n / hot[3]) if hot[3] else 0.0
+
+    def hot_fraction(self, key: str) -> float:
+        """The endpoint's hot fraction now (see the module docstring)."""
+        hot = self._hot.get(key)
+        return self._fraction(hot, int(self._clock() // self.hot_window)) if hot else 0.0
+
+    def pressure(self) -> dict[str, float]:
+        """Endpoints whose hot fraction is over :attr:`PRESSED`, with it (in
+        steps of 1/64; :attr:`pressure_version` counts changes).
+
+        Kept up to date by each record; an endpoint nothing was sent to since
+        is re-read once per window (its count ages out), so a read costs
+        nothing between windows. Do not modify the result."""
+        w = int(self._clock() // self.hot_window)
+        if w != self._pressed_window:
+            self._pressed_window = w
+            for key in list(self._pressed):
+                self._press(key, self._fraction(self._hot[key], w))
+        return self._pressed
 
     def match(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Per endpoint key, the number of leading blocks it holds (>= 1 only).
@@ -146,6 +229,8 @@ class PrefixIndex:
 
     def forget(self, key: str) -> None:
         """Drop an endpoint (it went away, or restarted with an empty cache)."""
+        self._hot.pop(key, None)
+        self._press(key, 0.0)
         lru = self._by_endpoint.pop(key, None)
         if not lru:
             return

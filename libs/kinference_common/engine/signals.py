@@ -25,7 +25,8 @@ class DecisionContext:
     """Per-decision values: the ledger's loads, the request's size and prefix
     matches, and a cache of PredictedTTFT per candidate."""
 
-    __slots__ = ("loads", "prompt_tokens", "block_hashes", "prefix", "model", "_matches", "ttft", "draws")
+    __slots__ = ("loads", "prompt_tokens", "block_hashes", "prefix", "model", "_matches", "_pressure", "ttft",
+                 "draws")
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class DecisionContext:
         self.prefix = prefix
         self.model = model
         self._matches: dict[str, int] | None = None
+        self._pressure: dict[str, float] | None = None
         #: candidate index -> PredictedTTFT, filled as computed
         self.ttft: dict[int, float | None] = {}
         #: ``tieBreak: Random``'s draws, ``(n, drawn)`` each (None: no draw):
@@ -56,6 +58,18 @@ class DecisionContext:
                 self.prefix.match(self.block_hashes) if self.prefix is not None and self.block_hashes else {}
             )
         return self._matches
+
+    def pressure(self) -> dict[str, float]:
+        """Endpoint key -> its cache's hot fraction, for the endpoints over
+        :attr:`.prefix.PrefixIndex.PRESSED` (read once per decision)."""
+        if self._pressure is None:
+            self._pressure = self.prefix.pressure() if self.prefix is not None else {}
+        return self._pressure
+
+    def pressure_read(self) -> dict[str, float] | None:
+        """What :meth:`pressure` answered, None when the decision did not ask
+        (what a record of the decision keeps)."""
+        return self._pressure
 
     def matched_blocks(self, c: Candidate) -> int:
         return self.matches().get(c.ledger_key, 0) if self.block_hashes else 0

@@ -248,6 +248,8 @@ class Snapshot:
         #: what it was built from, ``(endpoints, providers)`` by key, when the
         #: router records decisions (else None)
         self.inputs: tuple[dict[str, EndpointState], dict[str, ProviderState]] | None = None
+        #: ``ttft_s`` raised by a prefix index's pressure: (index, its pressure_version, list)
+        self.pressed_s: tuple[object, int, list[float]] | None = None
         #: the keys of the endpoint mapping :meth:`updated` was given (None: built whole)
         self.endpoint_keys: frozenset[str] | None = None
         #: every canonical model some destination serves
