@@ -102,7 +102,10 @@ class Observation(_Msg, kw_only=True):
     model: str = ""  # the model sent upstream
     status: int = 0  # HTTP status from upstream (0 = no answer)
     outcome: Literal["ok", "error", "timeout", "rate_limited", "cancelled"] = "ok"
+    #: send to the answer's first byte (a time to first token only when ``streamed``:
+    #: a whole answer's first byte comes after its last token)
     ttft_seconds: float | None = None
+    streamed: bool = False
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     at: float = 0.0

@@ -186,6 +186,8 @@ class ObservationRecord(_R, kw_only=True, tag="observation"):
     backend_name: str
     outcome: str = "ok"
     ttft_seconds: float | None = None
+    #: a streamed answer: ``ttft_seconds`` is a time to first token (else the whole answer's)
+    streamed: bool = False
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     at: float = 0.0

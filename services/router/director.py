@@ -407,6 +407,7 @@ class Send:
         ttft = time.perf_counter() - self.started
         dr.ledger.first_token(self.handle, time.time())
         self.obs.ttft_seconds = ttft
+        self.obs.streamed = streamed
         dr.metrics.child(dr.metrics.ttft, cand.backend).observe(ttft)
         if streamed:
             if self.predicted is not None:

@@ -144,6 +144,7 @@ class Recorder:
     def observation(self, obs: Observation) -> None:
         rec = ObservationRecord(decision_id=obs.decision_id, backend_type=obs.backend_type,
                                 backend_name=obs.backend_name, outcome=obs.outcome, ttft_seconds=obs.ttft_seconds,
+                                streamed=obs.streamed,
                                 prompt_tokens=obs.prompt_tokens, completion_tokens=obs.completion_tokens, at=obs.at)
         self._publish(self._observation_subject, recording.encode(rec))
 

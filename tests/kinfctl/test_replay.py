@@ -30,6 +30,7 @@ from kinference_router.epp import EppServer, EppSettings
 from kinference_router.recording import RecordSettings
 from kinference_router.tenants import Authenticator
 from kinference_router.upstream import SecretFiles
+from kinfctl import records as rec_io
 from kinfctl.main import main
 from tests.epp.client import EppClient
 from tests.epp.test_epp import CHAT, chat_body
@@ -188,6 +189,28 @@ async def test_replay_of_the_live_policy_reproduces_every_decision(recorded: Rec
 
 
 async def test_a_changed_burst_threshold_predicts_the_changed_decisions(recorded: Recorded) -> None:
+async def test_the_observed_ttft_is_of_streamed_answers_only(recorded: Recorded) -> None:
+    """The trial: every answer here is whole, and its first byte (after the
+    last token) was shown as the observed TTFT, next to predictions 60x smaller."""
+    same = str(policy_file(recorded.tmp, "same.yaml", POLICY))
+    code, out, err = await kinfctl("replay", same, "--pool", POOL, "--file", str(recorded.export), "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["predicted_ttft_ms"]["observed"] is None
+    # one of them streamed, with its first token after 250 ms: the observed mean is that one
+    records = rec_io.read_file(recorded.export)
+    obs = [r for r in records if isinstance(r, recording.ObservationRecord) and r.ttft_seconds is not None]
+    assert len(obs) >= 2 and not any(o.streamed for o in obs)
+    i = records.index(obs[0])
+    records[i] = msgspec.structs.replace(obs[0], streamed=True, ttft_seconds=0.25)
+    edited = recorded.tmp / "one-streamed.jsonl"
+    rec_io.write_file(edited, records)
+    code, out, err = await kinfctl("replay", same, "--pool", POOL, "--file", str(edited), "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["predicted_ttft_ms"]["observed"] == 250.0
+    code, out, _ = await kinfctl("replay", same, "--pool", POOL, "--file", str(edited))
+    assert "observed (streamed answers) 250ms" in out, out
+
+
     higher = policy_file(recorded.tmp, "higher.yaml", POLICY.replace("greaterThan: 4", "greaterThan: 20"))
     code, out, err = await kinfctl("replay", str(higher), "--pool", POOL, "--file", str(recorded.export), "-o", "json")
     assert code == 0, err

@@ -420,8 +420,8 @@ def replay(records: list[Record], namespace: str, pool: str, candidate: Candidat
             row_b.ttft_before.append(rec.predicted_ttft)
         if after.predicted_ttft is not None:
             row_a.ttft_after.append(after.predicted_ttft)
-        if obs is not None and obs.ttft_seconds is not None:
-            row_b.observed.append(obs.ttft_seconds)
+        if obs is not None and obs.ttft_seconds is not None and obs.streamed:
+            row_b.observed.append(obs.ttft_seconds)  # a whole answer's first byte is no TTFT
         if rec.routed:
             before_routed += 1
         if after.routed:
@@ -608,7 +608,8 @@ def print_text(rep: dict[str, Any], out: Any = None) -> None:
       f"({rep['to_provider']['before']} -> {rep['to_provider']['after']} requests)\n")
     w(f"refused: {rep['refused']['before']} -> {rep['refused']['after']}\n")
     t = rep["predicted_ttft_ms"]
-    w(f"predicted TTFT (mean): {_fmt_ms(t['before'])} -> {_fmt_ms(t['after'])}; observed {_fmt_ms(t['observed'])}\n")
+    w(f"predicted TTFT (mean): {_fmt_ms(t['before'])} -> {_fmt_ms(t['after'])}; observed (streamed answers) "
+      f"{_fmt_ms(t['observed'])}\n")
     w(f"provider tokens: {rep['provider_tokens']['before']} -> {rep['provider_tokens']['after']}\n")
     pii = rep["pii_leaving"]["count"]
     w(f"PII-tagged requests that would leave the cluster: {pii}\n")
