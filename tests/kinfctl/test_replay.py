@@ -188,7 +188,6 @@ async def test_replay_of_the_live_policy_reproduces_every_decision(recorded: Rec
     assert code == 0 and "10 of 10 decisions reproduced" in out, out
 
 
-async def test_a_changed_burst_threshold_predicts_the_changed_decisions(recorded: Recorded) -> None:
 async def test_the_observed_ttft_is_of_streamed_answers_only(recorded: Recorded) -> None:
     """The trial: every answer here is whole, and its first byte (after the
     last token) was shown as the observed TTFT, next to predictions 60x smaller."""
@@ -211,6 +210,7 @@ async def test_the_observed_ttft_is_of_streamed_answers_only(recorded: Recorded)
     assert "observed (streamed answers) 250ms" in out, out
 
 
+async def test_a_changed_burst_threshold_predicts_the_changed_decisions(recorded: Recorded) -> None:
     higher = policy_file(recorded.tmp, "higher.yaml", POLICY.replace("greaterThan: 4", "greaterThan: 20"))
     code, out, err = await kinfctl("replay", str(higher), "--pool", POOL, "--file", str(recorded.export), "-o", "json")
     assert code == 0, err
@@ -279,7 +279,18 @@ async def test_an_unknown_pool_names_the_recorded_ones(recorded: Recorded) -> No
     assert code == 1 and f"recorded pools: {POOL}" in err, err
 
 
-def test_credentials_and_http_headers_are_not_recorded() -> None:
+async def test_an_unknown_pool_read_from_nats_names_the_recorded_ones(recorded: Recorded) -> None:
+    """The trial: read from NATS, a mistyped pool said "none at all: is the
+    router recording?", since only that pool's subject was read."""
+    policy = str(policy_file(recorded.tmp, "p.yaml", POLICY))
+    code, _, err = await kinfctl("replay", policy, "--pool", "default/other", "--nats-url", recorded.nats.url)
+    assert code == 1 and f"recorded pools: {POOL}" in err and "Traceback" not in err, err
+    await asyncio.sleep(1.2)  # the module's traffic is now over a second old
+    code, _, err = await kinfctl("replay", policy, "--pool", POOL, "--nats-url", recorded.nats.url, "--since", "1s")
+    assert code == 1 and "widen --since" in err, err
+
+
+
     headers = {"authorization": "Bearer sk", "x-api-key": "k", "cookie": "c", "x-session-id": "s",
                "user-agent": "OpenAI/Python", "x-stainless-lang": "python", "x-team": "a",
                "x-user-email": "jane@example.com", "x-forwarded-for": "10.0.0.1",

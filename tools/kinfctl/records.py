@@ -157,5 +157,26 @@ def from_nats(args: argparse.Namespace, namespace: str | None, pool: str | None,
     return [r for r in got if isinstance(r, SnapshotRecord) or getattr(r, "at", cut) >= cut]
 
 
+async def _recorded_pools(args: argparse.Namespace) -> list[str]:
+    nc = await events.connect(args)
+    try:
+        try:
+            info = await nc.jetstream().stream_info(recording.STREAM,
+                                                    subjects_filter=f"{recording.PREFIX}.*.*.decision")
+        except Exception:  # no stream, no JetStream: nothing to name
+            return []
+        # kinference.record.<namespace>.<pool>.decision
+        return sorted({"/".join(s.split(".")[2:4]) for s in (info.state.subjects or {})})
+    finally:
+        await nc.close()
+
+
+def recorded_pools(args: argparse.Namespace) -> list[str]:
+    """The pools with decision records in the stream (any age it keeps): a
+    read of one pool's subject finds only that pool's."""
+    events.local_nats(args)
+    return asyncio.run(_recorded_pools(args))
+
+
 def pools_in(records: Iterable[Record]) -> list[str]:
     return sorted({f"{r.namespace}/{r.pool}" for r in records if isinstance(r, DecisionRecord)})

@@ -344,6 +344,12 @@ def _tokens(r: DecisionRecord, obs: ObservationRecord | None) -> int:
     return r.request.prompt_tokens or 0
 
 
+def _no_decisions(namespace: str, pool: str, pools: list[str]) -> CommandError:
+    return CommandError(f"no recorded decisions of pool {namespace}/{pool} in the records read"
+                        + (f" (recorded pools: {', '.join(pools)})" if pools else
+                           " (none at all: is the router recording? It does unless started with --no-record)"))
+
+
 def replay(records: list[Record], namespace: str, pool: str, candidate: CandidateSource | None) -> dict[str, Any]:
     """The report (see the module docstring) as a dictionary."""
     snaps = Snapshots()
@@ -359,10 +365,7 @@ def replay(records: list[Record], namespace: str, pool: str, candidate: Candidat
         elif isinstance(r, ObservationRecord):
             observations[r.decision_id] = r
     if not decisions:
-        pools = rec_io.pools_in(records)
-        raise CommandError(f"no recorded decisions of pool {namespace}/{pool} in the records read"
-                           + (f" (recorded pools: {', '.join(pools)})" if pools else
-                              " (none at all: is the router recording? It does unless started with --no-record)"))
+        raise _no_decisions(namespace, pool, rec_io.pools_in(records))
     reproduced = 0
     #: decisions whose outcome was flow control's (shed, maxQueueWait): the queue is not replayed
     queued = [r for r in decisions if r.amended == "flow_control"]
@@ -643,6 +646,13 @@ def run(args: argparse.Namespace) -> int:
         got = rec_io.read_file(args.file)
     else:
         got = rec_io.from_nats(args, ns, name, since)
+        if not any(isinstance(r, DecisionRecord) for r in got):
+            # only this pool's subject was read: name the pools the stream has
+            pools = rec_io.recorded_pools(args)
+            if f"{ns}/{name}" in pools:
+                raise CommandError(f"no recorded decisions of pool {ns}/{name} in the last {args.since} "
+                                   "(the stream holds older ones: widen --since)")
+            raise _no_decisions(ns, name, pools)
     if args.export is not None:
         n = rec_io.write_file(args.export, got)
         print(f"{n} records of {ns}/{name} written to {args.export}", file=sys.stderr)
