@@ -498,7 +498,6 @@ COMMANDS = [
     ("kinference-telemetry-collector", "kinference_collector.__main__"),
     ("kinference-classifier", "kinference_classifier.__main__"),
 ]
-KINFCTL = ["lint", "explain", "get", "classify", "events"]
 
 
 @contextlib.contextmanager
@@ -532,9 +531,10 @@ def cli_page() -> str:
         mod = importlib.import_module(module)
         text = _help(lambda: mod.main(["--help"]))  # argparse prints the help and exits
         lines += [f"## {cmd}", "", "```text", text.replace("usage: __main__.py", f"usage: {cmd}"), "```", ""]
+    from kinfctl.main import COMMANDS as KINFCTL
     from kinfctl.main import main as kinfctl
 
-    for sub in KINFCTL:
+    for sub in KINFCTL:  # every command kinfctl has, so none is left out
         lines += [f"## kinfctl {sub}", "", "```text", _help(lambda: kinfctl([sub, "--help"])), "```", ""]
     return "\n".join(lines) + "\n"
 
