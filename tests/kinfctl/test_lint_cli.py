@@ -39,7 +39,7 @@ def test_clean_manifests_exit_0_and_print_status(good: Path) -> None:
     assert "InferencePolicy default/my-policy: Accepted, 1 rule(s) (referenced by default/inference-all)" in p.stdout
     assert "asks pii (adds up to 20ms)" in p.stdout
     assert "InferencePool default/inference-all: Accepted, 3 destination(s), policy my-policy" in p.stdout
-    assert p.stdout.rstrip().endswith("0 error(s), 0 warning(s)")
+    assert p.stdout.rstrip().endswith("0 errors, 0 warnings")
 
 
 def test_json_is_exactly_the_controllers_status(good: Path) -> None:

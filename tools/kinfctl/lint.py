@@ -94,6 +94,11 @@ def lint_json(res: CompileResult) -> dict[str, Any]:
     }
 
 
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """``1 pool``, ``2 pools``, ``0 policies``."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
 def print_text(res: CompileResult, out: TextIO) -> None:
     for (ns, name), st in sorted(res.policy_status.items()):
         refs = f" (referenced by {', '.join(st.referenced_by)})" if st.referenced_by else ""
@@ -155,6 +160,6 @@ def print_text(res: CompileResult, out: TextIO) -> None:
         out.write(f"error: {e}\n")
     n_pol, n_pool = len(res.policy_status), len(res.pool_status) + len(res.gie_pool_status)
     out.write(
-        f"{n_pol} polic{'y' if n_pol == 1 else 'ies'}, {n_pool} pool(s): "
-        f"{len(res.errors)} error(s), {res.warning_count} warning(s)\n"
+        f"{_count(n_pol, 'policy', 'policies')}, {_count(n_pool, 'pool')}: "
+        f"{_count(len(res.errors), 'error')}, {_count(res.warning_count, 'warning')}\n"
     )
