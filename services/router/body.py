@@ -8,6 +8,8 @@ forwarded untouched.
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import msgspec
@@ -72,6 +74,23 @@ def _not_json(data: bytes, exc: Exception) -> str:
     return f"body is not JSON: {exc}"
 
 
+#: msgspec's names of JSON types, as the error says them
+_TYPE_WORDS = {"array": "a list", "object": "an object", "str": "a string", "int": "a whole number",
+               "float": "a number", "bool": "true or false", "null": "null"}
+_WRONG_TYPE = re.compile(r"Expected `([^`]+)`, got `([^`]+)` - at `\$\.([^`]+)`")
+
+
+def _wrong_type(message: str) -> str:
+    """msgspec's ``Expected `array | null`, got `str` - at `$.messages``` as
+    ``"`messages` must be a list, not a string"``; anything else as it is."""
+    m = _WRONG_TYPE.fullmatch(message)
+    if m is None:
+        return message.replace("$.", "")
+    want = [_TYPE_WORDS.get(t.strip(), t.strip()) for t in m.group(1).split("|") if t.strip() != "null"]
+    got = _TYPE_WORDS.get(m.group(2), m.group(2))
+    return f"`{m.group(3)}` must be {' or '.join(want) or 'null'}, not {got}"
+
+
 def _load(data: bytes) -> Any:
     """JSON text decoded, or BadRequest saying why it is not JSON (the depth
     beyond msgspec's own limit is the caller's check)."""
@@ -103,7 +122,7 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
     try:
         fields = msgspec.convert(raw, _Fields)
     except msgspec.ValidationError as exc:
-        raise BadRequest(str(exc).replace("$.", "")) from None
+        raise BadRequest(_wrong_type(str(exc))) from None
     if not fields.model:
         raise BadRequest("`model` is empty")
     if chat and not fields.messages:

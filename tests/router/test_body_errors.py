@@ -21,3 +21,19 @@ def test_a_truncated_body_is_still_not_json() -> None:
     with pytest.raises(BadRequest) as err:
         parse(b'{"model": "m", "messages": [', chat=True)
     assert str(err.value).startswith("body is not JSON: "), err.value
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b'{"model": "m", "messages": "hi"}', "`messages` must be a list, not a string"),
+    (b'{"model": 3, "messages": []}', "`model` must be a string, not a whole number"),
+    (b'{"model": "m", "messages": [], "stream": "yes"}', "`stream` must be true or false, not a string"),
+    (b'{"model": "m", "prompt": {"a": 1}}', "`prompt` must be a string or a list, not an object"),
+    (b'{"model": "m", "messages": [], "max_tokens": 1.5}', "`max_tokens` must be a whole number, not a number"),
+    (b'{"model": "m", "messages": ["x"]}', "`messages[0]` must be an object, not a string"),
+])
+def test_a_field_of_the_wrong_type_is_named_in_words(body: bytes, message: str) -> None:
+    """The trial got msgspec's ``Expected `array | null`, got `str` - at
+    `messages` `` for ``"messages": "hi"``."""
+    with pytest.raises(BadRequest) as err:
+        parse(body, chat=True)
+    assert str(err.value) == message
