@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 
 import structlog
 
@@ -32,14 +33,17 @@ def _above_zero(text: str) -> float:
     return v
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 1 or more")
-    return v
+def _whole_at_least(least: int) -> Callable[[str], int]:
+    """A count of ``least`` or more."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"{text!r} must be {least} or more")
+        return v
+    return parse
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=_positive, default=10.0,
                    help="seconds covered by windowed signals: hit rate, mean TTFT, prefill throughput (default 10)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest page accepted (default 8 MiB)")
-    p.add_argument("--scrape-batch", type=_at_least_one, default=8,
+    p.add_argument("--scrape-batch", type=_whole_at_least(1), default=8,
                    help="endpoints of a kind scraped together at one wake-up: their slots share a grid of "
                    "interval x N / endpoints held, so a replica wakes about endpoints / N times an interval "
                    "(each wake-up costs CPU of its own); 1 spreads every scrape over the interval (default 8)")
@@ -89,6 +93,11 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds between a replica's heartbeats (default 0.5)")
     p.add_argument("--member-ttl", type=_above_zero, default=1.5,
                    help="a replica silent this long is dead and its share is taken over (default 1.5)")
+    p.add_argument("--probe-misses", type=_whole_at_least(0), default=2,
+                   help="each replica probes the next one every --interval; a replica that leaves this many "
+                        "probes in a row unanswered while NATS still holds its connection (a node gone, a "
+                        "process frozen) is taken for dead and its share taken over (one slow for that long "
+                        "is scraped twice until its next heartbeat); 0: only --member-ttl (default 2)")
     p.add_argument("--kv-replicas", type=int, default=int(os.environ.get("KINFERENCE_KV_REPLICAS", "1")),
                    help="replicas of the KV buckets this service creates: 3 on a three-server NATS cluster "
                         "(default: $KINFERENCE_KV_REPLICAS or 1)")
@@ -139,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         replica_id=args.replica_id,
         heartbeat=args.heartbeat,
         member_ttl=args.member_ttl,
+        probe_misses=args.probe_misses,
         kv_replicas=args.kv_replicas,
         collector=CollectorConfig(
             interval=args.interval,

@@ -45,6 +45,17 @@ class CollectorMetrics:
             "DCGM exporter pages the same as the last one parsed (the exporter had not collected since): "
             "not parsed again.", registry=self.registry,
         )
+        self.members = Gauge(
+            "kinference_collector_members",
+            "Collector replicas sharing the fleet, as this replica counts them (itself included).",
+            registry=self.registry,
+        )
+        self.members_dropped = Counter(
+            "kinference_collector_members_dropped_total",
+            "Replicas this replica's probe took for dead, by cause: disconnected (NATS had no connection of "
+            "it) or unanswered (--probe-misses probes in a row timed out while it was connected).",
+            ["cause"], registry=self.registry,
+        )
         self.observations = Counter(
             "kinference_collector_observations_total", "Observations received, by whether they decoded.",
             ["result"], registry=self.registry,

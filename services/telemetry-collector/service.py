@@ -520,6 +520,13 @@ class Collector:
             self._counted[kind] = n
         m.kv_writes.inc(pub.stored - self._counted.get("stored", 0))
         self._counted["stored"] = pub.stored
+        if self.shard is not None:
+            m.members.set(len(self.shard.members))
+            for cause, n in self.shard.dropped.items():
+                m.members_dropped.labels(cause).inc(n - self._counted.get(f"dropped:{cause}", 0))
+                self._counted[f"dropped:{cause}"] = n
+        else:
+            m.members.set(1)
         now = self._clock()
         counts = dict.fromkeys(ENDPOINT_STATES, 0)
         for tr in self.trackers.values():
@@ -553,6 +560,8 @@ class ServiceConfig:
     #: seconds between heartbeats; a replica silent for ``member_ttl`` is dead (:mod:`.shard`)
     heartbeat: float = 0.5
     member_ttl: float = 1.5
+    #: probes in a row a connected replica leaves unanswered before it is taken for dead (0: never)
+    probe_misses: int = 2
     #: replicas of the buckets this service creates (3 on a three-server NATS cluster)
     kv_replicas: int = 1
 
@@ -719,9 +728,11 @@ async def run_service(config: ServiceConfig, discovery: Discovery,
     except Exception as exc:
         log.warning("kv_bucket_unavailable", error=describe(exc))  # retried on the first put
     publisher = Publisher(bus, config.collector.min_publish_interval)
-    # a dead replica's share is taken within a probe or two: one probe a scrape interval
+    # a dead replica's share is taken within a probe or two (``probe_misses`` where NATS
+    # still holds its connection): one probe a scrape interval
     shard = Shard(nc, config.replica_id or default_replica_id(), heartbeat=config.heartbeat,
-                  ttl=config.member_ttl, replicas=config.kv_replicas, probe_every=config.collector.interval)
+                  ttl=config.member_ttl, replicas=config.kv_replicas, probe_every=config.collector.interval,
+                  probe_misses=config.probe_misses)
     collector = Collector(config.collector, discovery, publisher, metrics, shard=shard)
     shard.on_change(collector.reassign)
     subs = [*await share_between_replicas(nc, collector, status=hasattr(discovery, "attach"))]

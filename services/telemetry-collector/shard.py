@@ -21,14 +21,19 @@ replica that becomes ready, and one that stops (it writes a last beat at
 time 0 and deletes its key), changes every other replica's members as soon
 as the watch brings that write: the shares move within a round trip to
 NATS, not at the next heartbeat. One that dies is found by its neighbour's
-probe (:meth:`Membership._probe_loop`, every ``probe_every`` seconds: NATS
-answers "no responders" once its connection is gone), which deletes its
-key; where NATS cannot tell, it is dropped ``ttl`` after its last heartbeat
-(checked at every heartbeat). Keep ``ttl`` a few heartbeats and
-above the longest stall a replica's event loop may have (CPU throttling
-under a pod's limit stalls a process for up to the rest of a 100 ms
-period): a live replica taken for dead only makes the others scrape its
-share as well until its next beat, but that is work done twice.
+probe (:meth:`Membership._probe_loop`, every ``probe_every`` seconds), which
+deletes its key: at once when NATS answers "no responders" (its connection
+is gone: a process killed), and after ``probe_misses`` probes in a row that
+it left unanswered where NATS cannot tell (a node gone with its connection
+half-open, a process frozen). A probe that timed out while the prober itself
+was stalled proves nothing and is not counted. A replica that is only slow
+for that long is taken for dead wrongly: the others then scrape its share
+as well until its next beat brings it back (work done twice, never none).
+Without probes (or with ``probe_misses`` 0) a replica is dropped ``ttl``
+after its last heartbeat (checked at every heartbeat). Keep ``ttl`` a few
+heartbeats and above the longest stall a replica's event loop may have
+(CPU throttling under a pod's limit stalls a process for up to the rest of
+a 100 ms period).
 
 Assignment is rendezvous hashing with bounded loads (consistent hashing
 that also balances): every target ranks the live members by
@@ -132,13 +137,21 @@ class Membership:
 
     def __init__(self, nc: object, replica_id: str, *, heartbeat: float = 0.5, ttl: float = 1.5,
                  bucket: str = MEMBERS_BUCKET, replicas: int = 1, probe_every: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 probe_misses: int = 2, clock: Callable[[], float] = time.time) -> None:
         self._nc = nc
         self.id = replica_id
         self.heartbeat, self.ttl = heartbeat, ttl
-        #: seconds between two probes of the next member, also a probe's timeout
-        #: (None: never probe)
+        #: seconds between two probes of the next member (None: never probe)
         self.probe_every = None if probe_every is None else max(0.05, probe_every)
+        #: a probe's timeout: half the period, at least 50 ms (a live replica answers
+        #: within a millisecond or two), so ``probe_misses`` 2 find a frozen replica
+        #: within about two periods of its last answer
+        self.probe_timeout = max(0.05, (probe_every or 0.0) / 2)
+        #: probes in a row the next member leaves unanswered (timed out while it
+        #: is still connected) before it is taken for dead; 0: only ``ttl`` finds it
+        self.probe_misses = probe_misses
+        #: members this replica's probes took for dead, by cause ("disconnected", "unanswered")
+        self.dropped: dict[str, int] = {"disconnected": 0, "unanswered": 0}
         self._alive_sub: Any = None
         self._probe: asyncio.Task[None] | None = None
         self.bucket, self.replicas = bucket, replicas
@@ -330,41 +343,71 @@ class Membership:
         return ms[(ms.index(self.id) + 1) % len(ms)] if len(ms) > 1 else None
 
     async def _probe_loop(self) -> None:
-        """Every ``probe_every`` seconds ask NATS whether the next member is
-        still connected: a request to its alive subject gets "no responders"
-        at once when its connection is gone (a process killed: its socket
-        closed with it), and then its key is deleted, which every replica's
-        watch brings as a leave. A replica that is only slow, or stalled, still
-        holds its subscription: its probe times out and proves nothing, and
-        ``ttl`` stays the bound. One reconnecting to another server can be
-        taken for dead for a moment; its next beat brings it back (its share
-        is scraped twice meanwhile, never not at all)."""
+        """Every ``probe_every`` seconds ask the next member whether it is
+        alive, on its alive subject (each replica answers while connected):
+
+        - NATS answers "no responders" at once when its connection is gone
+          (a process killed: its socket closed with it): it is dropped now;
+        - a probe that times out while NATS still holds its subscription (a
+          node gone with the connection half-open, a process frozen, or one
+          only slow) is a miss; ``probe_misses`` misses in a row drop it. A
+          probe that took over twice its timeout timed out because this
+          replica stalled itself (its loop ran the timer before reading the
+          answer): it proves nothing and is not counted, nor is one sent
+          while this replica is not connected.
+
+        Dropping deletes the member's key, which every replica's watch brings
+        as a leave. A replica taken for dead wrongly (slow for that long, or
+        caught between two NATS servers while it reconnects) is back at its
+        next beat; its share is scraped twice meanwhile, never not at all."""
         from nats.errors import NoRespondersError
 
         assert self.probe_every is not None
+        loop = asyncio.get_running_loop()
+        misses, probed = 0, None
         while True:
-            await asyncio.sleep(self.probe_every)
+            if not misses:  # after a miss the next probe goes at once: the timeout was the wait
+                await asyncio.sleep(self.probe_every)
             peer = self._next_member()
+            if peer != probed:
+                misses, probed = 0, peer
             if peer is None:
                 continue
+            sent = loop.time()
             try:
                 await self._nc.request(f"{subjects.COLLECTOR_ALIVE_PREFIX}.{peer}", b"",  # type: ignore[attr-defined]
-                                       timeout=self.probe_every)
+                                       timeout=self.probe_timeout)
+                misses = 0
             except NoRespondersError:
-                if peer not in self._beats:  # gone meanwhile
-                    continue
-                log.warning("member_gone", replica=self.id, member=peer,
-                            why="NATS has no connection of it: taking its share now")
-                self._beats.pop(peer, None)
-                self._update_members()
-                kv = self._kv
-                if kv is not None:
-                    with contextlib.suppress(Exception):
-                        await kv.delete(peer)  # type: ignore[attr-defined]
+                await self._drop(peer, "disconnected", "NATS has no connection of it")
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a timeout (alive but slow), NATS away: nothing learnt
+            except TimeoutError:
+                if (not self.probe_misses or loop.time() - sent > 2 * self.probe_timeout
+                        or not getattr(self._nc, "is_connected", True)):
+                    misses = 0  # not counted, this replica stalled, or it is away from NATS
+                    continue
+                misses += 1
+                if misses >= self.probe_misses:
+                    misses = 0
+                    await self._drop(peer, "unanswered", f"it answered none of {self.probe_misses} probes in a row "
+                                           f"(each within {self.probe_timeout:g} s) while connected")
+            except Exception:  # NATS away: nothing learnt
                 continue
+
+    async def _drop(self, peer: str, cause: str, why: str) -> None:
+        """Take ``peer`` for dead: drop it here and delete its key, so every
+        replica's watch brings a leave (its own next beat brings it back)."""
+        if peer not in self._beats:  # gone meanwhile
+            return
+        log.warning("member_gone", replica=self.id, member=peer, why=f"{why}: taking its share now")
+        self.dropped[cause] += 1
+        self._beats.pop(peer, None)
+        self._update_members()
+        kv = self._kv
+        if kv is not None:
+            with contextlib.suppress(Exception):
+                await kv.delete(peer)  # type: ignore[attr-defined]
 
     async def stop(self) -> None:
         """Leave: the others take this replica's share as soon as they hear it."""

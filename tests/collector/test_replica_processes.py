@@ -39,12 +39,12 @@ PATIENCE = 30.0
 
 
 class Replica:
-    def __init__(self, name: str, nats_url: str, endpoints: Path, log: Path) -> None:
+    def __init__(self, name: str, nats_url: str, endpoints: Path, log: Path, ttl: float = TTL) -> None:
         self.name, self.port = name, natsserver.free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kinference_collector", "--nats-url", nats_url, "--endpoints-file",
              str(endpoints), "--interval", str(INTERVAL), "--replica-id", name, "--heartbeat", str(HEARTBEAT),
-             "--member-ttl", str(TTL), "--min-publish-interval", str(INTERVAL), "--stale-after", "3",
+             "--member-ttl", str(ttl), "--min-publish-interval", str(INTERVAL), "--stale-after", "3",
              "--http-host", "127.0.0.1", "--http-port", str(self.port), "--log-level", "warning"],
             stdout=subprocess.DEVNULL, stderr=log.open("w"))
 
@@ -71,6 +71,7 @@ class RouterView:
         self.scraped: dict[str, float] = {}
         self.not_ready: list[str] = []
         self.worst = 0.0
+        self.worst_pod = ""
         self.dec = msgspec.json.Decoder(EndpointState)
 
     async def on_state(self, msg: Any) -> None:
@@ -84,7 +85,9 @@ class RouterView:
             await asyncio.sleep(0.05)
             if len(self.scraped) == PODS:
                 now = time.time()
-                self.worst = max(self.worst, max(now - t for t in self.scraped.values()))
+                pod, at = min(self.scraped.items(), key=lambda kv: kv[1])
+                if now - at > self.worst:
+                    self.worst, self.worst_pod = now - at, pod
 
 
 async def settled(http: aiohttp.ClientSession, live: list[Replica]) -> None:
@@ -152,6 +155,73 @@ async def test_three_replica_processes_kill_and_scale_one_three_one(nats_server:
                 assert view.worst <= BOUND + MARGIN, f"a pod's telemetry was {view.worst:.2f} s old"
                 assert view.not_ready == []
                 logs = "".join((tmp_path / f"{r.name}.log").read_text() for r in made)
+                assert "Traceback" not in logs, logs
+            finally:
+                ages.cancel()
+                await nc.close()
+                for r in made:
+                    r.stop()
+
+
+#: a replica frozen with its connection open is found by ``--probe-misses`` (2)
+#: unanswered probes: at most an interval until the next probe, then two
+#: timeouts of half an interval, the second probe sent as the first times out
+FROZEN_FOUND = INTERVAL + 2 * (INTERVAL / 2)
+
+
+async def test_a_replica_frozen_with_its_connection_open_is_replaced_by_the_probes_not_the_ttl(
+        nats_server: Any, tmp_path: Path) -> None:
+    """SIGSTOP one of three replicas under load: NATS still holds its
+    connection (as with a node gone and its TCP connection half-open), so only
+    its unanswered probes tell. With a 30 s member TTL the others must take its
+    share within a few intervals, and no pod's telemetry at the router may get
+    older than two intervals plus that. SIGCONT: its next heartbeat brings it
+    back, and each pod is again scraped by one replica."""
+    made: list[Replica] = []
+    with run_simulator("fleet", "--pods", str(PODS), "--gpus-per-node", "8", "--change-interval", "0.1",
+                       "--log-format", "json") as fleet:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{fleet.url}/sim/targets") as r:
+                targets = await r.json()
+            endpoints = tmp_path / "endpoints.json"
+            endpoints.write_text(json.dumps(targets))
+            view = RouterView()
+            nc = await nats.connect(nats_server.url)
+            await nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=view.on_state)
+            ages = asyncio.create_task(view.watch_ages())
+            try:
+                a, b, c = (Replica(f"collector-{i}", nats_server.url, endpoints, tmp_path / f"collector-{i}.log",
+                                   ttl=30.0) for i in range(3))
+                made += [a, b, c]
+                await settled(http, [a, b, c])
+                async with asyncio.timeout(PATIENCE):
+                    while len(view.scraped) < PODS:
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(1.0)
+                view.worst = 0.0
+                b.proc.send_signal(signal.SIGSTOP)
+                t0 = time.monotonic()
+                try:
+                    await settled(http, [a, c])
+                    taken = time.monotonic() - t0
+                    await asyncio.sleep(2 * INTERVAL + MARGIN)
+                    worst, worst_pod = view.worst, view.worst_pod
+                finally:
+                    b.proc.send_signal(signal.SIGCONT)
+                assert taken < 30.0 / 2, f"the share was taken after {taken:.2f} s: the ttl, not the probes"
+                assert worst <= 2 * INTERVAL + FROZEN_FOUND + MARGIN, \
+                    f"pod {worst_pod}'s telemetry was {worst:.2f} s old (share taken after {taken:.2f} s)"
+                # back: every pod held once again, and scraped at the interval, none twice as often
+                await settled(http, [a, b, c])
+                await asyncio.sleep(1.0)
+                before, t1 = await scrapes(http, fleet.url), time.monotonic()
+                await asyncio.sleep(2.0)
+                after, wall = await scrapes(http, fleet.url), time.monotonic() - t1
+                rates = {p: (after[p] - before[p]) * INTERVAL / wall for p in after}
+                assert all(0 < v < 1.5 for v in rates.values()), rates
+                assert view.not_ready == []
+                logs = "".join((tmp_path / f"{r.name}.log").read_text() for r in made)
+                assert "member_gone" in logs and "answered none of 2 probes" in logs, logs
                 assert "Traceback" not in logs, logs
             finally:
                 ages.cancel()

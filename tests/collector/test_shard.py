@@ -394,3 +394,96 @@ async def test_a_replica_killed_is_dropped_within_a_probe_or_two_not_a_ttl(nats_
             await asyncio.sleep(0.02)
     await a.stop()
     await c.stop()
+
+
+async def _three_probing(url: str, bucket: str, probe_misses: int) -> list[Membership]:
+    """collector-a, -b and -c probing every 50 ms, heartbeats 30 s apart and a
+    90 s ttl: within the test only a probe can drop a member."""
+    names = ["collector-a", "collector-b", "collector-c"]
+    ms = []
+    for n in names:
+        m = await _members(url, n, bucket, 30.0, 90.0)
+        m.probe_every, m.probe_misses = 0.05, probe_misses
+        await m.start()
+        ms.append(m)
+    for m in ms:
+        await m.beat()
+    await _until(lambda: all(m.members == names for m in ms))
+    return ms
+
+
+async def _freeze(m: Membership) -> None:
+    """As a node gone with its connection half-open, or a frozen process: its
+    alive subject is still subscribed (NATS has responders) but nothing answers,
+    and it beats no more."""
+    assert m._task is not None and m._alive_sub is not None
+    await cancel_and_wait(m._task)
+    await m._alive_sub.unsubscribe()
+
+    async def mute(msg: Any) -> None:
+        return None
+
+    m._alive_sub = await m._nc.subscribe(f"{subjects.COLLECTOR_ALIVE_PREFIX}.{m.id}", cb=mute)  # type: ignore[attr-defined]
+
+
+async def test_a_replica_that_answers_no_probe_while_connected_is_dropped_within_a_few_probes(
+        nats_server: Any) -> None:
+    """A node gone without closing its connection: NATS still holds the
+    subscription, so only the unanswered probes tell. b probes c; two misses
+    in a row drop it everywhere (b deletes its key), long before the 90 s
+    ttl; its next beat brings it back."""
+    a, b, c = await _three_probing(nats_server.url, "test-members-frozen", probe_misses=2)
+    await _freeze(c)
+    t0 = time.monotonic()
+    async with asyncio.timeout(3.0):  # a few 50 ms probes, not the 90 s ttl
+        while not (a.members == b.members == ["collector-a", "collector-b"]):
+            await asyncio.sleep(0.01)
+    assert time.monotonic() - t0 < 3.0
+    assert b.dropped == {"disconnected": 0, "unanswered": 1}
+    assert a.dropped == {"disconnected": 0, "unanswered": 0}  # a heard it through its watch
+    # it was only slow after all: its next beat brings it back to every replica
+    await c.beat()
+    await _until(lambda: a.members == b.members == ["collector-a", "collector-b", "collector-c"])
+    for m in (a, b, c):
+        await m.stop()
+
+
+async def test_with_probe_misses_0_an_unanswering_replica_waits_for_the_ttl(nats_server: Any) -> None:
+    a, b, c = await _three_probing(nats_server.url, "test-members-frozen-off", probe_misses=0)
+    await _freeze(c)
+    await asyncio.sleep(0.6)  # a dozen probes
+    assert a.members == b.members == ["collector-a", "collector-b", "collector-c"]
+    assert b.dropped == {"disconnected": 0, "unanswered": 0}
+    for m in (a, b, c):
+        await m.stop()
+
+
+class _StallsInEveryRequest:
+    """A NATS connection whose holder's event loop stalls 0.25 s just after
+    each request is sent: the probe's 50 ms timer is due before the answer is
+    read."""
+
+    def __init__(self, nc: Any) -> None:
+        self._nc = nc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._nc, name)
+
+    async def request(self, *args: Any, **kwargs: Any) -> Any:
+        asyncio.get_running_loop().call_soon(time.sleep, 0.25)
+        return await self._nc.request(*args, **kwargs)
+
+
+async def test_a_probe_that_timed_out_because_the_prober_stalled_proves_nothing(nats_server: Any) -> None:
+    """The prober's own event loop stalled past the probe's timeout while the
+    probe was out: that timeout is not a miss, so c, which answers every probe,
+    is kept however many of b's probes time out that way."""
+    a, b, c = await _three_probing(nats_server.url, "test-members-stalled", probe_misses=2)
+    real = b._nc
+    b._nc = _StallsInEveryRequest(real)
+    await asyncio.sleep(1.5)  # five of b's probes, each stalled
+    b._nc = real
+    assert a.members == b.members == ["collector-a", "collector-b", "collector-c"]
+    assert b.dropped["unanswered"] == 0
+    for m in (a, b, c):
+        await m.stop()

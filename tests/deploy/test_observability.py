@@ -38,7 +38,7 @@ def run(*args: str, cwd: Path = OBS) -> subprocess.CompletedProcess[str]:
 def test_rules_are_valid() -> None:
     out = run("check", "rules", "alerts.yaml")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 6 rules found" in out.stdout
+    assert "SUCCESS: 7 rules found" in out.stdout
 
 
 def test_rules_unit_tests_pass() -> None:
@@ -59,7 +59,7 @@ def test_a_broken_expectation_fails_the_unit_tests(tmp_path: Path) -> None:
 
 
 ALERTS = {"KinferenceProviderErrorRate", "KinferenceClassifierFailingClosed", "KinferenceTelemetryStale",
-          "KinferenceNoCapacity", "KinferencePIIFailClosedRate"}
+          "KinferenceNoCapacity", "KinferencePIIFailClosedRate", "KinferenceCollectorReplicasTakenForDead"}
 
 
 def rules() -> list[dict]:
