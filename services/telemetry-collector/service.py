@@ -192,6 +192,8 @@ class Collector:
         #: several replicas share the fleet (:mod:`.shard`); None = this one scrapes everything
         self.shard = shard
         self._discovered: list[Target] = []
+        #: the replicas the targets were last shared among (None: never applied)
+        self._applied_members: tuple[str, ...] | None = None
         #: DCGM exporters another replica scrapes: their GPU stats as it shared them
         self._remote_gpu: dict[str, tuple[float, dict[tuple[str, str], GpuStats]]] = {}
         #: set by the service: shares one DCGM exporter's GPU stats with the other replicas
@@ -239,7 +241,14 @@ class Collector:
         except Exception as exc:  # keep the current targets
             log.warning("discovery_failed", error=describe(exc))
             return
+        # the same targets among the same replicas: nothing to do (a replica's share of a
+        # fleet of thousands costs a millisecond to work out, and this runs every second)
+        if targets == self._discovered and self._members() == self._applied_members:
+            return
         self.apply_targets(targets)
+
+    def _members(self) -> tuple[str, ...]:
+        return tuple(self.shard.members) if self.shard is not None else ()
 
     def reassign(self) -> None:
         """The replicas changed: take this replica's share of the last discovered targets."""
@@ -252,6 +261,7 @@ class Collector:
         by another replica is dropped without a word on the bus (its new owner
         publishes it), one gone from discovery is published as removed."""
         self._discovered = list(targets)
+        self._applied_members = self._members()
         if self.shard is not None:
             discovered = {t.key for t in targets}
             targets = self.shard.share(targets)
@@ -446,9 +456,15 @@ class Collector:
         return out
 
     def on_remote_gpu(self, address: str, stats: dict[tuple[str, str], GpuStats]) -> None:
-        """Another replica scraped the DCGM exporter at ``address``."""
-        self._remote_gpu[address] = (self._clock(), stats)
-        self._gpu_changed()
+        """Another replica scraped the DCGM exporter at ``address``. The same
+        stats again (sent every ``GPU_SHARE_UNCHANGED_EVERY`` while the exporter
+        has not collected) only keep them fresh: the index is rebuilt when they
+        changed, or had aged out of it."""
+        now = self._clock()
+        held = self._remote_gpu.get(address)
+        self._remote_gpu[address] = (now, stats)
+        if held is None or held[1] != stats or now - held[0] > self.config.dcgm_stale_after:
+            self._gpu_changed()
 
     # ------------------------------------------------------------ providers
 

@@ -1,0 +1,108 @@
+"""What a replica redoes every second, and what it may skip: the targets
+re-read from discovery (a fleet of thousands, shared among replicas, costs a
+millisecond to share out) and the GPU stats other replicas send again while
+their exporters have not collected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kinference_collector.derive import GpuStats
+from kinference_collector.discovery import ListDiscovery, Target
+from kinference_collector.publish import Publisher
+from kinference_collector.service import Collector, CollectorConfig
+from kinference_common.tasks import cancel_and_wait
+
+
+class Bus:
+    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
+        pass
+
+    async def delete(self, subject: str, key: str, data: bytes) -> None:
+        pass
+
+
+class Shard:
+    """Two replicas; this one takes every other target."""
+
+    def __init__(self) -> None:
+        self.id, self.members, self.leader = "a", ["a", "b"], True
+        self.dropped: dict[str, int] = {}
+        self.shared = 0
+
+    def share(self, targets: list[Target]) -> list[Target]:
+        self.shared += 1
+        return targets[:: len(self.members)]
+
+
+def pods(n: int, ready: bool = True) -> list[Target]:
+    # port 9 on loopback: a scrape is refused at once (nothing here is about scraping)
+    return [Target(namespace="ns", worker_set="ws", pod=f"p-{i}", address="127.0.0.1:9", ready=ready)
+            for i in range(n)]
+
+
+def collector(targets: list[Target]) -> tuple[Collector, ListDiscovery, Shard]:
+    discovery, shard = ListDiscovery(targets), Shard()
+    c = Collector(CollectorConfig(interval=60.0), discovery, Publisher(Bus(), 1.0), shard=shard)  # type: ignore[arg-type]
+    return c, discovery, shard
+
+
+async def _stop(c: Collector) -> None:
+    await cancel_and_wait(*c._tasks.values())
+
+
+async def test_the_same_targets_among_the_same_replicas_are_not_shared_out_again() -> None:
+    c, discovery, shard = collector(pods(10))
+    await c.refresh_targets()
+    assert shard.shared == 1 and len(c.trackers) == 5
+    for _ in range(3):
+        await c.refresh_targets()
+    assert shard.shared == 1  # nothing changed: nothing redone
+    # a target changed (readiness): applied at the next refresh
+    discovery.targets = pods(10, ready=False)
+    await c.refresh_targets()
+    assert shard.shared == 2
+    assert all(not tr.target.ready for tr in c.trackers.values())
+    # the replicas changed: the next refresh shares out again, even with the same targets
+    shard.members = ["a"]
+    await c.refresh_targets()
+    assert shard.shared == 3 and len(c.trackers) == 10
+    # a target gone
+    discovery.targets = discovery.targets[:4]
+    await c.refresh_targets()
+    assert shard.shared == 4 and len(c.trackers) == 4
+    await _stop(c)
+
+
+def test_gpu_stats_sent_again_unchanged_keep_them_fresh_without_a_rebuild() -> None:
+    c, _, _ = collector([])
+    t = [1000.0]
+    c._clock = lambda: t[0]  # type: ignore[method-assign]
+    rebuilds: list[int] = []
+    rebuild = c._rebuild_gpu_index
+
+    def counted() -> None:
+        rebuilds.append(1)
+        rebuild()
+
+    c._rebuild_gpu_index = counted  # type: ignore[method-assign]
+    c._gpu_built = float("-inf")
+    stats = {("ns", "p-0"): GpuStats(0.5, 0.25, 0, 8)}
+    c.on_remote_gpu("10.0.0.1:9400", stats)
+    assert len(rebuilds) == 1 and c._gpu_index[("ns", "p-0")].utilization == 0.5
+    c._gpu_built = float("-inf")  # no rate limit in the way: only whether it is needed
+    t[0] += 10
+    c.on_remote_gpu("10.0.0.1:9400", dict(stats))  # the same stats, sent again
+    assert len(rebuilds) == 1 and not c._gpu_dirty
+    assert c._remote_gpu["10.0.0.1:9400"][0] == 1010.0  # fresher
+    c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.75, 0.25, 0, 8)})  # changed
+    assert len(rebuilds) == 2 and c._gpu_index[("ns", "p-0")].utilization == 0.75
+    c._gpu_built = float("-inf")
+    # aged out of the index meanwhile (an exporter silent past dcgm_stale_after): the same
+    # stats arriving again put it back
+    t[0] += c.config.dcgm_stale_after + 1
+    c._rebuild_gpu_index()
+    assert ("ns", "p-0") not in c._gpu_index
+    c._gpu_built = float("-inf")
+    c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.75, 0.25, 0, 8)})
+    assert c._gpu_index[("ns", "p-0")].utilization == 0.75
