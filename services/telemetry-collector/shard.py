@@ -26,7 +26,8 @@ deletes its key: at once when NATS answers "no responders" (its connection
 is gone: a process killed), and after ``probe_misses`` probes in a row that
 it left unanswered where NATS cannot tell (a node gone with its connection
 half-open, a process frozen). A probe that timed out while the prober itself
-was stalled proves nothing and is not counted. A replica that is only slow
+was busy, or whose own connection failed a round trip, proves nothing and
+is not counted. A replica that is only slow
 for that long is taken for dead wrongly: the others then scrape its share
 as well until its next beat brings it back (work done twice, never none).
 Without probes (or with ``probe_misses`` 0) a replica is dropped ``ttl``
@@ -172,6 +173,8 @@ class Membership:
         self._memo: tuple[object, set[tuple[str, ...]]] | None = None
         #: member -> when its newest beat arrived (the event loop's monotonic clock)
         self._beats: dict[str, float] = {}
+        #: member -> the KV revision of its newest beat seen (a drop deletes that one only)
+        self._revisions: dict[str, int] = {}
         self._watcher: Any = None
         self._follow: asyncio.Task[None] | None = None
 
@@ -239,6 +242,8 @@ class Membership:
                     b = self._dec.decode(entry.value)
                 except msgspec.DecodeError:
                     continue
+            if entry.revision:
+                self._revisions[key] = entry.revision
             if b is None or b.at <= 0 or not b.ready:  # gone, leaving, or not scraping yet
                 self._beats.pop(key, None)
             elif caught_up:
@@ -350,21 +355,25 @@ class Membership:
           (a process killed: its socket closed with it): it is dropped now;
         - a probe that times out while NATS still holds its subscription (a
           node gone with the connection half-open, a process frozen, or one
-          only slow) is a miss; ``probe_misses`` misses in a row drop it. A
-          probe that took over twice its timeout timed out because this
-          replica stalled itself (its loop ran the timer before reading the
-          answer): it proves nothing and is not counted, nor is one sent
-          while this replica is not connected.
+          only slow) is a miss; ``probe_misses`` misses in a row drop it.
 
-        Dropping deletes the member's key, which every replica's watch brings
-        as a leave. A replica taken for dead wrongly (slow for that long, or
-        caught between two NATS servers while it reconnects) is back at its
-        next beat; its share is scraped twice meanwhile, never not at all."""
+        A timeout proves something of the peer only when this replica was
+        itself awake and connected. So it is not counted when its timer ran
+        late (this replica's loop was busy as the timeout fell due: an answer
+        may be waiting unread, and the timer runs first), nor when a round
+        trip to NATS right after it fails or is slow (this replica's own
+        connection is what is broken, or it reconnected meanwhile).
+
+        Dropping deletes the member's key, unless a newer beat of it was
+        written meanwhile, and every replica's watch brings that as a leave.
+        A replica taken for dead wrongly (slow for that long, or caught
+        between two NATS servers while it reconnects) is back at its next
+        beat; its share is scraped twice meanwhile, never not at all."""
         from nats.errors import NoRespondersError
 
         assert self.probe_every is not None
         loop = asyncio.get_running_loop()
-        misses, probed = 0, None
+        misses, probed, first_miss = 0, None, 0.0
         while True:
             if not misses:  # after a miss the next probe goes at once: the timeout was the wait
                 await asyncio.sleep(self.probe_every)
@@ -379,35 +388,57 @@ class Membership:
                                        timeout=self.probe_timeout)
                 misses = 0
             except NoRespondersError:
+                misses = 0
                 await self._drop(peer, "disconnected", "NATS has no connection of it")
             except asyncio.CancelledError:
                 raise
             except TimeoutError:
-                if (not self.probe_misses or loop.time() - sent > 2 * self.probe_timeout
-                        or not getattr(self._nc, "is_connected", True)):
-                    misses = 0  # not counted, this replica stalled, or it is away from NATS
+                late = loop.time() - sent - self.probe_timeout
+                if not self.probe_misses or late > max(0.01, self.probe_timeout / 5) \
+                        or not await self._connected():
+                    misses = 0  # not counted: this replica was busy, or its own link is the problem
                     continue
+                if not misses:
+                    first_miss = sent
                 misses += 1
                 if misses >= self.probe_misses:
                     misses = 0
                     await self._drop(peer, "unanswered", f"it answered none of {self.probe_misses} probes in a row "
-                                           f"(each within {self.probe_timeout:g} s) while connected")
-            except Exception:  # NATS away: nothing learnt
+                                           f"(each within {self.probe_timeout:g} s) while connected",
+                                     since=first_miss)
+            except Exception:  # NATS away: nothing learnt (and no probe at once after it)
+                misses = 0
                 continue
 
-    async def _drop(self, peer: str, cause: str, why: str) -> None:
+    async def _connected(self) -> bool:
+        """A round trip to NATS within a probe's timeout, from this replica's side."""
+        nc = self._nc
+        if not getattr(nc, "is_connected", True):
+            return False
+        try:
+            await nc.flush(timeout=self.probe_timeout)  # type: ignore[attr-defined]
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            return False
+        return True
+
+    async def _drop(self, peer: str, cause: str, why: str, since: float | None = None) -> None:
         """Take ``peer`` for dead: drop it here and delete its key, so every
-        replica's watch brings a leave (its own next beat brings it back)."""
-        if peer not in self._beats:  # gone meanwhile
+        replica's watch brings a leave (its own next beat brings it back). A
+        beat of it that arrived after ``since`` (loop time) says it is alive:
+        nothing is done; the delete is of the revision last seen, so a beat
+        written meanwhile is kept."""
+        if peer not in self._beats or (since is not None and self._beats[peer] > since):
             return
         log.warning("member_gone", replica=self.id, member=peer, why=f"{why}: taking its share now")
         self.dropped[cause] += 1
         self._beats.pop(peer, None)
         self._update_members()
-        kv = self._kv
+        kv, rev = self._kv, self._revisions.get(peer)
         if kv is not None:
             with contextlib.suppress(Exception):
-                await kv.delete(peer)  # type: ignore[attr-defined]
+                await kv.delete(peer, last=rev)  # type: ignore[attr-defined]
 
     async def stop(self) -> None:
         """Leave: the others take this replica's share as soon as they hear it."""

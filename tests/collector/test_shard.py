@@ -372,14 +372,15 @@ async def test_a_replica_killed_is_dropped_within_a_probe_or_two_not_a_ttl(nats_
     ms = []
     for n in names:
         m = await _members(nats_server.url, n, "test-members-probe", 30.0, 90.0)
-        m.probe_every = 0.05
+        # a timeout of 0.2 s: a loaded machine's pauses do not take c, which answers, for dead
+        m.probe_every, m.probe_timeout = 0.05, 0.2
         await m.start()
         ms.append(m)
     a, b, c = ms
     for m in ms:
         await m.beat()
     await _until(lambda: all(m.members == names for m in ms))
-    # c stops beating but stays connected (a stall): the probes prove nothing, it stays
+    # c stops beating but stays connected and answers the probes: it stays
     assert c._task is not None
     await cancel_and_wait(c._task)
     await asyncio.sleep(0.5)
@@ -397,13 +398,14 @@ async def test_a_replica_killed_is_dropped_within_a_probe_or_two_not_a_ttl(nats_
 
 
 async def _three_probing(url: str, bucket: str, probe_misses: int) -> list[Membership]:
-    """collector-a, -b and -c probing every 50 ms, heartbeats 30 s apart and a
-    90 s ttl: within the test only a probe can drop a member."""
+    """collector-a, -b and -c probing every 50 ms with a 0.2 s timeout (a
+    loaded machine's pauses are not misses), heartbeats 30 s apart and a 90 s
+    ttl: within the test only a probe can drop a member."""
     names = ["collector-a", "collector-b", "collector-c"]
     ms = []
     for n in names:
         m = await _members(url, n, bucket, 30.0, 90.0)
-        m.probe_every, m.probe_misses = 0.05, probe_misses
+        m.probe_every, m.probe_timeout, m.probe_misses = 0.05, 0.2, probe_misses
         await m.start()
         ms.append(m)
     for m in ms:
@@ -418,12 +420,14 @@ async def _freeze(m: Membership) -> None:
     and it beats no more."""
     assert m._task is not None and m._alive_sub is not None
     await cancel_and_wait(m._task)
-    await m._alive_sub.unsubscribe()
 
     async def mute(msg: Any) -> None:
         return None
 
+    # the mute one first: never a moment without responders (that would be "disconnected")
+    answering = m._alive_sub
     m._alive_sub = await m._nc.subscribe(f"{subjects.COLLECTOR_ALIVE_PREFIX}.{m.id}", cb=mute)  # type: ignore[attr-defined]
+    await answering.unsubscribe()
 
 
 async def test_a_replica_that_answers_no_probe_while_connected_is_dropped_within_a_few_probes(
@@ -435,12 +439,12 @@ async def test_a_replica_that_answers_no_probe_while_connected_is_dropped_within
     a, b, c = await _three_probing(nats_server.url, "test-members-frozen", probe_misses=2)
     await _freeze(c)
     t0 = time.monotonic()
-    async with asyncio.timeout(3.0):  # a few 50 ms probes, not the 90 s ttl
+    async with asyncio.timeout(5.0):  # a few probes, not the 90 s ttl
         while not (a.members == b.members == ["collector-a", "collector-b"]):
             await asyncio.sleep(0.01)
-    assert time.monotonic() - t0 < 3.0
-    assert b.dropped == {"disconnected": 0, "unanswered": 1}
-    assert a.dropped == {"disconnected": 0, "unanswered": 0}  # a heard it through its watch
+    assert time.monotonic() - t0 < 5.0
+    assert b.dropped["unanswered"] >= 1 and b.dropped["disconnected"] == 0  # b probes c
+    assert a.dropped["disconnected"] == 0  # a heard it through its watch
     # it was only slow after all: its next beat brings it back to every replica
     await c.beat()
     await _until(lambda: a.members == b.members == ["collector-a", "collector-b", "collector-c"])
@@ -451,7 +455,7 @@ async def test_a_replica_that_answers_no_probe_while_connected_is_dropped_within
 async def test_with_probe_misses_0_an_unanswering_replica_waits_for_the_ttl(nats_server: Any) -> None:
     a, b, c = await _three_probing(nats_server.url, "test-members-frozen-off", probe_misses=0)
     await _freeze(c)
-    await asyncio.sleep(0.6)  # a dozen probes
+    await asyncio.sleep(1.0)  # four probes' timeouts
     assert a.members == b.members == ["collector-a", "collector-b", "collector-c"]
     assert b.dropped == {"disconnected": 0, "unanswered": 0}
     for m in (a, b, c):
@@ -460,7 +464,7 @@ async def test_with_probe_misses_0_an_unanswering_replica_waits_for_the_ttl(nats
 
 class _StallsInEveryRequest:
     """A NATS connection whose holder's event loop stalls 0.25 s just after
-    each request is sent: the probe's 50 ms timer is due before the answer is
+    each request is sent: the probe's 0.2 s timer is due before the answer is
     read."""
 
     def __init__(self, nc: Any) -> None:
