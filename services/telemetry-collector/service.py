@@ -175,6 +175,8 @@ class Collector:
         #: GPU data arrived since the index was last built (at ``_gpu_built``)
         self._gpu_dirty = False
         self._gpu_built = float("-inf")
+        #: when the oldest stats in the GPU index age out of it (the clock's time)
+        self._gpu_expires = float("inf")
         self._tasks: dict[tuple[str, str, str, str], asyncio.Task[None]] = {}
         #: one page in this many of an endpoint is parsed in full, the rest read from
         #: its shape (:class:`.promparse.VllmReader`): a full parse about once a second
@@ -224,6 +226,7 @@ class Collector:
         tasks = [*self._tasks.values(), *self._aux, *self._background]
         await cancel_and_wait(*tasks)
         self._tasks.clear()
+        self._applied_members = None  # started again, the targets are applied again
         self._aux.clear()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(flush_timeout):
@@ -261,7 +264,7 @@ class Collector:
         by another replica is dropped without a word on the bus (its new owner
         publishes it), one gone from discovery is published as removed."""
         self._discovered = list(targets)
-        self._applied_members = self._members()
+        self._applied_members = None  # until applied in full (a raise below: the next refresh tries again)
         if self.shard is not None:
             discovered = {t.key for t in targets}
             targets = self.shard.share(targets)
@@ -309,6 +312,7 @@ class Collector:
                 self._on_slots(t, "vllm", self.config.interval, lambda tr=tr: self.scrape_endpoint(tr)),
                 name=f"scrape {t.pod}")
             log.info("endpoint_added", pod=t.pod, namespace=t.namespace, address=t.address)
+        self._applied_members = self._members()
 
     async def _discovery_loop(self) -> None:
         while True:
@@ -433,12 +437,15 @@ class Collector:
         sources = [(d.last_success, d.stats) for d in self._dcgm.values()]
         sources.extend((at, stats) for addr, (at, stats) in self._remote_gpu.items()
                        if ("dcgm", addr, "", "") not in self._dcgm)
+        oldest = float("inf")
         for last_success, stats in sources:
             if last_success is None or now - last_success > self.config.dcgm_stale_after:
                 continue
+            oldest = min(oldest, last_success)
             for key, st in stats.items():
                 index[key] = merge_gpu_stats(index[key], st) if key in index else st
         self._gpu_index = index
+        self._gpu_expires = oldest + self.config.dcgm_stale_after
 
     def on_remote_endpoint(self, st: EndpointState) -> None:
         """An endpoint state on the bus (this replica's or another's): the
@@ -512,7 +519,9 @@ class Collector:
         if self.leader:
             for key in self.providers.keys():
                 self.publisher.offer_provider(self.providers.state(key, now))
-        if self._dcgm or self._remote_gpu:
+        # stats that aged out leave the index (those that change or come back rebuild it
+        # as they arrive): not a rebuild of every exporter's stats at every round
+        if (self._dcgm or self._remote_gpu) and (self._gpu_dirty or now >= self._gpu_expires):
             self._rebuild_gpu_index()
         # readiness turns false on time even when a target's scrapes are slower
         # than the staleness bound (unchanged states are not re-sent); a target

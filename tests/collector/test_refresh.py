@@ -106,3 +106,40 @@ def test_gpu_stats_sent_again_unchanged_keep_them_fresh_without_a_rebuild() -> N
     c._gpu_built = float("-inf")
     c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.75, 0.25, 0, 8)})
     assert c._gpu_index[("ns", "p-0")].utilization == 0.75
+
+
+def test_housekeeping_rebuilds_the_gpu_index_only_when_stats_age_out_of_it() -> None:
+    """Every round of housekeeping (twice a second) rebuilt the index of every
+    exporter's stats: 1,000 entries at 1,000 pods, in every replica. Now only
+    when the oldest stats in it age out (or something arrived meanwhile)."""
+    c, _, _ = collector([])
+    t = [1000.0]
+    c._clock = lambda: t[0]  # type: ignore[method-assign]
+    rebuilds: list[int] = []
+    rebuild = c._rebuild_gpu_index
+
+    def counted() -> None:
+        rebuilds.append(1)
+        rebuild()
+
+    c._rebuild_gpu_index = counted  # type: ignore[method-assign]
+    c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.5, 0.25, 0, 8)})
+    t[0] += 5
+    c._gpu_built = float("-inf")
+    c.on_remote_gpu("10.0.0.2:9400", {("ns", "p-1"): GpuStats(0.1, 0.1, 0, 8)})
+    assert len(rebuilds) == 2
+    for _ in range(20):  # ten seconds of rounds, nothing aged out: nothing rebuilt
+        t[0] += 0.5
+        c.housekeeping()
+    assert len(rebuilds) == 2 and set(c._gpu_index) == {("ns", "p-0"), ("ns", "p-1")}
+    # the first exporter's stats age out (its replica stopped sending them): dropped
+    t[0] = 1000.0 + c.config.dcgm_stale_after + 1
+    c.housekeeping()
+    assert len(rebuilds) == 3 and set(c._gpu_index) == {("ns", "p-1")}
+    c.housekeeping()
+    assert len(rebuilds) == 3  # the next to age out is the second, 5 s later
+    t[0] += 5
+    c.housekeeping()
+    assert len(rebuilds) == 4 and c._gpu_index == {}
+    c.housekeeping()
+    assert len(rebuilds) == 4  # nothing left to age out
