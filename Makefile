@@ -66,7 +66,7 @@ run: install  ## start the whole stack locally with simulated GPUs (Ctrl-C stops
 	$(BIN)/python -m kinference_simulators.stack
 
 .PHONY: run-ha
-run-ha: install  ## the same stack with NATS as a cluster of three servers (kill one: nothing stops)
+run-ha: install  ## the same stack with NATS as a cluster of three servers and two collector replicas (kill one: nothing stops)
 	$(BIN)/python -m kinference_simulators.stack --nats-cluster $(RUN_ARGS)
 
 .PHONY: run-envoy

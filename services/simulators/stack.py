@@ -23,7 +23,10 @@ envoy (``--envoy``)   Envoy in front of the router's Endpoint       8088 (admin 
 servers on loopback instead of one (``nats-0`` to ``nats-2``: clients on 4222,
 4232, 4242, routes on 6252, 6262, 6272 with their own password, monitoring on
 8225, 8235, 8245), every service given the three URLs and the KV buckets made
-at three replicas: the same cluster deploy/k8s runs, to kill a server of.
+at three replicas: the same cluster deploy/k8s runs, to kill a server of. It
+also runs two telemetry-collector replicas sharing the pods
+(``telemetry-collector`` on 9091 and ``telemetry-collector-1`` on 9094), as
+deploy/k8s does, to kill or stop one of.
 
 ``--envoy`` (``make run-envoy``) also runs the router's Endpoint Picker and
 provider egress and a real Envoy (``deploy/envoy/envoy-fallback.yaml``, rendered by
@@ -89,6 +92,8 @@ PORTS = {
 NATS_CLUSTER = [(4222, 6252, 8225), (4232, 6262, 8235), (4242, 6272, 8245)]
 NATS_CLUSTER_PORTS = {f"nats-{what}-{i}": port for i, ports in enumerate(NATS_CLUSTER)
                       for what, port in zip(("client", "route", "monitor"), ports, strict=True)}
+#: ``--nats-cluster`` also runs a second collector replica (its /metrics and /healthz)
+NATS_CLUSTER_PORTS["collector-1"] = 9094
 #: the gateway path's ports (``--envoy``), same rule
 ENVOY_PORTS = {"envoy": 8088, "envoy-admin": 9907, "epp": 9012, "egress": 8082}
 POOL = "default/inference-all"
@@ -204,12 +209,18 @@ class Stack:
                                        "--model", "databricks-qwen25-32b", "--ttft-ms", "400",
                                        "--log-file", str(self.run_dir / "provider-requests.jsonl")],
                           ready_port=self.port(8300)))
-        procs.append(Proc("telemetry-collector", [
-            py, "-m", "kinference_collector", "--nats-url", nats_url, *auth.flags("telemetry-collector"), *replicas,
-            "--endpoints-file", str(self.run_dir / "endpoints.yaml"),
-            "--dcgm", f"127.0.0.1:{self.port(PORTS['dcgm'])}", "--http-host", "127.0.0.1",
-            "--http-port", str(self.port(PORTS['collector'])), "--log-format", "json",
-        ], ready_url=f"http://127.0.0.1:{self.port(PORTS['collector'])}/healthz"))
+        # on a cluster, two collector replicas share the pods (kill either: the other takes its share)
+        collectors = [("telemetry-collector", PORTS["collector"])]
+        if self.nats_cluster:
+            collectors.append(("telemetry-collector-1", NATS_CLUSTER_PORTS["collector-1"]))
+        for k, (name, http_port) in enumerate(collectors):
+            procs.append(Proc(name, [
+                py, "-m", "kinference_collector", "--nats-url", nats_url, *auth.flags("telemetry-collector"),
+                *replicas, "--endpoints-file", str(self.run_dir / "endpoints.yaml"),
+                "--dcgm", f"127.0.0.1:{self.port(PORTS['dcgm'])}", "--http-host", "127.0.0.1",
+                "--http-port", str(self.port(http_port)), "--log-format", "json",
+                *(["--replica-id", f"collector-{k}"] if len(collectors) > 1 else []),
+            ], ready_url=f"http://127.0.0.1:{self.port(http_port)}/healthz"))
         procs.append(Proc("router", [
             py, "-m", "kinference_router", "--pool", "default/inference-all", "--nats-url", nats_url,
             *auth.flags("router"),
@@ -427,7 +438,11 @@ def banner(stack: Stack) -> str:
     cluster = ""
     if stack.nats_cluster:
         cluster = ("NATS is a cluster of three (nats-0..2 above, buckets at three replicas): kill -9 the pid\n"
-                   "of any one, requests keep being served; the stack starts it again and it catches up.\n\n")
+                   "of any one, requests keep being served; the stack starts it again and it catches up.\n"
+                   "Two collector replicas share the pods (telemetry-collector and telemetry-collector-1, /metrics\n"
+                   f"on :{stack.port(PORTS['collector'])} and :{stack.port(NATS_CLUSTER_PORTS['collector-1'])}): "
+                   "kill -9 or kill -STOP either, the other takes its share within\n"
+                   "a scrape interval or two (kinference_endpoints counts what each holds).\n\n")
     return f"""
 Kinference is running.
 

@@ -21,6 +21,11 @@ def test_offsets_that_are_multiples_of_100_never_collide() -> None:
             assert not stacks[a] & stacks[b], (a, b, sorted(stacks[a] & stacks[b]))
     assert max(stacks[50_000]) < 65_536  # the make-run offsets used here stay valid ports
     assert Stack(Path("/x"), 0).port(PORTS["router"]) == 8080  # the README's address is unchanged
+    # every option's ports too (Envoy, the NATS cluster and its second collector): none
+    # ends in the same two digits as another, so the same rule holds for them
+    every = set(Stack(Path("/x"), 0, envoy=True, nats_cluster=True)._ports())
+    assert len({p % 100 for p in every}) == len(every), sorted(every)
+    assert 9094 in every  # telemetry-collector-1 on a cluster
 
 
 async def test_a_dead_process_is_restarted_with_backoff_and_stop_stops_it(tmp_path: Path) -> None:
