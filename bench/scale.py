@@ -10,7 +10,12 @@ cost rather than the whole fleet's rate:
 - per replica: targets, scrapes, share of the scrapes, CPU seconds (from
   ``/proc``); per run: scrapes per second, CPU per 1,000 scrapes (all
   replicas together), and the interval each replica count sustains (each
-  replica on one core: its share of the pods times its CPU per scrape);
+  replica on one core: its share of the pods times its CPU per scrape). The
+  replica counts run in ``--rounds`` interleaved rounds (3) and each count's
+  row is its median run (one run here moves by up to a fifth from the next
+  run of the same thing); beside them, in each round, as many replicas as
+  the most sharing nothing (each its own nats-server and share of the pods):
+  the same work per replica on a machine as busy, without replication;
 - every pod's scrapes counted by the fleet itself (none missed, none
   scraped twice as often as the interval);
 - publish lag to a router (the router's own telemetry follower,
@@ -41,6 +46,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import math
 import os
@@ -166,6 +172,11 @@ class RouterProbe:
         await self.nc.close()
 
 
+#: numbers the runs of one bench: each sets its pods' queues to values of its own (a value
+#: another run left set would be "changed" to itself, and timed at the next re-publish)
+_RUNS = itertools.count(1)
+
+
 async def collector_run(pods: int, collectors: int, interval: float, seconds: float, changes: int,
                         nats_url: str, fleet_url: str, targets: dict[str, Any], tmp: Path,
                         gpus_per_node: int) -> dict[str, Any]:
@@ -203,7 +214,7 @@ async def collector_run(pods: int, collectors: int, interval: float, seconds: fl
                 s0 = (await resp.json())["pods"]
             t0 = time.monotonic()
             probe.measuring = True
-            lags = await _changes(http, fleet_url, probe, changes, seconds, interval, targets, 10_000 * collectors)
+            lags = await _changes(http, fleet_url, probe, changes, seconds, interval, targets, 100_000 * next(_RUNS))
             await asyncio.sleep(max(0.0, seconds - (time.monotonic() - t0)))
             probe.measuring = False
             wall = time.monotonic() - t0
@@ -480,17 +491,24 @@ def verdicts(rows: list[dict[str, Any]], router: list[dict[str, Any]],
             spread = max(abs(a - adjusted[0]) / adjusted[0] for a in adjusted)
             norm += (f"; divided by the cost of work after each run's pause ({' / '.join(f'{f:.2f}x' for f in factors)})"
                      f" {' / '.join(f'{a:.3f}' for a in adjusted)}, within {100 * spread:.0f}%")
+        runs = [r.get("cpu_s_per_1000_scrapes_runs") or [] for r in rows]
+        if all(len(x) > 1 for x in runs):
+            costs += (f" s per 1,000, the median of {len(runs[0])} interleaved runs each; every run: "
+                      + "; ".join(" / ".join(f"{c:.3f}" for c in x) for x in runs))
+            unit = ""
+        else:
+            unit = " s per 1,000"
         out.append(f"{'MET ' if worst <= GOAL_CPU_FLAT else 'MISS'} total CPU per scrape flat within 15% from "
                    f"{rows[0]['collectors']} to {rows[-1]['collectors']} replicas (largest change {100 * worst:.1f}%: "
-                   f"{costs} s per 1,000{norm})")
-        many = next((r for r in rows if r["collectors"] == (control or {}).get("load_of")), None)
+                   f"{costs}{unit}{norm})")
+        many = next((r for r in rows if r["collectors"] == (control or {}).get("collectors")), None)
         if control is not None and many is not None and control["cpu_s_per_1000_scrapes"] > 0:
             extra = many["cpu_s_per_1000_scrapes"] / control["cpu_s_per_1000_scrapes"] - 1
-            out.append(f"NOTE at the same load per replica: {many['collectors']} replicas sharing {many['pods']:,} "
-                       f"pods {many['cpu_s_per_1000_scrapes']:.3f} s per 1,000 scrapes, one replica holding "
-                       f"{control['pods']:,} of them (what each of the {many['collectors']} holds) "
-                       f"{control['cpu_s_per_1000_scrapes']:.3f}: replication itself adds {100 * extra:+.1f}%, the "
-                       f"rest of the change above is each replica's smaller share (longer pauses between scrapes)")
+            out.append(f"NOTE on a machine as busy, at the same load per replica: {many['collectors']} replicas "
+                       f"sharing {many['pods']:,} pods {many['cpu_s_per_1000_scrapes']:.3f} s per 1,000 scrapes, "
+                       f"{control['collectors']} replicas apart (each its own NATS server and {control['pods'] // control['collectors']:,} "
+                       f"of the pods, no membership) {control['cpu_s_per_1000_scrapes']:.3f}: replication itself "
+                       f"adds {100 * extra:+.1f}%")
     if goal is not None:
         c = goal["cores_for_1000_pods_at_100ms"]
         out.append(f"{'MET ' if c <= GOAL_CORES_1000_AT_100MS else 'MISS'} 1,000 pods at 100 ms need at most 4 "
@@ -538,7 +556,8 @@ def table(result: dict[str, Any]) -> str:
     control = result.get("control_row")
     for r in rows + ([control] if control else []):
         shares = " / ".join(f"{100 * p['share']:.1f}%" for p in r["per_replica"])
-        replicas = f"1 (the share of 1 of {r['load_of']})" if r.get("role") == "control" else r["collectors"]
+        replicas = f"{r['collectors']} apart (each its own NATS, 1/{r['collectors']} of the pods)" \
+            if r.get("role") == "apart" else r["collectors"]
         cores = " / ".join(f"{p['cpu_cores']:.2f}" for p in r["per_replica"])
         lines.append(f"| {r['pods']:,} | {replicas} | {r['interval_s'] * 1e3:.0f} ms | {r['scrapes_per_s']:,.0f} | "
                      f"{shares} ({100 * (r['share_max_dev'] or 0):.1f}%) | {r['cpu_s_per_1000_scrapes']:.3f} | {cores} | "
@@ -663,14 +682,22 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     server = natsserver.start()
     try:
         async with fleet_of(args, args.pods, args.change_interval) as (fleet, targets, tmp):
-            for n in args.collectors:
-                row = await measured_run(args, n, server.url, fleet, targets, tmp)
-                rows.append(row)
-                print(f"  {n} replica(s): {row['scrapes_per_s']:.0f} scrapes/s, shares "
-                      f"{[p['share'] for p in row['per_replica']]}, {row['cpu_s_per_1000_scrapes']:.3f} CPU s "
-                      f"per 1,000 scrapes, lag p99 {row['lag_p99_ms']:.0f} ms", flush=True)
-            if args.control and 1 in args.collectors and max(args.collectors) > 1:
-                control = await control_run(args, max(args.collectors), server.url, fleet, targets, tmp)
+            most = max(args.collectors)
+            apart = args.control and 1 in args.collectors and most > 1
+            kinds: list[int | str] = [*args.collectors, *(["apart"] if apart else [])]
+            runs: dict[int | str, list[dict[str, Any]]] = {k: [] for k in kinds}
+            for r in range(args.rounds):
+                # interleaved, each round starting one further along: the machine's drift
+                # falls on every replica count alike
+                for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+                    if k == "apart":
+                        row = await apart_run(args, most, fleet, targets, tmp)
+                    else:
+                        row = await measured_run(args, int(k), server.url, fleet, targets, tmp)
+                    runs[k].append(row)
+                    print(f"  round {r + 1}: {_describe(row)}", flush=True)
+            rows = [median_row(runs[n]) for n in args.collectors]
+            control = median_row(runs["apart"]) if apart else None
             if args.split and 1 in args.collectors:
                 # the same replica at twice the interval: what a scrape costs apart from what
                 # a pod costs whatever its scrapes (publishing at least once a second, DCGM)
@@ -707,21 +734,69 @@ async def measured_run(args: argparse.Namespace, n: int, nats_url: str, fleet: A
     return row
 
 
-async def control_run(args: argparse.Namespace, n: int, nats_url: str, fleet: Any, targets: dict[str, Any],
-                      tmp: Path) -> dict[str, Any]:
-    """One replica holding what each of ``n`` replicas holds (the first
-    1/``n`` of the pods and of their nodes' exporters), at the same interval:
-    the same load per replica, so the same pauses between scrapes. Against
-    the ``n`` replicas' run it shows what replication itself adds to a
-    scrape (membership, heartbeats, the shared GPU stats), apart from this
-    machine's cost of work after a longer pause."""
-    share = {"endpoints": targets["endpoints"][:args.pods // n],
-             "dcgm": targets["dcgm"][:math.ceil(len(targets["dcgm"]) / n)]}
-    row = await measured_run(args, 1, nats_url, fleet, share, tmp)
-    row["role"], row["load_of"] = "control", n
-    print(f"  1 replica holding 1/{n} of the pods: {row['scrapes_per_s']:.0f} scrapes/s, "
-          f"{row['cpu_s_per_1000_scrapes']:.3f} CPU s per 1,000 scrapes", flush=True)
+def _describe(row: dict[str, Any]) -> str:
+    who = (f"{row['collectors']} replicas apart" if row.get("role") == "apart"
+           else f"{row['collectors']} replica(s)")
+    return (f"{who}: {row['scrapes_per_s']:.0f} scrapes/s, shares {[p['share'] for p in row['per_replica']]}, "
+            f"{row['cpu_s_per_1000_scrapes']:.3f} CPU s per 1,000 scrapes, lag p99 {row['lag_p99_ms']:.0f} ms")
+
+
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median CPU per scrape (the lower middle one of an even
+    number), with every run's figure beside it (``cpu_s_per_1000_scrapes_runs``,
+    in the order measured): one run of this shared machine moves by up to a
+    fifth from the next run of the same thing."""
+    ordered = sorted(runs, key=lambda r: r["cpu_s_per_1000_scrapes"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    row["cpu_s_per_1000_scrapes_runs"] = [r["cpu_s_per_1000_scrapes"] for r in runs]
     return row
+
+
+async def apart_run(args: argparse.Namespace, n: int, fleet: Any, targets: dict[str, Any],
+                    tmp: Path) -> dict[str, Any]:
+    """``n`` replicas that share nothing, all at once: each has its own
+    nats-server and holds 1/``n`` of the pods and of the exporters, so each
+    does what each of ``n`` sharing replicas does, on a machine as busy,
+    without membership, heartbeats, probes or shared GPU stats. Against the
+    ``n`` sharing replicas it shows what replication itself adds to a scrape
+    (one replica holding a share alone runs on a quieter machine, and work on
+    this virtual machine costs more the quieter it is)."""
+    from kinference_common import natsserver
+
+    per, per_dcgm = len(targets["endpoints"]) // n, math.ceil(len(targets["dcgm"]) / n)
+    shares = [{"endpoints": targets["endpoints"][k * per:(k + 1) * per],
+               "dcgm": targets["dcgm"][k * per_dcgm:(k + 1) * per_dcgm]} for k in range(n)]
+    servers = [natsserver.start() for _ in range(n)]
+    try:
+        dirs = [tmp / f"apart-{k}" for k in range(n)]
+        for d in dirs:
+            d.mkdir(exist_ok=True)
+        parts = await asyncio.gather(*(
+            collector_run(per, 1, args.interval, args.seconds, max(1, args.changes // n), servers[k].url,
+                          fleet.url, shares[k], dirs[k], args.gpus_per_node) for k in range(n)))
+    finally:
+        for server in servers:
+            server.stop()
+    scrapes = [p["per_replica"][0]["scrapes"] for p in parts]
+    cpu = [p["per_replica"][0]["cpu_s"] for p in parts]
+    total = sum(scrapes)
+    mean_share = total / n
+    return {
+        "role": "apart", "pods": per * n, "collectors": n, "interval_s": args.interval,
+        "window_s": round(statistics.fmean(p["window_s"] for p in parts), 2),
+        "scrapes_per_s": round(sum(p["scrapes_per_s"] for p in parts), 1),
+        "cpu_s_per_1000_scrapes": round(sum(cpu) / total * 1000, 4) if total else float("nan"),
+        "cpu_cores": round(sum(p["cpu_cores"] for p in parts), 3),
+        "per_replica": [dict(p["per_replica"][0], share=round(sc / total, 4) if total else 0.0)
+                        for p, sc in zip(parts, scrapes, strict=True)],
+        "share_max_dev": round(max(abs(sc - mean_share) / mean_share for sc in scrapes), 4) if total else None,
+        "sustained_interval_s": round(per * sum(cpu) / total, 4) if total else float("nan"),
+        "cores_for_1000_pods_at_100ms": round(10_000 * sum(cpu) / total, 2) if total else float("nan"),
+        # the worst part's (each part's lags are its own run's)
+        "lag_p50_ms": max(p["lag_p50_ms"] for p in parts), "lag_p99_ms": max(p["lag_p99_ms"] for p in parts),
+        "pipeline_lag_p50_ms": max(p["pipeline_lag_p50_ms"] for p in parts),
+        "pipeline_lag_p99_ms": max(p["pipeline_lag_p99_ms"] for p in parts),
+    }
 
 
 async def goal_interval_run(args: argparse.Namespace, nats_url: str) -> dict[str, Any]:
@@ -777,8 +852,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="pods of the run of one replica at the goal's 100 ms interval, their load moving at "
                          "every scrape (default %(default)s: what one replica holds here; 0 = skip)")
     ap.add_argument("--no-control", dest="control", action="store_false",
-                    help="skip the run of one replica holding the share of the most replicas (the same load per "
-                         "replica, to tell replication's own cost from the smaller share's)")
+                    help="skip the run of as many replicas as the most, sharing nothing (each its own NATS server "
+                         "and share of the pods): the same load per replica on a machine as busy, to tell "
+                         "replication's own cost from the machine's")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of the replica runs; each count's row is its median run "
+                         "(default %(default)s)")
     ap.add_argument("--no-split", dest="split", action="store_false",
                     help="skip the run of one replica at twice the interval (the per-scrape / per-pod cost split)")
     ap.add_argument("--router-sizes", type=int, nargs="*", default=[100, 1000, 10000],
@@ -795,6 +874,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", action="store_true",
                     help="measure nothing: the table, verdicts, plot and page again from the results file")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be 1 or more, not {args.rounds}")
     import signal
 
     # SIGTERM (make, a CI runner) unwinds like Ctrl-C: the collectors, the fleet and NATS are stopped
@@ -802,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.pods, args.collectors, args.seconds, args.changes = min(args.pods, 50), [2], 3.0, 5
         args.interval, args.router_sizes, args.kube_seconds, args.no_page = 0.2, [], 0.0, True
-        args.split, args.goal_pods = False, 0
+        args.split, args.goal_pods, args.rounds = False, 0, 1
     import logging
 
     import structlog

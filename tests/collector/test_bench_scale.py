@@ -109,21 +109,40 @@ def test_the_flat_cpu_verdict_also_gives_the_costs_divided_by_each_runs_pause_co
     assert "divided by" not in v
 
 
-def test_the_control_run_tells_replications_cost_from_the_smaller_share() -> None:
-    """One replica holding what each of 4 holds, at the same interval: the
-    change against it is what replication itself adds; the flat-CPU verdict
-    is unchanged by it. Its row goes in the table, not in the replica rows."""
+def test_the_apart_run_tells_replications_cost_from_the_machines() -> None:
+    """As many replicas as the most, sharing nothing (each its own NATS and
+    share of the pods), on a machine as busy: the change against it is what
+    replication itself adds; the flat-CPU verdict is unchanged by it. Its row
+    goes in the table, not in the replica rows."""
     rows = [{"pods": 1000, "collectors": n, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": cost,
              "cores_for_1000_pods_at_100ms": 10 * cost, "pipeline_lag_p99_ms": 20.0}
             for n, cost in ((1, 0.70), (4, 1.00))]
-    control = {"pods": 250, "collectors": 1, "role": "control", "load_of": 4, "cpu_s_per_1000_scrapes": 0.95}
-    verdicts = scale.verdicts(rows, [], None, None, control)
+    apart = {"pods": 1000, "collectors": 4, "role": "apart", "cpu_s_per_1000_scrapes": 0.95}
+    verdicts = scale.verdicts(rows, [], None, None, apart)
     (flat,) = [v for v in verdicts if "flat within 15%" in v]
     assert flat.startswith("MISS") and "42.9%" in flat
     (note,) = [v for v in verdicts if v.startswith("NOTE")]
-    assert "4 replicas sharing 1,000 pods 1.000" in note and "holding 250 of them" in note and "+5.3%" in note
+    assert "4 replicas sharing 1,000 pods 1.000" in note and "each its own NATS server and 250 of the pods" in note
+    assert "0.950: replication itself adds +5.3%" in note
     assert not [v for v in scale.verdicts(rows, []) if v.startswith("NOTE")]
     full = dict(rows[1], interval_s=2.5, scrapes_per_s=400.0, per_replica=[{"share": 1.0, "cpu_cores": 0.2}],
                 sustained_interval_s=0.2, lag_p50_ms=1.0, lag_p99_ms=2.0, pipeline_lag_p50_ms=1.0)
-    text = scale.table({"rows": [full], "control_row": dict(full, **control), "router": [], "api_server": None})
-    assert "| 250 | 1 (the share of 1 of 4) | 2500 ms |" in text
+    text = scale.table({"rows": [full], "control_row": dict(full, **apart), "router": [], "api_server": None})
+    assert "| 1,000 | 4 apart (each its own NATS, 1/4 of the pods) | 2500 ms |" in text
+
+
+def test_each_replica_count_is_judged_on_its_median_run() -> None:
+    """Runs of the same count move by up to a fifth here: the row is the
+    median run, the verdict says so and gives every run."""
+    runs = [{"collectors": 4, "cpu_s_per_1000_scrapes": c, "marker": c} for c in (0.9, 0.6, 0.7)]
+    row = scale.median_row(runs)
+    assert row["marker"] == 0.7 and row["cpu_s_per_1000_scrapes_runs"] == [0.9, 0.6, 0.7]
+    assert scale.median_row(runs[:2])["marker"] == 0.6  # the lower middle of an even number
+    rows = [{"pods": 1000, "collectors": n, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": med,
+             "cpu_s_per_1000_scrapes_runs": every, "cores_for_1000_pods_at_100ms": 10 * med,
+             "pipeline_lag_p99_ms": 20.0}
+            for n, med, every in ((1, 0.60, [0.60, 0.55, 0.80]), (4, 0.66, [0.90, 0.66, 0.62]))]
+    (flat,) = [v for v in scale.verdicts(rows, []) if "flat within 15%" in v]
+    assert flat.startswith("MET ") and "10.0%" in flat
+    assert "0.600 / 0.660 s per 1,000, the median of 3 interleaved runs each; every run: " \
+           "0.600 / 0.550 / 0.800; 0.900 / 0.660 / 0.620" in flat
