@@ -115,7 +115,7 @@ load-router: install  ## 500 concurrent streams for a minute through the router 
 load-burst: install  ## 200 streams at once (180 clean, 20 PII) on the make-run stack -> bench/results/burst.json
 	$(BIN)/python -m bench.burst $(BURST_ARGS)
 
-chaos: install  ## kill each process in turn under load, then NATS servers of a cluster of three; table -> bench/results/chaos.json (--short: CHAOS_ARGS=--short)
+chaos: install  ## kill each process in turn under load, then NATS servers and a collector replica of the HA stack (make run-ha); table -> bench/results/chaos.json (--short: CHAOS_ARGS=--short)
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 eval-classifier: install  ## regenerate docs/classifier-eval.md

@@ -15,10 +15,11 @@ restart of the classifier, NATS (keeping its storage, and with its storage
 wiped), the collector, the compiler (and the compiler with a broken
 manifest file), one vLLM pod while streams are under way, every pod; a
 provider answering 500 to everything and one that never answers. Then the
-same stack with NATS as a cluster of three (:func:`ha_faults`): the config
-bucket's leader kill -9'd, then it and one more (no quorum), measured with
-:class:`ClusterProbe` (decision events, KV writes, catch-up, what the router
-said).
+same stack with NATS as a cluster of three and two collector replicas
+(:func:`ha_faults`): the config bucket's leader kill -9'd, then it and one
+more (no quorum), measured with :class:`ClusterProbe` (decision events, KV
+writes, catch-up, what the router said); then one collector replica kill
+-9'd, and one stopped (SIGSTOP, its connection open).
 
 For each fault: requests, success rate (200 and a complete body), p50/p99
 latency, where requests went (``x-kinference-backend``, or the error status),
@@ -278,6 +279,21 @@ class Chaos:
             for p in procs:
                 p.held = False
 
+    async def stopped(self, name: str) -> None:
+        """SIGSTOP for ``cfg.down`` seconds, then SIGCONT: the process keeps its
+        sockets (its NATS connection stays open) but does nothing."""
+        p = self.stack.proc(name)
+        p.held = True
+        try:
+            assert p.process is not None
+            p.process.send_signal(signal.SIGSTOP)
+            try:
+                await asyncio.sleep(self.cfg.down)
+            finally:
+                p.process.send_signal(signal.SIGCONT)
+        finally:
+            p.held = False
+
     async def provider_faults(self, **rates: float) -> None:
         async with aiohttp.ClientSession() as http:
             async with http.post(self.url(PORTS["provider"], "/sim/faults"), json=rates) as r:
@@ -352,12 +368,17 @@ class Chaos:
 
 
 def ha_faults() -> list[tuple[str, Fault]]:
-    """The faults of NATS as a cluster of three (``Stack(nats_cluster=True)``):
-    the config bucket's leader killed (the worst one to lose), then that
-    server and one more (no quorum until they are back)."""
+    """The faults of the stack on NATS as a cluster of three
+    (``Stack(nats_cluster=True)``, two collector replicas): the config
+    bucket's leader killed (the worst one to lose), then that server and one
+    more (no quorum until they are back); then one collector replica killed,
+    and one stopped with SIGSTOP (its NATS connection stays open, as when its
+    node is lost): the other takes its pods."""
     return [
         ("nats 1 of 3 kill -9 (leader)", lambda c: c.kill_nats(1)),
         ("nats 2 of 3 kill -9", lambda c: c.kill_nats(2)),
+        ("collector 1 of 2 kill -9", lambda c: c.down_and_up(["telemetry-collector-1"])),
+        ("collector 1 of 2 stopped (SIGSTOP)", lambda c: c.stopped("telemetry-collector-1")),
     ]
 
 
