@@ -47,6 +47,19 @@ def collector(targets: list[Target]) -> tuple[Collector, ListDiscovery, Shard]:
     return c, discovery, shard
 
 
+def counting_rebuilds(c: Collector) -> list[int]:
+    """A list that grows by one at each rebuild of ``c``'s GPU index."""
+    rebuilds: list[int] = []
+    rebuild = c._rebuild_gpu_index
+
+    def counted() -> None:
+        rebuilds.append(1)
+        rebuild()
+
+    c._rebuild_gpu_index = counted  # type: ignore[method-assign]
+    return rebuilds
+
+
 async def _stop(c: Collector) -> None:
     await cancel_and_wait(*c._tasks.values())
 
@@ -78,14 +91,7 @@ def test_gpu_stats_sent_again_unchanged_keep_them_fresh_without_a_rebuild() -> N
     c, _, _ = collector([])
     t = [1000.0]
     c._clock = lambda: t[0]  # type: ignore[method-assign]
-    rebuilds: list[int] = []
-    rebuild = c._rebuild_gpu_index
-
-    def counted() -> None:
-        rebuilds.append(1)
-        rebuild()
-
-    c._rebuild_gpu_index = counted  # type: ignore[method-assign]
+    rebuilds = counting_rebuilds(c)
     c._gpu_built = float("-inf")
     stats = {("ns", "p-0"): GpuStats(0.5, 0.25, 0, 8)}
     c.on_remote_gpu("10.0.0.1:9400", stats)
@@ -115,14 +121,7 @@ def test_housekeeping_rebuilds_the_gpu_index_only_when_stats_age_out_of_it() -> 
     c, _, _ = collector([])
     t = [1000.0]
     c._clock = lambda: t[0]  # type: ignore[method-assign]
-    rebuilds: list[int] = []
-    rebuild = c._rebuild_gpu_index
-
-    def counted() -> None:
-        rebuilds.append(1)
-        rebuild()
-
-    c._rebuild_gpu_index = counted  # type: ignore[method-assign]
+    rebuilds = counting_rebuilds(c)
     c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.5, 0.25, 0, 8)})
     t[0] += 5
     c._gpu_built = float("-inf")

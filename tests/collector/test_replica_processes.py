@@ -8,11 +8,14 @@ intervals plus the rebalance time (member TTL plus a heartbeat)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +108,25 @@ async def scrapes(http: aiohttp.ClientSession, fleet_url: str) -> dict[str, int]
         return (await r.json())["pods"]
 
 
-async def test_three_replica_processes_kill_and_scale_one_three_one(nats_server: Any, tmp_path: Path) -> None:
-    made: list[Replica] = []
+async def heard_every_pod(view: RouterView) -> None:
+    async with asyncio.timeout(PATIENCE):
+        while len(view.scraped) < PODS:
+            await asyncio.sleep(0.05)
+
+
+@dataclass
+class Trial:
+    """A simulated fleet, its endpoint file, what a router hears, the replicas started."""
+
+    fleet_url: str
+    http: aiohttp.ClientSession
+    endpoints: Path
+    view: RouterView
+    made: list[Replica] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def trial(nats_url: str, tmp_path: Path) -> AsyncIterator[Trial]:
     with run_simulator("fleet", "--pods", str(PODS), "--gpus-per-node", "8", "--change-interval", "0.1",
                        "--log-format", "json") as fleet:
         async with aiohttp.ClientSession() as http:
@@ -114,53 +134,61 @@ async def test_three_replica_processes_kill_and_scale_one_three_one(nats_server:
                 targets = await r.json()
             endpoints = tmp_path / "endpoints.json"
             endpoints.write_text(json.dumps(targets))
-            view = RouterView()
-            nc = await nats.connect(nats_server.url)
-            await nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=view.on_state)
-            ages = asyncio.create_task(view.watch_ages())
-
-            def start(name: str) -> Replica:
-                r = Replica(name, nats_server.url, endpoints, tmp_path / f"{name}.log")
-                made.append(r)
-                return r
-
+            t = Trial(fleet.url, http, endpoints, RouterView())
+            nc = await nats.connect(nats_url)
+            await nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=t.view.on_state)
+            ages = asyncio.create_task(t.view.watch_ages())
             try:
-                a = start("collector-0")
-                await settled(http, [a])
-                b, c = start("collector-1"), start("collector-2")
-                await settled(http, [a, b, c])
-                async with asyncio.timeout(PATIENCE):  # the router hears every pod
-                    while len(view.scraped) < PODS:
-                        await asyncio.sleep(0.05)
-                # steady state: each pod's page read at the interval, none twice as often
-                before, t0 = await scrapes(http, fleet.url), time.monotonic()
-                await asyncio.sleep(2.0)
-                after, wall = await scrapes(http, fleet.url), time.monotonic() - t0
-                rates = {p: (after[p] - before[p]) * INTERVAL / wall for p in after}
-                assert all(0 < v < 1.5 for v in rates.values()), rates
-
-                # kill -9 one replica under load: the others take its share, no pod left behind
-                b.proc.send_signal(signal.SIGKILL)
-                b.proc.wait()
-                await settled(http, [a, c])
-                await asyncio.sleep(BOUND + MARGIN)
-                # scale down to one, gracefully (SIGTERM: it leaves, then stops)
-                c.proc.send_signal(signal.SIGTERM)
-                async with asyncio.timeout(PATIENCE):
-                    while c.proc.poll() is None:
-                        await asyncio.sleep(0.05)
-                assert c.proc.returncode == 0
-                await settled(http, [a])
-                await asyncio.sleep(BOUND + MARGIN)
-                assert view.worst <= BOUND + MARGIN, f"a pod's telemetry was {view.worst:.2f} s old"
-                assert view.not_ready == []
-                logs = "".join((tmp_path / f"{r.name}.log").read_text() for r in made)
-                assert "Traceback" not in logs, logs
+                yield t
             finally:
                 ages.cancel()
                 await nc.close()
-                for r in made:
+                for r in t.made:
                     r.stop()
+
+
+async def each_pod_read_at_the_interval(t: Trial) -> None:
+    """The steady state: each pod's page read at the interval, none twice as often."""
+    before, t0 = await scrapes(t.http, t.fleet_url), time.monotonic()
+    await asyncio.sleep(2.0)
+    after, wall = await scrapes(t.http, t.fleet_url), time.monotonic() - t0
+    rates = {p: (after[p] - before[p]) * INTERVAL / wall for p in after}
+    assert all(0 < v < 1.5 for v in rates.values()), rates
+
+
+async def test_three_replica_processes_kill_and_scale_one_three_one(nats_server: Any, tmp_path: Path) -> None:
+    async with trial(nats_server.url, tmp_path) as t:
+        http, view, made = t.http, t.view, t.made
+
+        def start(name: str) -> Replica:
+            r = Replica(name, nats_server.url, t.endpoints, tmp_path / f"{name}.log")
+            made.append(r)
+            return r
+
+        a = start("collector-0")
+        await settled(http, [a])
+        b, c = start("collector-1"), start("collector-2")
+        await settled(http, [a, b, c])
+        await heard_every_pod(view)
+        await each_pod_read_at_the_interval(t)
+
+        # kill -9 one replica under load: the others take its share, no pod left behind
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.wait()
+        await settled(http, [a, c])
+        await asyncio.sleep(BOUND + MARGIN)
+        # scale down to one, gracefully (SIGTERM: it leaves, then stops)
+        c.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(PATIENCE):
+            while c.proc.poll() is None:
+                await asyncio.sleep(0.05)
+        assert c.proc.returncode == 0
+        await settled(http, [a])
+        await asyncio.sleep(BOUND + MARGIN)
+        assert view.worst <= BOUND + MARGIN, f"a pod's telemetry was {view.worst:.2f} s old"
+        assert view.not_ready == []
+        logs = "".join((tmp_path / f"{r.name}.log").read_text() for r in made)
+        assert "Traceback" not in logs, logs
 
 
 #: a replica frozen with its connection open is found by ``--probe-misses`` (2)
@@ -177,54 +205,32 @@ async def test_a_replica_frozen_with_its_connection_open_is_replaced_by_the_prob
     share within a few intervals, and no pod's telemetry at the router may get
     older than two intervals plus that. SIGCONT: its next heartbeat brings it
     back, and each pod is again scraped by one replica."""
-    made: list[Replica] = []
-    with run_simulator("fleet", "--pods", str(PODS), "--gpus-per-node", "8", "--change-interval", "0.1",
-                       "--log-format", "json") as fleet:
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"{fleet.url}/sim/targets") as r:
-                targets = await r.json()
-            endpoints = tmp_path / "endpoints.json"
-            endpoints.write_text(json.dumps(targets))
-            view = RouterView()
-            nc = await nats.connect(nats_server.url)
-            await nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=view.on_state)
-            ages = asyncio.create_task(view.watch_ages())
-            try:
-                a, b, c = (Replica(f"collector-{i}", nats_server.url, endpoints, tmp_path / f"collector-{i}.log",
-                                   ttl=30.0) for i in range(3))
-                made += [a, b, c]
-                await settled(http, [a, b, c])
-                async with asyncio.timeout(PATIENCE):
-                    while len(view.scraped) < PODS:
-                        await asyncio.sleep(0.05)
-                await asyncio.sleep(1.0)
-                view.worst = 0.0
-                b.proc.send_signal(signal.SIGSTOP)
-                t0 = time.monotonic()
-                try:
-                    await settled(http, [a, c])
-                    taken = time.monotonic() - t0
-                    await asyncio.sleep(2 * INTERVAL + MARGIN)
-                    worst, worst_pod = view.worst, view.worst_pod
-                finally:
-                    b.proc.send_signal(signal.SIGCONT)
-                assert taken < 30.0 / 2, f"the share was taken after {taken:.2f} s: the ttl, not the probes"
-                assert worst <= 2 * INTERVAL + FROZEN_FOUND + MARGIN, \
-                    f"pod {worst_pod}'s telemetry was {worst:.2f} s old (share taken after {taken:.2f} s)"
-                # back: every pod held once again, and scraped at the interval, none twice as often
-                await settled(http, [a, b, c])
-                await asyncio.sleep(1.0)
-                before, t1 = await scrapes(http, fleet.url), time.monotonic()
-                await asyncio.sleep(2.0)
-                after, wall = await scrapes(http, fleet.url), time.monotonic() - t1
-                rates = {p: (after[p] - before[p]) * INTERVAL / wall for p in after}
-                assert all(0 < v < 1.5 for v in rates.values()), rates
-                assert view.not_ready == []
-                logs = "".join((tmp_path / f"{r.name}.log").read_text() for r in made)
-                assert "member_gone" in logs and "answered none of 2 probes" in logs, logs
-                assert "Traceback" not in logs, logs
-            finally:
-                ages.cancel()
-                await nc.close()
-                for r in made:
-                    r.stop()
+    async with trial(nats_server.url, tmp_path) as t:
+        http, view, made = t.http, t.view, t.made
+        a, b, c = (Replica(f"collector-{i}", nats_server.url, t.endpoints, tmp_path / f"collector-{i}.log",
+                           ttl=30.0) for i in range(3))
+        made += [a, b, c]
+        await settled(http, [a, b, c])
+        await heard_every_pod(view)
+        await asyncio.sleep(1.0)
+        view.worst = 0.0
+        b.proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            await settled(http, [a, c])
+            taken = time.monotonic() - t0
+            await asyncio.sleep(2 * INTERVAL + MARGIN)
+            worst, worst_pod = view.worst, view.worst_pod
+        finally:
+            b.proc.send_signal(signal.SIGCONT)
+        assert taken < 30.0 / 2, f"the share was taken after {taken:.2f} s: the ttl, not the probes"
+        assert worst <= 2 * INTERVAL + FROZEN_FOUND + MARGIN, \
+            f"pod {worst_pod}'s telemetry was {worst:.2f} s old (share taken after {taken:.2f} s)"
+        # back: every pod held once again, and scraped at the interval, none twice as often
+        await settled(http, [a, b, c])
+        await asyncio.sleep(1.0)
+        await each_pod_read_at_the_interval(t)
+        assert view.not_ready == []
+        logs = "".join((tmp_path / f"{r.name}.log").read_text() for r in made)
+        assert "member_gone" in logs and "answered none of 2 probes" in logs, logs
+        assert "Traceback" not in logs, logs
