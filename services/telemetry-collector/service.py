@@ -52,7 +52,8 @@ log = structlog.get_logger("kinference.collector")
 #: seconds between two full parses of an endpoint's page (the others follow its
 #: shape; a series the page gains is read from the next full parse)
 FULL_PARSE_EVERY = 1.0
-#: seconds between two rebuilds of the GPU index while DCGM data keeps arriving
+#: seconds between two whole rebuilds of the GPU index while exporters leave this
+#: replica (an exporter's new stats update the index for its own pods only)
 GPU_INDEX_EVERY = 0.1
 #: an unchanged DCGM page's stats are shared with the other replicas this often
 #: (they drop an exporter's stats after ``dcgm_stale_after``, 90 s by default)
@@ -177,6 +178,11 @@ class Collector:
         self._gpu_built = float("-inf")
         #: when the oldest stats in the GPU index age out of it (the clock's time)
         self._gpu_expires = float("inf")
+        #: what each exporter (by address) puts in the index, by pod: the index is
+        #: updated for the pods of an exporter whose stats changed, not rebuilt
+        self._gpu_sources: dict[tuple[str, str], dict[str, GpuStats]] = {}
+        #: the pods each exporter (by address) has in the index
+        self._gpu_pods_of: dict[str, set[tuple[str, str]]] = {}
         self._tasks: dict[tuple[str, str, str, str], asyncio.Task[None]] = {}
         #: one page in this many of an endpoint is parsed in full, the rest read from
         #: its shape (:class:`.promparse.VllmReader`): a full parse about once a second
@@ -281,7 +287,8 @@ class Collector:
                 if tr is not None:
                     t = tr.target
                     self.publisher.forget(subjects.endpoint_key(t.namespace, t.worker_set, t.pod))
-                self._dcgm.pop(key, None)
+                if self._dcgm.pop(key, None) is not None:
+                    self._gpu_dirty = True  # its stats leave the index (another replica's copy takes over)
                 self.handed_off += 1
                 continue
             if key not in wanted:
@@ -290,7 +297,8 @@ class Collector:
                 if tr is not None:
                     self.publisher.remove_endpoint(tr.state(now))
                     log.info("endpoint_removed", pod=tr.target.pod, namespace=tr.target.namespace)
-                self._dcgm.pop(key, None)
+                if self._dcgm.pop(key, None) is not None:
+                    self._gpu_dirty = True
         for key, t in wanted.items():
             if t.kind == "dcgm":
                 if key not in self._tasks:
@@ -385,7 +393,7 @@ class Collector:
     async def scrape_dcgm(self, d: _Dcgm) -> None:
         assert self._http is not None
         t0 = time.perf_counter()
-        changed = True
+        fresh = False  # new stats were read
         try:
             body = await fetch(self._http, d.target.base_url + "/metrics",
                                self.config.dcgm_timeout, self.config.max_body_bytes)
@@ -400,7 +408,7 @@ class Collector:
                 gpus = parse_dcgm(body)
                 if not gpus:
                     raise ScrapeError("no DCGM metrics on the page")
-                d.stats, d.digest = gpu_stats_by_pod(gpus), digest
+                d.stats, d.digest, fresh = gpu_stats_by_pod(gpus), digest, True
             else:
                 self.metrics.dcgm_unchanged.inc()
             d.last_success = now
@@ -416,36 +424,77 @@ class Collector:
             if d.errors == 1:
                 log.warning("dcgm_scrape_failed", address=d.target.address, error=describe(exc))
         self.metrics.scrape_seconds_dcgm.observe(time.perf_counter() - t0)
-        if changed:
-            self._gpu_changed()
+        if fresh:
+            self._gpu_update(d.target.address, d.stats)
 
     def _gpu_changed(self) -> None:
-        """GPU data moved: rebuild the index, at most every ``GPU_INDEX_EVERY``
-        seconds (every exporter's update rebuilding it made the collector's
-        cost grow with the square of the exporters: 1,250 exporters of 8 GPUs,
-        10,000 pods, would be 12 million merges a second); what arrives in
-        between is taken in by the next scrape's :meth:`emit` after that."""
+        """Exporters left this replica: rebuild the index, at most every
+        ``GPU_INDEX_EVERY`` seconds; what arrives in between is taken in by
+        the next scrape's :meth:`emit` after that. (Rebuilding it at every
+        exporter's update made the collector's cost grow with the square of
+        the exporters: 1,250 exporters of 8 GPUs, 10,000 pods, would be 12
+        million merges a second; an update now touches its own pods.)"""
         if time.monotonic() - self._gpu_built >= GPU_INDEX_EVERY:
             self._rebuild_gpu_index()
         else:
             self._gpu_dirty = True
 
+    def _gpu_update(self, address: str, new: Mapping[tuple[str, str], GpuStats]) -> None:
+        """The exporter at ``address`` now reports ``new``: the index entries
+        of its pods, those it reported and those it reports, only (a pod's
+        entry merges every exporter that reports it, which should be one)."""
+        sources = self._gpu_sources
+        old = self._gpu_pods_of.get(address, set())
+        for key in old:
+            if key not in new and key in sources:
+                sources[key].pop(address, None)
+        for key, st in new.items():
+            sources.setdefault(key, {})[address] = st
+        self._gpu_pods_of[address] = set(new)
+        self._gpu_expires = min(self._gpu_expires, self._clock() + self.config.dcgm_stale_after)
+        for key in {*old, *new}:
+            self._gpu_merge(key)
+
+    def _gpu_merge(self, key: tuple[str, str]) -> None:
+        by_address = self._gpu_sources.get(key)
+        if not by_address:
+            self._gpu_sources.pop(key, None)
+            self._gpu_index.pop(key, None)
+            return
+        stats = iter(by_address.values())
+        merged = next(stats)
+        for st in stats:
+            merged = merge_gpu_stats(merged, st)
+        self._gpu_index[key] = merged
+
     def _rebuild_gpu_index(self) -> None:
+        """The index from every exporter's stats that have not aged out: when
+        the oldest age out, and after an exporter left this replica."""
         self._gpu_dirty, self._gpu_built = False, time.monotonic()
-        now = self._clock()
-        index: dict[tuple[str, str], GpuStats] = {}
-        sources = [(d.last_success, d.stats) for d in self._dcgm.values()]
-        sources.extend((at, stats) for addr, (at, stats) in self._remote_gpu.items()
-                       if ("dcgm", addr, "", "") not in self._dcgm)
+        sources, oldest = self.gpu_sources_now(self._clock())
+        self._gpu_sources, self._gpu_index, self._gpu_pods_of = sources, {}, {}
+        for key, by_address in sources.items():
+            self._gpu_merge(key)
+            for address in by_address:
+                self._gpu_pods_of.setdefault(address, set()).add(key)
+        self._gpu_expires = oldest + self.config.dcgm_stale_after
+
+    def gpu_sources_now(self, now: float) -> tuple[dict[tuple[str, str], dict[str, GpuStats]], float]:
+        """Every exporter's stats that have not aged out by ``now``, by pod and
+        exporter (this replica's own scrape of an exporter before another's
+        copy), and when the oldest of them was read."""
+        sources: dict[tuple[str, str], dict[str, GpuStats]] = {}
+        held = [(d.target.address, d.last_success, d.stats) for d in self._dcgm.values()]
+        held.extend((addr, at, stats) for addr, (at, stats) in self._remote_gpu.items()
+                    if ("dcgm", addr, "", "") not in self._dcgm)
         oldest = float("inf")
-        for last_success, stats in sources:
+        for address, last_success, stats in held:
             if last_success is None or now - last_success > self.config.dcgm_stale_after:
                 continue
             oldest = min(oldest, last_success)
             for key, st in stats.items():
-                index[key] = merge_gpu_stats(index[key], st) if key in index else st
-        self._gpu_index = index
-        self._gpu_expires = oldest + self.config.dcgm_stale_after
+                sources.setdefault(key, {})[address] = st
+        return sources, oldest
 
     def on_remote_endpoint(self, st: EndpointState) -> None:
         """An endpoint state on the bus (this replica's or another's): the
@@ -470,8 +519,10 @@ class Collector:
         now = self._clock()
         held = self._remote_gpu.get(address)
         self._remote_gpu[address] = (now, stats)
+        if ("dcgm", address, "", "") in self._dcgm:  # scraped here too (a hand-off): its own stats count
+            return
         if held is None or held[1] != stats or now - held[0] > self.config.dcgm_stale_after:
-            self._gpu_changed()
+            self._gpu_update(address, stats)
 
     # ------------------------------------------------------------ providers
 

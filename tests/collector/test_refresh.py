@@ -5,12 +5,13 @@ their exporters have not collected."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-from kinference_collector.derive import GpuStats
+from kinference_collector.derive import GpuStats, merge_gpu_stats
 from kinference_collector.discovery import ListDiscovery, Target
 from kinference_collector.publish import Publisher
-from kinference_collector.service import Collector, CollectorConfig
+from kinference_collector.service import Collector, CollectorConfig, _Dcgm
 from kinference_common.tasks import cancel_and_wait
 
 
@@ -87,31 +88,76 @@ async def test_the_same_targets_among_the_same_replicas_are_not_shared_out_again
     await _stop(c)
 
 
-def test_gpu_stats_sent_again_unchanged_keep_them_fresh_without_a_rebuild() -> None:
+def test_gpu_stats_sent_again_unchanged_keep_them_fresh_and_a_change_touches_its_pods_only() -> None:
     c, _, _ = collector([])
     t = [1000.0]
     c._clock = lambda: t[0]  # type: ignore[method-assign]
     rebuilds = counting_rebuilds(c)
-    c._gpu_built = float("-inf")
-    stats = {("ns", "p-0"): GpuStats(0.5, 0.25, 0, 8)}
+    stats = {("ns", "p-0"): GpuStats(0.5, 0.25, 0, 8), ("ns", "p-1"): GpuStats(0.2, 0.25, 0, 8)}
     c.on_remote_gpu("10.0.0.1:9400", stats)
-    assert len(rebuilds) == 1 and c._gpu_index[("ns", "p-0")].utilization == 0.5
-    c._gpu_built = float("-inf")  # no rate limit in the way: only whether it is needed
+    c.on_remote_gpu("10.0.0.2:9400", {("ns", "p-9"): GpuStats(0.9, 0.9, 0, 8)})
+    assert c._gpu_index[("ns", "p-0")].utilization == 0.5
     t[0] += 10
-    c.on_remote_gpu("10.0.0.1:9400", dict(stats))  # the same stats, sent again
-    assert len(rebuilds) == 1 and not c._gpu_dirty
-    assert c._remote_gpu["10.0.0.1:9400"][0] == 1010.0  # fresher
-    c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.75, 0.25, 0, 8)})  # changed
-    assert len(rebuilds) == 2 and c._gpu_index[("ns", "p-0")].utilization == 0.75
-    c._gpu_built = float("-inf")
-    # aged out of the index meanwhile (an exporter silent past dcgm_stale_after): the same
-    # stats arriving again put it back
+    c.on_remote_gpu("10.0.0.1:9400", dict(stats))  # the same stats, sent again: fresher
+    assert c._remote_gpu["10.0.0.1:9400"][0] == 1010.0
+    # changed: its pods' entries move (p-1 no longer reported), the other exporter's stay
+    other = c._gpu_index[("ns", "p-9")]
+    c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.75, 0.25, 0, 8)})
+    assert c._gpu_index[("ns", "p-0")].utilization == 0.75 and ("ns", "p-1") not in c._gpu_index
+    assert c._gpu_index[("ns", "p-9")] is other
+    assert rebuilds == []  # no whole rebuild for any of it
+    # aged out of the index (an exporter silent past dcgm_stale_after): the same stats
+    # arriving again put it back
     t[0] += c.config.dcgm_stale_after + 1
-    c._rebuild_gpu_index()
-    assert ("ns", "p-0") not in c._gpu_index
-    c._gpu_built = float("-inf")
+    c.housekeeping()
+    assert ("ns", "p-0") not in c._gpu_index and len(rebuilds) == 1
     c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.75, 0.25, 0, 8)})
     assert c._gpu_index[("ns", "p-0")].utilization == 0.75
+
+
+def test_the_gpu_index_kept_by_updates_is_the_one_a_whole_rebuild_makes() -> None:
+    """Random exporters' stats (two may report the same pod), from this
+    replica's own scrapes and from other replicas, changing, sent again,
+    aging out, an exporter handed to another replica: after each round of
+    housekeeping the index is what a whole rebuild from every fresh
+    exporter's stats gives."""
+    rng = random.Random(5)
+    c, _, _ = collector([])
+    t = [1000.0]
+    c._clock = lambda: t[0]  # type: ignore[method-assign]
+    addresses = [f"10.0.0.{i}:9400" for i in range(6)]
+
+    def stats() -> dict[tuple[str, str], GpuStats]:
+        pods = rng.sample(range(10), rng.randint(0, 4))
+        return {("ns", f"p-{i}"): GpuStats(rng.choice([0.1, 0.5, None]), rng.random(), rng.choice([0, 43]), 8)
+                for i in pods}
+
+    for _ in range(600):
+        op, address = rng.random(), rng.choice(addresses)
+        key = ("dcgm", address, "", "")
+        if op < 0.35:  # another replica's copy, new or the same again
+            held = c._remote_gpu.get(address)
+            c.on_remote_gpu(address, dict(held[1]) if held and rng.random() < 0.5 else stats())
+        elif op < 0.65:  # this replica's own scrape read new stats (scrape_dcgm's update)
+            d = c._dcgm.get(key)
+            if d is None:
+                d = c._dcgm[key] = _Dcgm(Target(kind="dcgm", address=address))
+            d.stats, d.last_success = stats(), t[0]
+            c._gpu_update(address, d.stats)
+        elif op < 0.75 and key in c._dcgm:  # handed to another replica (apply_targets)
+            c._dcgm.pop(key)
+            c._gpu_dirty = True
+        else:
+            t[0] += rng.choice([0.5, 5.0, 30.0, c.config.dcgm_stale_after])
+        c.housekeeping()
+        sources, _ = c.gpu_sources_now(t[0])
+        whole = {}
+        for pod, by_address in sources.items():
+            merged = None
+            for st in by_address.values():
+                merged = st if merged is None else merge_gpu_stats(merged, st)
+            whole[pod] = merged
+        assert c._gpu_index == whole
 
 
 def test_housekeeping_rebuilds_the_gpu_index_only_when_stats_age_out_of_it() -> None:
@@ -124,21 +170,20 @@ def test_housekeeping_rebuilds_the_gpu_index_only_when_stats_age_out_of_it() -> 
     rebuilds = counting_rebuilds(c)
     c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.5, 0.25, 0, 8)})
     t[0] += 5
-    c._gpu_built = float("-inf")
     c.on_remote_gpu("10.0.0.2:9400", {("ns", "p-1"): GpuStats(0.1, 0.1, 0, 8)})
-    assert len(rebuilds) == 2
+    assert rebuilds == []  # each update touched its pods only
     for _ in range(20):  # ten seconds of rounds, nothing aged out: nothing rebuilt
         t[0] += 0.5
         c.housekeeping()
-    assert len(rebuilds) == 2 and set(c._gpu_index) == {("ns", "p-0"), ("ns", "p-1")}
+    assert rebuilds == [] and set(c._gpu_index) == {("ns", "p-0"), ("ns", "p-1")}
     # the first exporter's stats age out (its replica stopped sending them): dropped
     t[0] = 1000.0 + c.config.dcgm_stale_after + 1
     c.housekeeping()
-    assert len(rebuilds) == 3 and set(c._gpu_index) == {("ns", "p-1")}
+    assert len(rebuilds) == 1 and set(c._gpu_index) == {("ns", "p-1")}
     c.housekeeping()
-    assert len(rebuilds) == 3  # the next to age out is the second, 5 s later
+    assert len(rebuilds) == 1  # the next to age out is the second, 5 s later
     t[0] += 5
     c.housekeeping()
-    assert len(rebuilds) == 4 and c._gpu_index == {}
+    assert len(rebuilds) == 2 and c._gpu_index == {}
     c.housekeeping()
-    assert len(rebuilds) == 4  # nothing left to age out
+    assert len(rebuilds) == 2  # nothing left to age out
