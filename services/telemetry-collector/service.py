@@ -233,6 +233,8 @@ class Collector:
         await cancel_and_wait(*tasks)
         self._tasks.clear()
         self._applied_members = None  # started again, the targets are applied again
+        self._dcgm.clear()  # (and the exporters held again; their stats leave the index meanwhile)
+        self._gpu_dirty = True
         self._aux.clear()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(flush_timeout):
@@ -287,8 +289,7 @@ class Collector:
                 if tr is not None:
                     t = tr.target
                     self.publisher.forget(subjects.endpoint_key(t.namespace, t.worker_set, t.pod))
-                if self._dcgm.pop(key, None) is not None:
-                    self._gpu_dirty = True  # its stats leave the index (another replica's copy takes over)
+                self._release_dcgm(key)
                 self.handed_off += 1
                 continue
             if key not in wanted:
@@ -297,12 +298,11 @@ class Collector:
                 if tr is not None:
                     self.publisher.remove_endpoint(tr.state(now))
                     log.info("endpoint_removed", pod=tr.target.pod, namespace=tr.target.namespace)
-                if self._dcgm.pop(key, None) is not None:
-                    self._gpu_dirty = True
+                self._release_dcgm(key)
         for key, t in wanted.items():
             if t.kind == "dcgm":
                 if key not in self._tasks:
-                    d = self._dcgm[key] = _Dcgm(t)
+                    d = self._hold_dcgm(t)
                     self._tasks[key] = asyncio.create_task(
                         self._on_slots(t, "dcgm", self.config.dcgm_interval, lambda d=d: self.scrape_dcgm(d)),
                         name=f"dcgm {t.address}")
@@ -321,6 +321,21 @@ class Collector:
                 name=f"scrape {t.pod}")
             log.info("endpoint_added", pod=t.pod, namespace=t.namespace, address=t.address)
         self._applied_members = self._members()
+
+    def _hold_dcgm(self, t: Target) -> _Dcgm:
+        """This replica scrapes the exporter ``t`` from now on: until its first
+        scrape, another replica's copy of its stats no longer counts (as in a
+        whole rebuild of the GPU index, which the next emit makes)."""
+        d = self._dcgm[t.key] = _Dcgm(t)
+        if t.address in self._gpu_pods_of:
+            self._gpu_dirty = True
+        return d
+
+    def _release_dcgm(self, key: tuple[str, str, str, str]) -> None:
+        """This replica no longer scrapes the exporter ``key``: its stats leave
+        the GPU index (another replica's copy takes over) at the next rebuild."""
+        if self._dcgm.pop(key, None) is not None:
+            self._gpu_dirty = True
 
     async def _discovery_loop(self) -> None:
         while True:
@@ -425,7 +440,7 @@ class Collector:
                 log.warning("dcgm_scrape_failed", address=d.target.address, error=describe(exc))
         self.metrics.scrape_seconds_dcgm.observe(time.perf_counter() - t0)
         if fresh:
-            self._gpu_update(d.target.address, d.stats)
+            self._gpu_update(d.target.address, d.stats, d.last_success or self._clock())
 
     def _gpu_changed(self) -> None:
         """Exporters left this replica: rebuild the index, at most every
@@ -439,10 +454,11 @@ class Collector:
         else:
             self._gpu_dirty = True
 
-    def _gpu_update(self, address: str, new: Mapping[tuple[str, str], GpuStats]) -> None:
-        """The exporter at ``address`` now reports ``new``: the index entries
-        of its pods, those it reported and those it reports, only (a pod's
-        entry merges every exporter that reports it, which should be one)."""
+    def _gpu_update(self, address: str, new: Mapping[tuple[str, str], GpuStats], at: float) -> None:
+        """The exporter at ``address`` reported ``new`` (read at ``at``): the
+        index entries of its pods, those it reported and those it reports,
+        only (a pod's entry merges every exporter that reports it, which
+        should be one)."""
         sources = self._gpu_sources
         old = self._gpu_pods_of.get(address, set())
         for key in old:
@@ -451,7 +467,7 @@ class Collector:
         for key, st in new.items():
             sources.setdefault(key, {})[address] = st
         self._gpu_pods_of[address] = set(new)
-        self._gpu_expires = min(self._gpu_expires, self._clock() + self.config.dcgm_stale_after)
+        self._gpu_expires = min(self._gpu_expires, at + self.config.dcgm_stale_after)
         for key in {*old, *new}:
             self._gpu_merge(key)
 
@@ -522,7 +538,7 @@ class Collector:
         if ("dcgm", address, "", "") in self._dcgm:  # scraped here too (a hand-off): its own stats count
             return
         if held is None or held[1] != stats or now - held[0] > self.config.dcgm_stale_after:
-            self._gpu_update(address, stats)
+            self._gpu_update(address, stats, now)
 
     # ------------------------------------------------------------ providers
 
@@ -572,7 +588,7 @@ class Collector:
                 self.publisher.offer_provider(self.providers.state(key, now))
         # stats that aged out leave the index (those that change or come back rebuild it
         # as they arrive): not a rebuild of every exporter's stats at every round
-        if (self._dcgm or self._remote_gpu) and (self._gpu_dirty or now >= self._gpu_expires):
+        if self._gpu_dirty or now >= self._gpu_expires:
             self._rebuild_gpu_index()
         # readiness turns false on time even when a target's scrapes are slower
         # than the staleness bound (unchanged states are not re-sent); a target

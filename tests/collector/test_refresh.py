@@ -115,13 +115,45 @@ def test_gpu_stats_sent_again_unchanged_keep_them_fresh_and_a_change_touches_its
     assert c._gpu_index[("ns", "p-0")].utilization == 0.75
 
 
+def test_an_exporter_taken_over_does_not_keep_the_other_replicas_copy_until_its_first_scrape() -> None:
+    """From review: this replica now scrapes an exporter another replica
+    scraped; until its own first scrape succeeds, the other's copy no longer
+    counts (a whole rebuild leaves such an exporter out)."""
+    c, _, _ = collector([])
+    t = [1000.0]
+    c._clock = lambda: t[0]  # type: ignore[method-assign]
+    c.on_remote_gpu("10.0.0.2:9400", {("ns", "p-9"): GpuStats(0.9, 0.9, 0, 8)})
+    t[0] += 60
+    c.on_remote_gpu("10.0.0.1:9400", {("ns", "p-0"): GpuStats(0.5, 0.5, 0, 8)})
+    c._hold_dcgm(Target(kind="dcgm", address="10.0.0.1:9400"))
+    c.housekeeping()
+    assert set(c._gpu_index) == {("ns", "p-9")}
+
+
 def test_the_gpu_index_kept_by_updates_is_the_one_a_whole_rebuild_makes() -> None:
     """Random exporters' stats (two may report the same pod), from this
-    replica's own scrapes and from other replicas, changing, sent again,
-    aging out, an exporter handed to another replica: after each round of
-    housekeeping the index is what a whole rebuild from every fresh
-    exporter's stats gives."""
-    rng = random.Random(5)
+    replica's own scrapes (some failing, some read a moment before the update)
+    and from other replicas (new, or sent again), exporters taken over from
+    another replica and handed back, time passing: whenever no rebuild is due
+    the index is what a whole rebuild from every fresh exporter's stats would
+    give, and after each round of housekeeping it is that. The oldest stats
+    in it never outlive their age-out."""
+    for seed in range(4):
+        _random_gpu_walk(random.Random(seed))
+
+
+def _whole_index(c: Collector, now: float) -> tuple[dict[tuple[str, str], GpuStats], float]:
+    sources, oldest = c.gpu_sources_now(now)
+    whole = {}
+    for pod, by_address in sources.items():
+        merged = None
+        for st in by_address.values():
+            merged = st if merged is None else merge_gpu_stats(merged, st)
+        whole[pod] = merged
+    return whole, oldest
+
+
+def _random_gpu_walk(rng: random.Random) -> None:
     c, _, _ = collector([])
     t = [1000.0]
     c._clock = lambda: t[0]  # type: ignore[method-assign]
@@ -132,31 +164,31 @@ def test_the_gpu_index_kept_by_updates_is_the_one_a_whole_rebuild_makes() -> Non
         return {("ns", f"p-{i}"): GpuStats(rng.choice([0.1, 0.5, None]), rng.random(), rng.choice([0, 43]), 8)
                 for i in pods}
 
-    for _ in range(600):
+    for _ in range(500):
         op, address = rng.random(), rng.choice(addresses)
         key = ("dcgm", address, "", "")
-        if op < 0.35:  # another replica's copy, new or the same again
+        if op < 0.3:  # another replica's copy, new or the same again
             held = c._remote_gpu.get(address)
             c.on_remote_gpu(address, dict(held[1]) if held and rng.random() < 0.5 else stats())
-        elif op < 0.65:  # this replica's own scrape read new stats (scrape_dcgm's update)
-            d = c._dcgm.get(key)
-            if d is None:
-                d = c._dcgm[key] = _Dcgm(Target(kind="dcgm", address=address))
+        elif op < 0.55 and key in c._dcgm:  # this replica's own scrape of it (scrape_dcgm's update)
+            d = c._dcgm[key]
+            if rng.random() < 0.2:
+                continue  # it failed: nothing read
             d.stats, d.last_success = stats(), t[0]
-            c._gpu_update(address, d.stats)
-        elif op < 0.75 and key in c._dcgm:  # handed to another replica (apply_targets)
-            c._dcgm.pop(key)
-            c._gpu_dirty = True
+            t[0] += rng.choice([0.0, 0.01, 0.05])  # parsed and shared before the update
+            c._gpu_update(address, d.stats, d.last_success)
+        elif op < 0.65:  # taken over from another replica (apply_targets), not scraped yet
+            if key not in c._dcgm:
+                c._hold_dcgm(Target(kind="dcgm", address=address))
+        elif op < 0.75:  # handed to another replica
+            c._release_dcgm(key)
         else:
             t[0] += rng.choice([0.5, 5.0, 30.0, c.config.dcgm_stale_after])
+        whole, oldest = _whole_index(c, t[0])
+        if not c._gpu_dirty and t[0] < c._gpu_expires:  # no rebuild due: the kept index is the whole one,
+            assert c._gpu_index == whole  # and a rebuild falls due when its oldest stats age out
+            assert c._gpu_expires <= oldest + c.config.dcgm_stale_after or not c._gpu_index
         c.housekeeping()
-        sources, _ = c.gpu_sources_now(t[0])
-        whole = {}
-        for pod, by_address in sources.items():
-            merged = None
-            for st in by_address.values():
-                merged = st if merged is None else merge_gpu_stats(merged, st)
-            whole[pod] = merged
         assert c._gpu_index == whole
 
 
