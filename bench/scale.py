@@ -12,7 +12,7 @@ cost rather than the whole fleet's rate:
   replicas together), and the interval each replica count sustains (each
   replica on one core: its share of the pods times its CPU per scrape). The
   replica counts run in ``--rounds`` interleaved rounds (3) and each count's
-  row is its median run (one run here moves by up to a fifth from the next
+  row is its median run (one run here moves by up to 45% from the next
   run of the same thing); beside them, in each round, as many replicas as
   the most sharing nothing (each its own nats-server and share of the pods):
   the same work per replica on a machine as busy, without replication;

@@ -97,7 +97,8 @@ def parser() -> argparse.ArgumentParser:
                    help="each replica probes the next one every --interval; a replica that leaves this many "
                         "probes in a row unanswered while NATS still holds its connection (a node gone, a "
                         "process frozen) is taken for dead and its share taken over (one slow for that long "
-                        "is scraped twice until its next heartbeat); 0: only --member-ttl (default 2)")
+                        "is scraped twice until its next heartbeat); 0: a frozen replica is found only by "
+                        "--member-ttl, a killed one still at the next probe (default 2)")
     p.add_argument("--kv-replicas", type=int, default=int(os.environ.get("KINFERENCE_KV_REPLICAS", "1")),
                    help="replicas of the KV buckets this service creates: 3 on a three-server NATS cluster "
                         "(default: $KINFERENCE_KV_REPLICAS or 1)")
