@@ -744,8 +744,8 @@ def _describe(row: dict[str, Any]) -> str:
 def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run of median CPU per scrape (the lower middle one of an even
     number), with every run's figure beside it (``cpu_s_per_1000_scrapes_runs``,
-    in the order measured): one run of this shared machine moves by up to a
-    fifth from the next run of the same thing."""
+    in the order measured): one run of this shared machine moves by up to
+    45% from the next run of the same thing."""
     ordered = sorted(runs, key=lambda r: r["cpu_s_per_1000_scrapes"])
     row = dict(ordered[(len(ordered) - 1) // 2])
     row["cpu_s_per_1000_scrapes_runs"] = [r["cpu_s_per_1000_scrapes"] for r in runs]
