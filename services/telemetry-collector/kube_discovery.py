@@ -242,7 +242,9 @@ class KubeDiscovery:
                 # at once on a change (each object is still written at most once per interval), and
                 # every interval (scrape results move readiness too)
                 # several replicas: the leader alone writes, from every replica's states
-                if (woke or loop.time() - last_report >= status_interval) and getattr(collector, "leader", True):
+                # (once it has followed every other replica's states for a republish interval)
+                if (woke or loop.time() - last_report >= status_interval) and getattr(collector, "leader", True) \
+                        and getattr(collector, "status_view_complete", lambda: True)():
                     last_report = loop.time()
                     trackers = collector.status_trackers() if hasattr(collector, "status_trackers") \
                         else collector.trackers

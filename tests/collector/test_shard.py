@@ -491,3 +491,43 @@ async def test_a_probe_that_timed_out_because_the_prober_stalled_proves_nothing(
     assert b.dropped["unanswered"] == 0
     for m in (a, b, c):
         await m.stop()
+
+
+async def test_only_the_leader_follows_every_endpoint_state_and_a_new_one_waits_for_a_whole_view(
+        replicas: Any) -> None:
+    """On Kubernetes the leader writes the statuses of every pod, from the
+    others' published states: it alone follows them (each replica following
+    every state of the fleet cost each a decode per state). A replica that
+    becomes the leader writes nothing until it has followed for a republish
+    interval, so never from half a fleet."""
+    from kinference_collector.service import share_between_replicas
+
+    names = ["collector-0", "collector-1", "collector-2"]
+    rs = [await replicas(n) for n in names]
+    followers = []
+    for r in rs:
+        (_, follower) = await share_between_replicas(r.nc, r.collector, status=True)
+        followers.append(follower)
+    a, b, c = rs
+    await _until(lambda: all(r.shard.members == names for r in rs) and _exactly_once(rs))
+    pods = {f"p-{i}" for i in range(PODS)}
+
+    def viewed(r: Replica) -> set[str]:
+        return {k[3] for k in r.collector.status_trackers()}
+
+    await _until(lambda: a.collector.status_view_complete() and viewed(a) == pods)
+    for r in (b, c):  # the others follow nothing, and would write nothing
+        assert r.collector.state_follower is not None and r.collector.state_follower.since is None
+        assert r.collector._remote_states == {} and not r.collector.status_view_complete()
+        assert viewed(r) == r.owned()
+    # the leader leaves: collector-1 leads, and follows collector-2's states
+    await followers[0].unsubscribe()
+    await a.leave()
+    await _until(lambda: b.shard.members == names[1:] and b.collector.state_follower.since is not None)
+    assert not b.collector.status_view_complete()  # not a republish interval yet
+    await _until(lambda: b.collector.status_view_complete())
+    await _until(lambda: _exactly_once([b, c]))
+    assert viewed(b) == pods  # its own pods, and collector-2's from their states
+    assert c.collector.state_follower.since is None
+    for f in followers[1:]:
+        await f.unsubscribe()
