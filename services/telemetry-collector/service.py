@@ -834,13 +834,17 @@ class StateFollower:
             self.collector.on_remote_endpoint(self._dec.decode(msg.data))
 
     async def _run(self) -> None:
+        failing = False
         while True:
             try:
                 await self.check()
+                failing = False
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # NATS away: tried again at the next check
-                log.warning("state_follow_failed", error=describe(exc))
+            except Exception as exc:  # NATS away: tried again at the next check (said once)
+                if not failing:
+                    log.warning("state_follow_failed", error=describe(exc))
+                failing = True
             await asyncio.sleep(self.check_every)
 
     async def check(self) -> None:
