@@ -173,7 +173,7 @@ class Collector:
         self.trackers: dict[tuple[str, str, str, str], EndpointTracker] = {}
         self._dcgm: dict[tuple[str, str, str, str], _Dcgm] = {}
         self._gpu_index: dict[tuple[str, str], GpuStats] = {}
-        #: GPU data arrived since the index was last built (at ``_gpu_built``)
+        #: an exporter left this replica since the index was last built whole (at ``_gpu_built``)
         self._gpu_dirty = False
         self._gpu_built = float("-inf")
         #: when the oldest stats in the GPU index age out of it (the clock's time)
@@ -504,7 +504,7 @@ class Collector:
         sources: dict[tuple[str, str], dict[str, GpuStats]] = {}
         held = [(d.target.address, d.last_success, d.stats) for d in self._dcgm.values()]
         held.extend((addr, at, stats) for addr, (at, stats) in self._remote_gpu.items()
-                    if ("dcgm", addr, "", "") not in self._dcgm)
+                    if not self._scrapes_dcgm(addr))
         oldest = float("inf")
         for address, last_success, stats in held:
             if last_success is None or now - last_success > self.config.dcgm_stale_after:
@@ -513,6 +513,9 @@ class Collector:
             for key, st in stats.items():
                 sources.setdefault(key, {})[address] = st
         return sources, oldest
+
+    def _scrapes_dcgm(self, address: str) -> bool:
+        return Target(kind="dcgm", address=address).key in self._dcgm
 
     def on_remote_endpoint(self, st: EndpointState) -> None:
         """An endpoint state on the bus (this replica's or another's): the
@@ -543,12 +546,12 @@ class Collector:
     def on_remote_gpu(self, address: str, stats: dict[tuple[str, str], GpuStats]) -> None:
         """Another replica scraped the DCGM exporter at ``address``. The same
         stats again (sent every ``GPU_SHARE_UNCHANGED_EVERY`` while the exporter
-        has not collected) only keep them fresh: the index is rebuilt when they
+        has not collected) only keep them fresh: the index is updated when they
         changed, or had aged out of it."""
         now = self._clock()
         held = self._remote_gpu.get(address)
         self._remote_gpu[address] = (now, stats)
-        if ("dcgm", address, "", "") in self._dcgm:  # scraped here too (a hand-off): its own stats count
+        if self._scrapes_dcgm(address):  # scraped here too (a hand-off): its own stats count
             return
         if held is None or held[1] != stats or now - held[0] > self.config.dcgm_stale_after:
             self._gpu_update(address, stats, now)
@@ -599,8 +602,9 @@ class Collector:
         if self.leader:
             for key in self.providers.keys():
                 self.publisher.offer_provider(self.providers.state(key, now))
-        # stats that aged out leave the index (those that change or come back rebuild it
-        # as they arrive): not a rebuild of every exporter's stats at every round
+        # stats that aged out leave the index, and exporters that left (those that change
+        # or come back update it as they arrive): not a rebuild of every exporter's stats
+        # at every round
         if self._gpu_dirty or now >= self._gpu_expires:
             self._rebuild_gpu_index()
         # readiness turns false on time even when a target's scrapes are slower

@@ -242,7 +242,9 @@ class Membership:
                     b = self._dec.decode(entry.value)
                 except msgspec.DecodeError:
                     continue
-            if entry.revision:
+            if b is None:  # deleted: no revision to keep (replica ids come and go with pods)
+                self._revisions.pop(key, None)
+            elif entry.revision:
                 self._revisions[key] = entry.revision
             if b is None or b.at <= 0 or not b.ready:  # gone, leaving, or not scraping yet
                 self._beats.pop(key, None)
@@ -292,6 +294,7 @@ class Membership:
         now = asyncio.get_running_loop().time()
         for key in [k for k, at in self._beats.items() if now - at > self.ttl]:
             del self._beats[key]
+            self._revisions.pop(key, None)
         self._update_members()
 
     def _update_members(self) -> None:
