@@ -75,10 +75,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=_positive, default=10.0,
                    help="seconds covered by windowed signals: hit rate, mean TTFT, prefill throughput (default 10)")
     p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest page accepted (default 8 MiB)")
-    p.add_argument("--scrape-batch", type=_whole_at_least(1), default=8,
+    p.add_argument("--scrape-batch", type=_whole_at_least(1), default=16,
                    help="endpoints of a kind scraped together at one wake-up: their slots share a grid of "
                    "interval x N / endpoints held, so a replica wakes about endpoints / N times an interval "
-                   "(each wake-up costs CPU of its own); 1 spreads every scrape over the interval (default 8)")
+                   "(each wake-up costs CPU of its own); 1 spreads every scrape over the interval (default 16)")
     p.add_argument("--dcgm-interval", type=_above_zero, default=1.0, help="seconds between DCGM scrapes (default 1)")
     p.add_argument("--min-publish-interval", type=_positive, default=1.0,
                    help="republish unchanged state at least this often, seconds (default 1)")

@@ -146,3 +146,39 @@ def test_each_replica_count_is_judged_on_its_median_run() -> None:
     assert flat.startswith("MET ") and "10.0%" in flat
     assert "0.600 / 0.660 s per 1,000, the median of 3 interleaved runs each; every run: " \
            "0.600 / 0.550 / 0.800; 0.900 / 0.660 / 0.620" in flat
+
+
+def test_side_by_side_rounds_judge_the_flat_cpu_goal_on_each_rounds_own_figures() -> None:
+    """When the counts ran side by side, each round's counts shared the same
+    seconds of the machine: the verdict is the median of each round's largest
+    change, not the change between medians of runs that ran at other times."""
+    rows = [{"pods": 1000, "collectors": n, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": med,
+             "cpu_s_per_1000_scrapes_runs": every, "cores_for_1000_pods_at_100ms": 10 * med,
+             "pipeline_lag_p99_ms": 20.0}
+            for n, med, every in ((1, 0.40, [0.50, 0.40, 0.30]), (4, 0.50, [0.55, 0.44, 0.36]))]
+    # the medians of runs are 25% apart, but in every round the four replicas cost 10-20% more
+    flat_by_round = [0.10, 0.10, 0.20]
+    (flat,) = [v for v in scale.verdicts(rows, [], flat_by_round=flat_by_round) if "flat within 15%" in v]
+    assert flat.startswith("MET ") and "the median of 3 rounds' largest change, 10.0%" in flat
+    assert "0.500 / 0.550 (10.0%); 0.400 / 0.440 (10.0%); 0.300 / 0.360 (20.0%)" in flat
+    (flat,) = [v for v in scale.verdicts(rows, [], flat_by_round=[0.2, 0.3, 0.1]) if "flat within 15%" in v]
+    assert flat.startswith("MISS") and "20.0%" in flat
+    # without rounds (an older results file), the medians' change as before
+    (flat,) = [v for v in scale.verdicts(rows, []) if "flat within 15%" in v]
+    assert flat.startswith("MISS") and "25.0%" in flat
+
+
+def test_the_lag_verdict_reads_the_replicas_run_alone_when_there_is_one() -> None:
+    """Side by side, four fleets and every run's router follower share the two
+    cores; the lag goal is judged on the run of the most replicas alone, and
+    the verdict gives the side-by-side worst beside it."""
+    rows = [{"pods": 1000, "collectors": n, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": 0.5,
+             "cores_for_1000_pods_at_100ms": 5.0, "pipeline_lag_p99_ms": lag}
+            for n, lag in ((1, 945.2), (4, 40.0))]
+    alone = {"pods": 1000, "collectors": 4, "pipeline_lag_p99_ms": 31.5}
+    (v,) = [v for v in scale.verdicts(rows, [], lag=alone) if "publish lag" in v]
+    assert v.startswith("MET ") and "31.5 ms (4 replicas alone" in v and "= 131.5 ms" in v and "up to 945.2 ms" in v
+    (v,) = [v for v in scale.verdicts(rows, [], lag=dict(alone, pipeline_lag_p99_ms=120.0)) if "publish lag" in v]
+    assert v.startswith("MISS")
+    (v,) = [v for v in scale.verdicts(rows, []) if "publish lag" in v]
+    assert v.startswith("MISS") and "945.2 ms" in v
