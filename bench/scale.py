@@ -514,11 +514,22 @@ def verdicts(rows: list[dict[str, Any]], router: list[dict[str, Any]],
         many = next((r for r in rows if r["collectors"] == (control or {}).get("collectors")), None)
         if control is not None and many is not None and control["cpu_s_per_1000_scrapes"] > 0:
             extra = many["cpu_s_per_1000_scrapes"] / control["cpu_s_per_1000_scrapes"] - 1
+            shared, alone = many.get("cpu_s_per_1000_scrapes_runs"), control.get("cpu_s_per_1000_scrapes_runs")
+            if flat_by_round and shared and alone and len(shared) == len(alone) == len(flat_by_round) \
+                    and all(a > 0 for a in alone):
+                # side by side: each round's sharing and apart replicas ran over the same seconds
+                each = [sh / a - 1 for sh, a in zip(shared, alone, strict=True)]
+                extra = statistics.median(each)
+                rounds = (f" (the median of {len(each)} rounds: "
+                          + "; ".join(f"{sh:.3f} against {a:.3f}, {100 * e:+.1f}%"
+                                      for sh, a, e in zip(shared, alone, each, strict=True)) + ")")
+            else:
+                rounds = ""
             out.append(f"NOTE side by side, at the same load per replica: {many['collectors']} replicas "
                        f"sharing {many['pods']:,} pods {many['cpu_s_per_1000_scrapes']:.3f} s per 1,000 scrapes, "
                        f"{control['collectors']} replicas apart (each its own NATS server and {control['pods'] // control['collectors']:,} "
                        f"of the pods, no membership) {control['cpu_s_per_1000_scrapes']:.3f}: replication itself "
-                       f"adds {100 * extra:+.1f}%")
+                       f"adds {100 * extra:+.1f}%{rounds}")
     if goal is not None:
         c = goal["cores_for_1000_pods_at_100ms"]
         out.append(f"{'MET ' if c <= GOAL_CORES_1000_AT_100MS else 'MISS'} 1,000 pods at 100 ms need at most 4 "

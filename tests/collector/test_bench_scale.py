@@ -182,3 +182,22 @@ def test_the_lag_verdict_reads_the_replicas_run_alone_when_there_is_one() -> Non
     assert v.startswith("MISS")
     (v,) = [v for v in scale.verdicts(rows, []) if "publish lag" in v]
     assert v.startswith("MISS") and "945.2 ms" in v
+
+
+def test_replications_own_cost_is_read_round_by_round_when_side_by_side() -> None:
+    """Sharing and apart replicas of one round ran over the same seconds: the
+    note compares them round by round (the median of the rounds), not the
+    medians of runs from different rounds."""
+    rows = [{"pods": 1000, "collectors": n, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": med,
+             "cpu_s_per_1000_scrapes_runs": every, "cores_for_1000_pods_at_100ms": 10 * med,
+             "pipeline_lag_p99_ms": 20.0}
+            for n, med, every in ((1, 0.40, [0.40, 0.36, 0.44]), (4, 0.44, [0.44, 0.40, 0.48]))]
+    apart = {"pods": 1000, "collectors": 4, "role": "apart", "cpu_s_per_1000_scrapes": 0.40,
+             "cpu_s_per_1000_scrapes_runs": [0.40, 0.40, 0.32]}
+    (note,) = [v for v in scale.verdicts(rows, [], None, None, apart, [0.1, 0.11, 0.09]) if v.startswith("NOTE")]
+    # rounds: +10%, +0%, +50%: the median +10%, where the medians of runs say 0.44 / 0.40 = +10% too
+    assert "adds +10.0% (the median of 3 rounds: 0.440 against 0.400, +10.0%; 0.400 against 0.400, +0.0%; " \
+           "0.480 against 0.320, +50.0%)" in note
+    apart["cpu_s_per_1000_scrapes_runs"] = [0.44, 0.40, 0.48]
+    (note,) = [v for v in scale.verdicts(rows, [], None, None, apart, [0.1, 0.11, 0.09]) if v.startswith("NOTE")]
+    assert "adds +0.0% (the median of 3 rounds" in note  # each round alike, though 0.44 / 0.40 medians differ
