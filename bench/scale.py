@@ -739,8 +739,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             rows = [median_row(runs[n]) for n in args.collectors]
             control = median_row(runs["apart"]) if apart else None
             if args.rounds and len(kinds) > 1:
-                # the lag to the routers, with nothing beside the replicas: side by side, four
-                # fleets, their NATS servers and every run's router follower in this process
+                # the lag to the routers, with nothing beside the replicas: side by side, every
+                # count's fleet, its NATS servers and every run's router follower in this process
                 # load the two cores so far that a batch of states now and then waits seconds
                 fleet, targets, tmp = fleets[most]
                 alone = await collector_run(args.pods, most, args.interval, args.seconds, args.changes,
@@ -843,11 +843,12 @@ async def apart_run(args: argparse.Namespace, n: int, fleet: Any, targets: dict[
                     tmp: Path, together: asyncio.Barrier | None = None) -> dict[str, Any]:
     """``n`` replicas that share nothing, all at once: each has its own
     nats-server and holds 1/``n`` of the pods and of the exporters, so each
-    does what each of ``n`` sharing replicas does, on a machine as busy,
-    without membership, heartbeats, probes or shared GPU stats. Against the
-    ``n`` sharing replicas it shows what replication itself adds to a scrape
-    (one replica holding a share alone runs on a quieter machine, and work on
-    this virtual machine costs more the quieter it is)."""
+    does what each of ``n`` sharing replicas does, without membership,
+    heartbeats, probes or shared GPU stats. Run beside the ``n`` sharing
+    replicas (:func:`side_by_side`, ``together``), it shows what replication
+    itself adds to a scrape (one replica holding a share alone would run on a
+    quieter machine, and work on this virtual machine costs more the quieter
+    it is)."""
     from kinference_common import natsserver
 
     per, per_dcgm = len(targets["endpoints"]) // n, math.ceil(len(targets["dcgm"]) / n)
@@ -943,8 +944,8 @@ def main(argv: list[str] | None = None) -> int:
                          "and share of the pods): the same load per replica on a machine as busy, to tell "
                          "replication's own cost from the machine's")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="interleaved rounds of the replica runs; each count's row is its median run "
-                         "(default %(default)s)")
+                    help="rounds in which the replica counts run side by side; each count's row is its median "
+                         "run, and the flat-CPU goal is judged on each round's own figures (default %(default)s)")
     ap.add_argument("--no-split", dest="split", action="store_false",
                     help="skip the run of one replica at twice the interval (the per-scrape / per-pod cost split)")
     ap.add_argument("--router-sizes", type=int, nargs="*", default=[100, 1000, 10000],
