@@ -164,6 +164,8 @@ class Publisher:
         self._pending: dict[str, None] = {}
         self._sent: deque[tuple[float, str]] = deque()
         self._wake = asyncio.Event()
+        #: when :meth:`run` last flushed (its clock)
+        self._flushed_at = float("-inf")
         #: sends by kind (``endpoint``, ``provider``), and KV writes among them
         self.sent_by_kind: dict[str, int] = {"endpoint": 0, "provider": 0}
         self.stored = 0
@@ -283,18 +285,44 @@ class Publisher:
         """States sent, of every kind."""
         return sum(self.sent_by_kind.values())
 
+    def _next_due(self, tick: float) -> float | None:
+        """Seconds until the oldest send is due again, but not before a
+        ``tick`` after the last flush (the republishes due meanwhile go out
+        together, at most a tick late); None when nothing was sent (nothing
+        falls due until something is offered); 0 while a failed send waits
+        to be tried again."""
+        if self._pending:
+            return 0.0
+        if not self._sent:
+            return None
+        due = max(self._sent[0][0] + self.min_interval, self._flushed_at + tick)
+        return max(0.0, due - self._clock())
+
     async def run(self, stop: asyncio.Event, retry_delay: float = 0.2) -> None:
-        """Flush ``batch`` seconds after something is offered, and at least every ``min_interval / 4``."""
+        """Flush ``batch`` seconds after something is offered, and when
+        states fall due again (``min_interval`` after their last send, on a
+        grain of ``min_interval / 4``); asleep while nothing is held."""
         tick = max(0.01, self.min_interval / 4)
+        stopping = asyncio.ensure_future(stop.wait())  # ``stop`` wakes the wait below
+        stopping.add_done_callback(lambda _: self._wake.set())
+        try:
+            await self._run(stop, tick, retry_delay)
+        finally:
+            stopping.cancel()
+
+    async def _run(self, stop: asyncio.Event, tick: float, retry_delay: float) -> None:
         while not stop.is_set():
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=tick)
+                # asyncio.timeout, not wait_for: no task is made per wait
+                async with asyncio.timeout(self._next_due(tick)):
+                    await self._wake.wait()
                 if self.batch > 0:
                     await asyncio.sleep(self.batch)
             except TimeoutError:
                 pass
             self._wake.clear()
             failures = self.failures
+            self._flushed_at = self._clock()
             await self.flush()
             if self.failures > failures:
                 await asyncio.sleep(retry_delay)

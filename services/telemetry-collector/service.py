@@ -811,13 +811,21 @@ class StateFollower:
     replica a decode per state of the fleet (10,000 a second at 1,000 pods
     and 100 ms, 100,000 at 10,000). A new leader writes no status until it
     has followed for a republish interval (every state is sent at least that
-    often), so it never writes from half a fleet. ``unsubscribe()`` stops it,
-    as :func:`run_service` stops the other subscriptions."""
+    often), so it never writes from half a fleet. It acts when the shard
+    says its members or this replica's readiness changed
+    (:meth:`.shard.Shard.on_leadership`), not on a timer; a subscription
+    that failed (NATS away) is tried again every ``retry_every`` seconds.
+    ``unsubscribe()`` stops it, as :func:`run_service` stops the other
+    subscriptions."""
 
-    def __init__(self, nc: Any, collector: Collector, check_every: float = 0.1) -> None:
-        self._nc, self.collector, self.check_every = nc, collector, check_every
+    def __init__(self, nc: Any, collector: Collector, retry_every: float = 0.5) -> None:
+        self._nc, self.collector, self.retry_every = nc, collector, retry_every
         self._sub: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._changed.set()  # the first check: this replica may lead already
+        if collector.shard is not None:
+            collector.shard.on_leadership(self._changed.set)
         self._dec = msgspec.json.Decoder(EndpointState)
         #: when the subscription began (loop time); None while not following
         self.since: float | None = None
@@ -842,16 +850,19 @@ class StateFollower:
     async def _run(self) -> None:
         failing = False
         while True:
+            await self._changed.wait()
+            self._changed.clear()
             try:
                 await self.check()
                 failing = False
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # NATS away: tried again at the next check (said once)
+            except Exception as exc:  # NATS away: tried again shortly (said once)
                 if not failing:
                     log.warning("state_follow_failed", error=describe(exc))
                 failing = True
-            await asyncio.sleep(self.check_every)
+                self._changed.set()
+                await asyncio.sleep(self.retry_every)
 
     async def check(self) -> None:
         """Follow, or stop following, as this replica's leadership says."""

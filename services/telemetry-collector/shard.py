@@ -160,6 +160,9 @@ class Membership:
         self._kv: object | None = None
         self.members: list[str] = [replica_id]
         self._listeners: list[Callable[[], None]] = []
+        #: called when what :attr:`leader` and the member count say may have changed
+        #: (the members, or this replica's readiness)
+        self._leadership: list[Callable[[], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._enc = msgspec.json.Encoder()
         self._dec = msgspec.json.Decoder(_Beat)
@@ -179,7 +182,21 @@ class Membership:
         self._follow: asyncio.Task[None] | None = None
 
     def on_change(self, cb: Callable[[], None]) -> None:
+        """``cb()`` whenever the members change."""
         self._listeners.append(cb)
+
+    def on_leadership(self, cb: Callable[[], None]) -> None:
+        """``cb()`` whenever the members or this replica's readiness change
+        (what :attr:`leader` depends on), so that a follower of leadership
+        need not poll it."""
+        self._leadership.append(cb)
+
+    def _tell(self, listeners: list[Callable[[], None]]) -> None:
+        for cb in listeners:
+            try:
+                cb()
+            except Exception:  # a listener's bug must not stop the watch or the heartbeats
+                log.exception("membership_listener_failed", replica=self.id)
 
     def share(self, targets: list[Target]) -> list[Target]:
         """This replica's share of ``targets`` under the current members (the
@@ -305,11 +322,8 @@ class Membership:
             log.info("membership_changed", replica=self.id, members=members,
                      leader=self.ready and members[0] == self.id)
             self.members = members
-            for cb in self._listeners:
-                try:
-                    cb()
-                except Exception:  # a listener's bug must not stop the watch or the heartbeats
-                    log.exception("membership_listener_failed", replica=self.id)
+            self._tell(self._listeners)
+            self._tell(self._leadership)
 
     async def start(self) -> None:
         """Answer on this replica's alive subject, beat (not ready yet) and
@@ -338,6 +352,7 @@ class Membership:
         share as soon as they hear it)."""
         if not self.ready:
             self.ready = True
+            self._tell(self._leadership)
             await self.beat()
 
     async def _run(self) -> None:

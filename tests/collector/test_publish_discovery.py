@@ -267,3 +267,44 @@ def test_cli_help_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
         assert flag in out
     args = parser().parse_args(["--interval", "0.05", "--timeout", "0.2", "--dcgm", "a:1", "--dcgm", "b:2"])
     assert args.interval == 0.05 and args.timeout == 0.2 and args.dcgm == ["a:1", "b:2"]
+
+
+async def test_the_publisher_sleeps_while_nothing_is_due_and_republishes_when_it_is() -> None:
+    """With nothing held the publisher's task does not wake (it flushed four
+    times a second for nothing, in every replica); a state sent is sent
+    again once ``min_interval`` has passed, with no new offer; a send that
+    failed is tried again without one."""
+    import asyncio
+
+    bus = RecordingBus()
+    pub = Publisher(bus, min_interval=0.2, batch=0.0)
+    flushes = 0
+    real_flush = pub.flush
+
+    async def counted() -> int:
+        nonlocal flushes
+        flushes += 1
+        return await real_flush()
+
+    pub.flush = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    await asyncio.sleep(0.5)
+    assert flushes == 0  # nothing offered: asleep (ticking every 50 ms made 10)
+    pub.offer_endpoint(ep(1))
+    await asyncio.sleep(0.55)
+    assert 2 <= len(bus.puts) <= 4  # at once, then again each time it fell due (0.2 s, on a 50 ms grain)
+    bus.fail = True
+    pub.offer_endpoint(ep(2))
+    await asyncio.sleep(0.1)
+    n = len(bus.puts)
+    bus.fail = False
+    for _ in range(50):
+        if len(bus.puts) > n:
+            break
+        await asyncio.sleep(0.02)
+    assert bus.puts[n][2]["queued"] == 2  # the failed one, tried again by itself
+    t0 = asyncio.get_running_loop().time()
+    stop.set()
+    await task
+    assert asyncio.get_running_loop().time() - t0 < 0.1  # stop wakes it

@@ -531,3 +531,46 @@ async def test_only_the_leader_follows_every_endpoint_state_and_a_new_one_waits_
     assert c.collector.state_follower.since is None
     for f in followers[1:]:
         await f.unsubscribe()
+
+
+async def test_the_state_follower_acts_when_leadership_changes_and_does_not_poll(nats_server: Any) -> None:
+    """The leader's follower of every endpoint state is told when the members
+    or this replica's readiness change (``Membership.on_leadership``): it
+    subscribes as soon as this replica leads with others beside it, and stops
+    when another leads. It checked leadership ten times a second, on every
+    replica, for changes that come a few times in a replica's life."""
+    from types import SimpleNamespace
+
+    from kinference_collector.service import StateFollower
+
+    a = await _members(nats_server.url, "collector-a", "test-members-follow", 30.0, 90.0)
+    b = await _members(nats_server.url, "collector-b", "test-members-follow", 30.0, 90.0)
+    a.ready = False  # not ready: leads nothing yet
+    forgotten: list[bool] = []
+    collector = SimpleNamespace(shard=a, config=SimpleNamespace(min_publish_interval=1.0),
+                                forget_remote_states=lambda: forgotten.append(True),
+                                on_remote_endpoint=lambda st: None)
+    follower = StateFollower(a._nc, collector)  # type: ignore[arg-type]
+    checks = 0
+    real_check = follower.check
+
+    async def counted() -> None:
+        nonlocal checks
+        checks += 1
+        await real_check()
+
+    follower.check = counted  # type: ignore[method-assign]
+    follower.start()
+    await a.beat()
+    await b.beat()
+    await _until(lambda: a.members == ["collector-a", "collector-b"])
+    await asyncio.sleep(0.1)  # the check that change asked for
+    settled = checks
+    await asyncio.sleep(0.5)
+    assert checks == settled and follower.since is None  # nothing changed: no check (polling made 5)
+    await a.set_ready()  # the smallest ready member of two: it leads, and follows at once
+    await _until(lambda: follower.since is not None)
+    await b.stop()  # alone: nobody else's states to follow
+    await _until(lambda: follower.since is None and forgotten == [True])
+    await follower.unsubscribe()
+    await a.stop()
