@@ -17,7 +17,11 @@ already brought).
 The :class:`Publisher` never blocks the scrape loops: ``offer_*`` only
 records the latest state per key; one flusher task sends them. A state that
 could not be sent (NATS away) stays pending and is retried; only the newest
-state of a key is ever kept.
+state of a key is ever kept. The KV writes go on beside the flusher: the
+routers follow the subjects, and the next states need not wait for the
+acknowledgements of the last batch's writes (one write per key at a time,
+at most ``max_storing`` in flight; a key whose write failed is written
+again at its next send).
 """
 
 from __future__ import annotations
@@ -40,11 +44,17 @@ log = structlog.get_logger("kinference.collector.publish")
 class Bus(Protocol):
     """Where states go. :class:`NatsBus` in production; tests and benches may use others."""
 
-    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
-        """``data`` on ``subject``, and (``store``) in the KV bucket under ``key``."""
+    async def put(self, subject: str, key: str, data: bytes) -> None:
+        """``data`` (the state of ``key``) on ``subject``."""
         ...
 
-    async def delete(self, subject: str, key: str, data: bytes) -> None: ...
+    async def store(self, key: str, data: bytes) -> None:
+        """``data`` in the KV bucket under ``key`` (acknowledged)."""
+        ...
+
+    async def delete(self, subject: str, key: str, data: bytes) -> None:
+        """``data`` (a last, not ready state) on ``subject``; ``key`` deleted from the bucket."""
+        ...
 
 
 class NatsBus:
@@ -86,12 +96,12 @@ class NatsBus:
         """Open the bucket again before the next write (after a reconnect)."""
         self._kv = None
 
-    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
+    async def put(self, subject: str, key: str, data: bytes) -> None:
+        await self._nc.publish(subject, data)  # type: ignore[attr-defined]
+
+    async def store(self, key: str, data: bytes) -> None:
         if self._kv is None:
             await self.start()
-        await self._nc.publish(subject, data)  # type: ignore[attr-defined]
-        if not store:
-            return
         kv = self._kv
         try:
             await kv.put(key, data)  # type: ignore[union-attr]
@@ -119,8 +129,11 @@ class NullBus:
     def __init__(self) -> None:
         self.puts = 0
 
-    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
+    async def put(self, subject: str, key: str, data: bytes) -> None:
         self.puts += 1
+
+    async def store(self, key: str, data: bytes) -> None:
+        pass
 
     async def delete(self, subject: str, key: str, data: bytes) -> None:
         pass
@@ -150,8 +163,13 @@ class Publisher:
     """Change-or-rate publishing of endpoint and provider states."""
 
     def __init__(self, bus: Bus, min_interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic, batch: float = 0.02) -> None:
+                 clock: Callable[[], float] = time.monotonic, batch: float = 0.02,
+                 max_storing: int = 4096) -> None:
         self._bus = bus
+        #: KV writes in flight, by key (one per key), at most ``max_storing``
+        self._storing: dict[str, asyncio.Task[None]] = {}
+        self.max_storing = max_storing
+        self._store_failing = False
         self.min_interval = min_interval
         #: seconds a flush waits after the first offer, so the states of scrapes
         #: spread over the interval go out together (one socket write, their
@@ -231,27 +249,71 @@ class Publisher:
                 keys[key] = None  # once, though two sends of the same instant both left a record
         return list(keys)
 
-    async def flush(self) -> int:
-        """Send every due state once; returns how many were sent."""
+    async def flush(self, wait_stored: bool = True) -> int:
+        """Send every due state once; returns how many were sent. With
+        ``wait_stored`` also wait for the KV writes it started (the flusher
+        task does not: the next states go out meanwhile)."""
         now = self._clock()
         keys = self._take_due(now)
         if not keys:
             return 0
         sent = await asyncio.gather(*(self._send(k, now) for k in keys))
+        if wait_stored:
+            await self.stored_all(keys)
         return sum(sent)
+
+    async def stored_all(self, keys: list[str] | None = None) -> None:
+        """Wait for the KV writes in flight (of ``keys``, or all)."""
+        tasks = [t for k, t in self._storing.items() if keys is None or k in keys] if self._storing else []
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def cancel_stores(self) -> None:
+        """Give up the KV writes still in flight (stopping)."""
+        for t in self._storing.values():
+            t.cancel()
+        self._storing.clear()
+
+    def _store(self, key: str, e: _Entry, data: bytes, ready: bool | None, now: float) -> None:
+        """Write ``key``'s copy in the bucket beside the flusher (see the module docstring)."""
+        if key in self._storing or len(self._storing) >= self.max_storing:
+            return  # written again at its next send
+
+        async def write() -> None:
+            try:
+                await self._bus.store(key, data)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS away, a slow stream: its next send writes it again
+                self.failures += 1
+                if not self._store_failing:
+                    self._store_failing = True
+                    log.warning("kv_write_failed", key=key, error=f"{type(exc).__name__}: {exc}"[:200])
+                return
+            finally:
+                if self._storing.get(key) is task:
+                    del self._storing[key]
+            if self._store_failing:
+                self._store_failing = False
+                log.info("kv_write_recovered")
+            self.stored += 1
+            if self._entries.get(key) is e and now >= e.stored_at:
+                e.stored_at, e.stored_ready = now, ready
+
+        task = self._storing[key] = asyncio.create_task(write())
 
     async def _send(self, key: str, now: float) -> bool:
         e = self._entries.get(key)
         if e is None:
             return False
         data, fp, deleted, ready = e.data, e.fingerprint, e.deleted, e.ready
-        store = ready != e.stored_ready or now - e.stored_at >= self.min_interval
+        store = not deleted and (ready != e.stored_ready or now - e.stored_at >= self.min_interval)
         e.pending = False
         try:
             if deleted:
                 await self._bus.delete(e.subject, key, data)
             else:
-                await self._bus.put(e.subject, key, data, store)
+                await self._bus.put(e.subject, key, data)
         except asyncio.CancelledError:  # stopping mid-send: still to send, as it was
             e.pending = True
             self._pending[key] = None
@@ -274,9 +336,7 @@ class Publisher:
             e.sent_fingerprint, e.sent_at = fp, now
             self._sent.append((now, key))
             if store:
-                e.stored_at, e.stored_ready = now, ready
-        if store and not deleted:
-            self.stored += 1
+                self._store(key, e, data, ready, now)
         self.sent_by_kind[e.kind] += 1
         return True
 
@@ -323,6 +383,6 @@ class Publisher:
             self._wake.clear()
             failures = self.failures
             self._flushed_at = self._clock()
-            await self.flush()
+            await self.flush(wait_stored=False)
             if self.failures > failures:
                 await asyncio.sleep(retry_delay)

@@ -243,6 +243,8 @@ class Collector:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(flush_timeout):
                 await self.publisher.flush()
+                await self.publisher.stored_all()  # the KV writes the flusher left in flight
+        self.publisher.cancel_stores()
         if self._http is not None:
             await self._http.close()
             self._http = None

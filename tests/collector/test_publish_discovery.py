@@ -21,12 +21,15 @@ class RecordingBus:
         self.deletes: list[tuple[str, str]] = []
         self.fail = False
 
-    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
+    async def put(self, subject: str, key: str, data: bytes) -> None:
         if self.fail:
             raise ConnectionError("nats away")
         self.puts.append((subject, key, msgspec.json.decode(data)))
-        if store:
-            self.stored[key] = msgspec.json.decode(data)
+
+    async def store(self, key: str, data: bytes) -> None:
+        if self.fail:
+            raise ConnectionError("nats away")
+        self.stored[key] = msgspec.json.decode(data)
 
     async def delete(self, subject: str, key: str, data: bytes) -> None:
         self.deletes.append((subject, key))
@@ -205,8 +208,8 @@ async def test_offers_close_together_go_out_in_one_flush() -> None:
     flushes: list[int] = []
     real_flush = pub.flush
 
-    async def counted() -> int:
-        n = await real_flush()
+    async def counted(**kw: bool) -> int:
+        n = await real_flush(**kw)
         flushes.append(n)
         return n
 
@@ -281,10 +284,10 @@ async def test_the_publisher_sleeps_while_nothing_is_due_and_republishes_when_it
     flushes = 0
     real_flush = pub.flush
 
-    async def counted() -> int:
+    async def counted(**kw: bool) -> int:
         nonlocal flushes
         flushes += 1
-        return await real_flush()
+        return await real_flush(**kw)
 
     pub.flush = counted  # type: ignore[method-assign]
     stop = asyncio.Event()
@@ -308,3 +311,51 @@ async def test_the_publisher_sleeps_while_nothing_is_due_and_republishes_when_it
     stop.set()
     await task
     assert asyncio.get_running_loop().time() - t0 < 0.1  # stop wakes it
+
+
+async def test_a_slow_kv_write_holds_back_no_state_on_the_subject() -> None:
+    """The routers follow the subjects; the KV copy is for a starting router.
+    The flusher waited for the acknowledgements of its batch's KV writes
+    before sending the next states: a changed state waited as long as
+    JetStream took to answer. A key's write is one at a time, and one that
+    failed is written at its next send."""
+    import asyncio
+
+    class SlowKv(RecordingBus):
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = asyncio.Event()
+            self.writes = 0
+
+        async def store(self, key: str, data: bytes) -> None:
+            self.writes += 1
+            await self.release.wait()
+            await super().store(key, data)
+
+    bus = SlowKv()
+    pub = Publisher(bus, min_interval=0.2, batch=0.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    for q in range(1, 6):  # five changes while the first write waits
+        pub.offer_endpoint(ep(q))
+        await asyncio.sleep(0.1)
+    assert [b["queued"] for _, _, b in bus.puts][:5] == [1, 2, 3, 4, 5]  # each on the subject at once
+    assert bus.writes == 1 and bus.stored == {}  # one write of the key at a time, still waiting
+    bus.release.set()
+    for _ in range(50):
+        if bus.stored:
+            break
+        await asyncio.sleep(0.02)
+    assert bus.stored["endpoint.ns.w_x.p-0"]["queued"] == 1
+    bus.fail = True  # the next write fails ...
+    pub.offer_endpoint(ep(6))
+    await asyncio.sleep(0.3)
+    bus.fail = False
+    for _ in range(50):  # ... and the key is written again at a later send
+        if bus.stored["endpoint.ns.w_x.p-0"]["queued"] == 6:
+            break
+        await asyncio.sleep(0.02)
+    assert bus.stored["endpoint.ns.w_x.p-0"]["queued"] == 6
+    stop.set()
+    await task
+    await pub.stored_all()

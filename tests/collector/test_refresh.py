@@ -16,7 +16,10 @@ from kinference_common.tasks import cancel_and_wait
 
 
 class Bus:
-    async def put(self, subject: str, key: str, data: bytes, store: bool = True) -> None:
+    async def put(self, subject: str, key: str, data: bytes) -> None:
+        pass
+
+    async def store(self, key: str, data: bytes) -> None:
         pass
 
     async def delete(self, subject: str, key: str, data: bytes) -> None:
