@@ -117,14 +117,20 @@ class Replica:
         out["targets"] = sum(float(v) for v in _ENDPOINTS.findall(text))
         return out
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
+        """SIGTERM, and wait (at most 10 s, then SIGKILL) without holding the
+        event loop: the runs beside this one are still measuring, and their
+        router probes run in this process (a replica drains for about a
+        second: a blocking wait for four of them stalled the other runs'
+        probes by 2-3 s, which their scrape -> router lags showed)."""
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + 10
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if self.proc.poll() is None:
                 self.proc.kill()
-                self.proc.wait()
+                await asyncio.to_thread(self.proc.wait)
         self.log.close()
 
 
@@ -228,8 +234,7 @@ async def collector_run(pods: int, collectors: int, interval: float, seconds: fl
                 s1 = (await resp.json())["pods"]
     finally:
         await probe.stop()
-        for r in replicas:
-            r.stop()
+        await asyncio.gather(*(r.stop() for r in replicas))
     per_pod = [s1[p] - s0.get(p, 0) for p in s1]
     scrapes = [m1[k]["scrapes_vllm"] - m0[k]["scrapes_vllm"] for k in range(collectors)]
     dcgm = [m1[k].get("scrapes_dcgm", 0) - m0[k].get("scrapes_dcgm", 0) for k in range(collectors)]
@@ -739,9 +744,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             rows = [median_row(runs[n]) for n in args.collectors]
             control = median_row(runs["apart"]) if apart else None
             if args.rounds and len(kinds) > 1:
-                # the lag to the routers, with nothing beside the replicas: side by side, every
-                # count's fleet, its NATS servers and every run's router follower in this process
-                # load the two cores so far that a batch of states now and then waits seconds
+                # the lag to the routers, with nothing beside the replicas (side by side, every
+                # count's fleet, NATS server and router follower share the two cores)
                 fleet, targets, tmp = fleets[most]
                 alone = await collector_run(args.pods, most, args.interval, args.seconds, args.changes,
                                             server.url, fleet.url, targets, tmp, args.gpus_per_node)
