@@ -141,7 +141,7 @@ class NullBus:
 
 class _Entry:
     __slots__ = ("subject", "kind", "data", "fingerprint", "sent_fingerprint", "sent_at", "pending", "deleted",
-                 "ready", "stored_at", "stored_ready")
+                 "ready", "stored_at", "stored_ready", "store_again")
 
     def __init__(self, subject: str, kind: str) -> None:
         self.subject = subject
@@ -157,6 +157,9 @@ class _Entry:
         self.ready: bool | None = None
         self.stored_at = float("-inf")
         self.stored_ready: bool | None = None
+        #: a send wanted the KV copy written while a write of it was in flight:
+        #: written again, with the newest state, once that one ends
+        self.store_again = False
 
 
 class Publisher:
@@ -187,7 +190,10 @@ class Publisher:
         #: sends by kind (``endpoint``, ``provider``), and KV writes among them
         self.sent_by_kind: dict[str, int] = {"endpoint": 0, "provider": 0}
         self.stored = 0
+        #: sends that failed (retried after ``retry_delay``), and KV writes that
+        #: failed (written again at the key's next send; they never slow the sends)
         self.failures = 0
+        self.store_failures = 0
         self._failing = False  # logs once per outage, not once per key and pass
 
     # ----------------------------------------------------------------- offers
@@ -264,7 +270,8 @@ class Publisher:
 
     async def stored_all(self, keys: list[str] | None = None) -> None:
         """Wait for the KV writes in flight (of ``keys``, or all)."""
-        tasks = [t for k, t in self._storing.items() if keys is None or k in keys] if self._storing else []
+        wanted = None if keys is None else set(keys)
+        tasks = [t for k, t in self._storing.items() if wanted is None or k in wanted] if self._storing else []
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -276,8 +283,12 @@ class Publisher:
 
     def _store(self, key: str, e: _Entry, data: bytes, ready: bool | None, now: float) -> None:
         """Write ``key``'s copy in the bucket beside the flusher (see the module docstring)."""
-        if key in self._storing or len(self._storing) >= self.max_storing:
-            return  # written again at its next send
+        if key in self._storing:
+            e.store_again = True  # once this write ends (a readiness change must not wait a second)
+            return
+        if len(self._storing) >= self.max_storing:
+            return  # NATS far behind: written at the key's next send
+        e.store_again = False
 
         async def write() -> None:
             try:
@@ -285,7 +296,7 @@ class Publisher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # NATS away, a slow stream: its next send writes it again
-                self.failures += 1
+                self.store_failures += 1
                 if not self._store_failing:
                     self._store_failing = True
                     log.warning("kv_write_failed", key=key, error=f"{type(exc).__name__}: {exc}"[:200])
@@ -293,6 +304,8 @@ class Publisher:
             finally:
                 if self._storing.get(key) is task:
                     del self._storing[key]
+                    if e.store_again and self._entries.get(key) is e and not e.deleted:
+                        self._store(key, e, e.data, e.ready, self._clock())
             if self._store_failing:
                 self._store_failing = False
                 log.info("kv_write_recovered")
@@ -311,6 +324,10 @@ class Publisher:
         e.pending = False
         try:
             if deleted:
+                writing = self._storing.get(key)
+                if writing is not None:  # the delete goes after the last write, never before it
+                    e.store_again = False
+                    await asyncio.gather(writing, return_exceptions=True)
                 await self._bus.delete(e.subject, key, data)
             else:
                 await self._bus.put(e.subject, key, data)

@@ -815,7 +815,7 @@ class StateFollower:
     has followed for a republish interval (every state is sent at least that
     often), so it never writes from half a fleet. It acts when the shard
     says its members or this replica's readiness changed
-    (:meth:`.shard.Shard.on_leadership`), not on a timer; a subscription
+    (:meth:`.shard.Membership.on_leadership`), not on a timer; a subscription
     that failed (NATS away) is tried again every ``retry_every`` seconds.
     ``unsubscribe()`` stops it, as :func:`run_service` stops the other
     subscriptions."""

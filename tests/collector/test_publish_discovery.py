@@ -19,7 +19,9 @@ class RecordingBus:
         #: what the KV bucket holds, by key
         self.stored: dict[str, dict] = {}  # type: ignore[type-arg]
         self.deletes: list[tuple[str, str]] = []
+        #: every call fails (NATS away), or only the KV writes (JetStream away)
         self.fail = False
+        self.fail_store = False
 
     async def put(self, subject: str, key: str, data: bytes) -> None:
         if self.fail:
@@ -27,7 +29,7 @@ class RecordingBus:
         self.puts.append((subject, key, msgspec.json.decode(data)))
 
     async def store(self, key: str, data: bytes) -> None:
-        if self.fail:
+        if self.fail or self.fail_store:
             raise ConnectionError("nats away")
         self.stored[key] = msgspec.json.decode(data)
 
@@ -275,8 +277,7 @@ def test_cli_help_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
 async def test_the_publisher_sleeps_while_nothing_is_due_and_republishes_when_it_is() -> None:
     """With nothing held the publisher's task does not wake (it flushed four
     times a second for nothing, in every replica); a state sent is sent
-    again once ``min_interval`` has passed, with no new offer; a send that
-    failed is tried again without one."""
+    again once ``min_interval`` has passed, with no new offer."""
     import asyncio
 
     bus = RecordingBus()
@@ -297,16 +298,6 @@ async def test_the_publisher_sleeps_while_nothing_is_due_and_republishes_when_it
     pub.offer_endpoint(ep(1))
     await asyncio.sleep(0.55)
     assert 2 <= len(bus.puts) <= 4  # at once, then again each time it fell due (0.2 s, on a 50 ms grain)
-    bus.fail = True
-    pub.offer_endpoint(ep(2))
-    await asyncio.sleep(0.1)
-    n = len(bus.puts)
-    bus.fail = False
-    for _ in range(50):
-        if len(bus.puts) > n:
-            break
-        await asyncio.sleep(0.02)
-    assert bus.puts[n][2]["queued"] == 2  # the failed one, tried again by itself
     t0 = asyncio.get_running_loop().time()
     stop.set()
     await task
@@ -346,16 +337,88 @@ async def test_a_slow_kv_write_holds_back_no_state_on_the_subject() -> None:
         if bus.stored:
             break
         await asyncio.sleep(0.02)
-    assert bus.stored["endpoint.ns.w_x.p-0"]["queued"] == 1
-    bus.fail = True  # the next write fails ...
-    pub.offer_endpoint(ep(6))
-    await asyncio.sleep(0.3)
-    bus.fail = False
-    for _ in range(50):  # ... and the key is written again at a later send
-        if bus.stored["endpoint.ns.w_x.p-0"]["queued"] == 6:
+    key = "endpoint.ns.w_x.p-0"
+    for _ in range(50):  # the changes made meanwhile: written once that write ended
+        if bus.stored[key]["queued"] == 5:
             break
         await asyncio.sleep(0.02)
-    assert bus.stored["endpoint.ns.w_x.p-0"]["queued"] == 6
+    assert bus.stored[key]["queued"] == 5 and bus.writes == 2
+    bus.fail_store = True  # JetStream away: the writes fail ...
+    pub.offer_endpoint(ep(6))
+    await asyncio.sleep(0.3)
+    assert bus.puts[-1][2]["queued"] == 6 and pub.failures == 0 and pub.store_failures >= 1  # ... not the sends
+    bus.fail_store = False
+    for _ in range(50):  # ... and the key is written again at a later send
+        if bus.stored[key]["queued"] == 6:
+            break
+        await asyncio.sleep(0.02)
+    assert bus.stored[key]["queued"] == 6
     stop.set()
     await task
     await pub.stored_all()
+
+
+async def test_a_readiness_change_reaches_kv_when_the_write_before_it_ends() -> None:
+    """A readiness change is written to KV at once; when a write of the
+    key is still in flight, right after it (not at the next send, a
+    min_interval later), and a delete goes after the last write."""
+    import asyncio
+
+    gate = asyncio.Event()
+
+    class SlowKv(RecordingBus):
+        async def store(self, key: str, data: bytes) -> None:
+            await gate.wait()
+            await super().store(key, data)
+
+    bus = SlowKv()
+    pub = Publisher(bus, min_interval=10.0, batch=0.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    pub.offer_endpoint(ep(1))
+    await asyncio.sleep(0.05)
+    pub.offer_endpoint(msgspec.structs.replace(ep(1), ready=False))
+    await asyncio.sleep(0.05)
+    gate.set()
+    for _ in range(25):
+        if bus.stored.get("endpoint.ns.w_x.p-0", {}).get("ready") is False:
+            break
+        await asyncio.sleep(0.02)
+    assert bus.stored["endpoint.ns.w_x.p-0"]["ready"] is False  # 0.5 s, not the 10 s min_interval
+    gate.clear()
+    pub.offer_endpoint(ep(2))  # ready again: a write starts and waits ...
+    await asyncio.sleep(0.05)
+    pub.remove_endpoint(ep(2))  # ... and the pod goes: its delete waits for that write
+    await asyncio.sleep(0.05)
+    assert bus.deletes == []
+    gate.set()
+    for _ in range(25):
+        if bus.deletes:
+            break
+        await asyncio.sleep(0.02)
+    assert [k for _, k in bus.deletes] == ["endpoint.ns.w_x.p-0"]
+    stop.set()
+    await task
+
+
+async def test_a_failed_send_is_tried_again_with_nothing_else_due() -> None:
+    """A send that failed is tried again after ``retry_delay``, though no
+    other state falls due before ``min_interval`` (the publisher sleeps
+    until something is due)."""
+    import asyncio
+
+    bus = RecordingBus()
+    pub = Publisher(bus, min_interval=10.0, batch=0.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.run(stop))
+    bus.fail = True
+    pub.offer_endpoint(ep(1))
+    await asyncio.sleep(0.1)
+    bus.fail = False
+    for _ in range(50):
+        if bus.puts:
+            break
+        await asyncio.sleep(0.02)
+    assert [b["queued"] for _, _, b in bus.puts] == [1]
+    stop.set()
+    await task
