@@ -176,6 +176,7 @@ async def test_each_service_does_its_work_as_its_user(server: dict[str, Any]) ->
         await bus.start()
         await bus.put(subjects.endpoint_subject("default", "ws", "pod-0"),
                       subjects.endpoint_key("default", "ws", "pod-0"), b"{}")
+        await bus.store(subjects.endpoint_key("default", "ws", "pod-0"), b"{}")
         # the router reads both buckets (as its resync does), asks the classifier, publishes events
         js = router.nc.jetstream()
         config = await js.key_value(subjects.CONFIG_BUCKET)
