@@ -257,23 +257,19 @@ class Publisher:
 
     async def flush(self, wait_stored: bool = True) -> int:
         """Send every due state once; returns how many were sent. With
-        ``wait_stored`` also wait for the KV writes it started (the flusher
+        ``wait_stored`` also wait for the KV writes in flight (the flusher
         task does not: the next states go out meanwhile)."""
         now = self._clock()
         keys = self._take_due(now)
-        if not keys:
-            return 0
-        sent = await asyncio.gather(*(self._send(k, now) for k in keys))
+        sent = await asyncio.gather(*(self._send(k, now) for k in keys)) if keys else []
         if wait_stored:
-            await self.stored_all(keys)
+            await self.stored_all()
         return sum(sent)
 
-    async def stored_all(self, keys: list[str] | None = None) -> None:
-        """Wait for the KV writes in flight (of ``keys``, or all)."""
-        wanted = None if keys is None else set(keys)
-        tasks = [t for k, t in self._storing.items() if wanted is None or k in wanted] if self._storing else []
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+    async def stored_all(self) -> None:
+        """Wait for the KV writes in flight."""
+        if self._storing:
+            await asyncio.gather(*self._storing.values(), return_exceptions=True)
 
     def cancel_stores(self) -> None:
         """Give up the KV writes still in flight (stopping)."""

@@ -242,8 +242,7 @@ class Collector:
         self._aux.clear()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(flush_timeout):
-                await self.publisher.flush()
-                await self.publisher.stored_all()  # the KV writes the flusher left in flight
+                await self.publisher.flush()  # and the KV writes the flusher left in flight
         self.publisher.cancel_stores()
         if self._http is not None:
             await self._http.close()
