@@ -104,6 +104,21 @@ class Rig:
                     r'^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$', text, re.M))
         return out
 
+    async def settled_counts(self) -> dict[str, float]:
+        """``served_counts`` once no earlier request is still to be counted: a
+        pod counts a request at the engine step that finishes it, which can
+        come after its client read the answer, so a count read right after the
+        previous test can miss that test's last request (seen in CI: 21 served
+        of 20). Two reads 0.1 s apart that agree, or what there is after 3 s."""
+        last = await self.served_counts()
+        for _ in range(30):
+            await asyncio.sleep(0.1)
+            now = await self.served_counts()
+            if now == last:
+                break
+            last = now
+        return last
+
     async def event(self, decision_id: str) -> dict[str, Any]:
         for _ in range(50):
             if decision_id in self.events:
@@ -236,7 +251,7 @@ async def served_by(rig: Rig, before: dict[str, float], count: int = 1) -> list[
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_the_policys_pick_is_the_pod_that_answers(rig: Rig, stream: bool) -> None:
     for _ in range(3):
-        before = await rig.served_counts()
+        before = await rig.settled_counts()
         status, h, body = await post(rig.envoy_url, chat(stream=stream))
         assert status == 200, body
         ev = await rig.event(h["x-kinference-decision-id"])
@@ -269,7 +284,7 @@ async def test_conformance_gateway_following_epp_routing(rig: Rig) -> None:
     """GatewayFollowingEPPRouting: the EPP (by the test header) picks 1, then
     2 pods; every request at concurrency 10 lands on those only."""
     for picked in (["qwen-1"], ["qwen-0", "qwen-spot-0"]):
-        before = await rig.served_counts()
+        before = await rig.settled_counts()
         hook = {HOOK: ",".join(rig.pods[p] for p in picked)}
         assert await burst(rig.envoy_url, 20, hook) == [200] * 20
         served = await served_by(rig, before, 20)
@@ -280,7 +295,7 @@ async def test_conformance_gateway_destination_endpoint_served(rig: Rig) -> None
     """GatewayDestinationEndpointServed: the served endpoint comes back (Envoy
     filled envoy.lb/x-gateway-destination-endpoint-served) and is the pod that served."""
     for pod in ("qwen-0", "qwen-spot-0"):
-        before = await rig.served_counts()
+        before = await rig.settled_counts()
         status, h, _ = await post(rig.envoy_url, chat(), {HOOK: rig.pods[pod]})
         assert status == 200
         assert h[SERVED] == rig.pods[pod]
@@ -288,7 +303,7 @@ async def test_conformance_gateway_destination_endpoint_served(rig: Rig) -> None
 
 
 async def test_client_sent_destination_headers_are_ignored(rig: Rig) -> None:
-    before = await rig.served_counts()
+    before = await rig.settled_counts()
     forged = {"x-gateway-destination-endpoint": rig.pods["qwen-spot-0"], "x-kinference-egress": "forged",
               HOOK: rig.pods["qwen-1"]}
     status, h, _ = await post(rig.envoy_url, chat(), forged)
@@ -303,7 +318,7 @@ async def test_conformance_two_pools_on_two_route_rules(rig: Rig) -> None:
         envoy.Pool(epp=f"127.0.0.1:{rig.extra['spot-only']}", endpoints=[rig.pods["qwen-spot-0"]],
                    headers={"x-route": "spot"}, name="spot")])
     e = rig.extra_envoy(cfg, "envoy-two-pools")
-    before = await rig.served_counts()
+    before = await rig.settled_counts()
     assert await burst(e.url, 6, {"x-route": "spot"}, at_once=2) == [200] * 6
     assert await served_by(rig, before, 6) == ["qwen-spot-0"] * 6
     status, h, _ = await post(e.url, chat(), {"x-route": "spot"})
@@ -318,7 +333,7 @@ async def test_conformance_two_pools_on_two_route_rules(rig: Rig) -> None:
 async def test_subset_hint_is_honoured_and_an_empty_one_is_503(rig: Rig) -> None:
     only = rig.extra_envoy(envoy.EnvoyConfig(port=rig.port(), admin_port=rig.port(), fallback=True,
                                              pools=[rig.pool()], subset=[rig.pods["qwen-1"]]), "envoy-subset")
-    before = await rig.served_counts()
+    before = await rig.settled_counts()
     assert await burst(only.url, 6, at_once=2) == [200] * 6
     assert await served_by(rig, before, 6) == ["qwen-1"] * 6
     none = rig.extra_envoy(envoy.EnvoyConfig(port=rig.port(), admin_port=rig.port(), fallback=True,
@@ -351,7 +366,7 @@ async def test_epp_unavailable_fail_open_and_fail_close(rig: Rig) -> None:
     dead = f"127.0.0.1:{rig.port()}"
     pinned = rig.extra_envoy(envoy.EnvoyConfig(port=rig.port(), admin_port=rig.port(), fallback=True,
                                                pools=[rig.pool(fail_open=True)]), "envoy-failopen-live")
-    before = await rig.served_counts()
+    before = await rig.settled_counts()
     status, h, _ = await post(pinned.url, chat(), {HOOK: rig.pods["qwen-spot-0"]})
     assert status == 200 and await served_by(rig, before) == ["qwen-spot-0"]
 
