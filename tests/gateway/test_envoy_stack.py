@@ -100,8 +100,11 @@ class Rig:
                         text = await r.text()
                 except aiohttp.ClientError:
                     text = ""  # down
-                out[pod] = sum(float(m.group(1)) for m in re.finditer(
-                    r'^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$', text, re.M))
+                # served = finished by stop or length; an abort (its client went
+                # away before the end) is counted apart and is not a serve
+                out[pod] = sum(float(m.group(2)) for m in re.finditer(
+                    r'^vllm:request_success_total\{([^}]*)\} ([0-9.e+]+)$', text, re.M)
+                    if 'finished_reason="abort"' not in m.group(1))
         return out
 
     async def settled_counts(self) -> dict[str, float]:
