@@ -136,7 +136,8 @@ def test_the_raised_charges_are_built_once_per_snapshot_and_pressure() -> None:
     decide(s, r, ledger=ledger, prefix=index)
     first = s.pressed_s
     assert first is not None and first[2][s.candidates[1].index] == 12.0
-    assert first[2] is not s.ttft_s and s.ttft_s[s.candidates[1].index] == 3.0  # the snapshot's own unchanged
+    # the snapshot's own unchanged (o is idle at its scrape: TTFTModel.prefix_stickiness_idle)
+    assert first[2] is not s.ttft_s and s.ttft_s[s.candidates[1].index] == 1.0
     decide(s, r, ledger=ledger, prefix=index)
     assert s.pressed_s is first
     index.record("default/qwen/o", block_hashes("yet another prompt " * 300)[:3], 100)  # 95 -> 98 of 100

@@ -176,6 +176,49 @@ def test_a_holder_yields_to_a_pod_with_kv_room_but_not_to_one_whose_kv_is_full()
     assert abs(d.context.predicted_ttft(d.candidate) - 1.5) < 1e-9
 
 
+def _idle_world(other: dict, queue_at_holder: int = 7_000):
+    """h holds the prompt's prefix (2,500 of 2,600 tokens) with ``queue_at_holder``
+    prefill tokens queued and 40 requests running; o holds nothing, its
+    scrape as ``other`` says."""
+    eps = [ep("qwen", "h", theta=10_000.0, overhead=0.0, kv=0.4, running=40, kv_capacity_tokens=10_000_000),
+           ep("qwen", "o", theta=10_000.0, overhead=0.0, **{"kv_capacity_tokens": 10_000_000, **other})]
+    hashes = block_hashes("shared system prompt " * 500)
+    index = PrefixIndex()
+    index.record("default/qwen/h", hashes)
+    ledger = InFlightLedger()
+    ledger.sent("default/qwen/h", queue_at_holder, 0.0)
+    return eps, hashes, index, ledger
+
+
+def test_an_idle_pod_takes_a_copy_a_busy_one_would_not() -> None:
+    # o prefills 2,600 tokens and is charged for the copy: once (2,540 more) when
+    # idle, three times (7,620 more) when busy; h's 7,000 queued tokens fall between
+    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
+    pool_ = _pool(["PrefixAffinity"])
+    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
+    d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "o"
+    # what traces show is o's own PredictedTTFT (2,600 tokens), not the charge
+    assert abs(d.context.predicted_ttft(d.candidate) - 0.26) < 1e-9
+    # one request running there, or one waiting: busy, charged three times; h keeps it
+    for busy in ({"running": 1, "queued": 0, "kv": 0.01}, {"running": 0, "queued": 1, "kv": 0.0}):
+        eps, _, index, ledger = _idle_world(busy)
+        assert decide(snap(pool_, eps), r, ledger=ledger, prefix=index).endpoint == "h"
+    # idle at its scrape, but this router sent it a request since: busy too
+    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
+    ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
+    d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "h"
+    # an idle pod whose cache is full of prompts sent to it lately is charged as any such pod
+    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0, "kv_capacity_tokens": 6_400})
+    index.record("default/qwen/o", block_hashes("other groups' prompts " * 1300)[:95], 100)
+    assert decide(snap(pool_, eps), r, ledger=ledger, prefix=index).endpoint == "h"
+    # with the idle charge set to the busy one, an idle pod is no different
+    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
+    same = snap(pool_, eps, ttft_model=TTFTModel(prefix_stickiness_idle=3.0))
+    assert decide(same, r, ledger=ledger, prefix=index).endpoint == "h"
+
+
 def test_a_new_prefix_goes_where_the_fewest_prompt_blocks_are_cached() -> None:
     eps = [ep("qwen", "a"), ep("qwen", "b"), ep("qwen", "c")]
     s = snap(_pool(["PrefixAffinity", "LeastInFlight"]), eps)

@@ -335,9 +335,10 @@ def _rank_predicted_ttft(
                 q = ctx.queue_tokens(c)
                 a = cal * (c.t0 + q * c.per_token)
                 h = c.kv_free - q if c.kv_free is not None else _INF
+            s = _charge(S[i], c, load is not None, model)
             v = a + PT[i] * u + ((u - h) * IT[i] if u > h else 0.0)
             cache[i] = v
-            vals[j] = v + S[i] * stick * (m_best - m) * PT[i] if stick else v
+            vals[j] = v + s * stick * (m_best - m) * PT[i] if stick else v
     best = min(vals)
     if tolerance:
         limit = max(best * (1.0 + model.tie_tolerance), best + model.tie_tolerance_seconds)
@@ -374,13 +375,23 @@ def _pressed_stickiness(snapshot: Snapshot, model: TTFTModel, pressed: dict[str,
     return S
 
 
+def _charge(s: float, c: Candidate, loaded: bool, model: TTFTModel) -> float:
+    """The stickiness charged to ``c``, whose snapshot charge is ``s``: an
+    endpoint idle at its scrape (``prefix_stickiness_idle``) that this router
+    or a peer has sent to since is charged as its KV use says, like any busy one."""
+    if loaded and s < model.prefix_stickiness:
+        return max(s, model.stickiness(c.kv))
+    return s
+
+
 def _unstuck(v: float, c: Candidate, ctx: DecisionContext, stick: float, m_best: int, PT: list[float],
              S: list[float]) -> float:
     """The pick's PredictedTTFT without the stickiness charge (what traces show)."""
     if not stick:
         return v
     m = min(ctx.matches().get(c.ledger_key, 0), len(ctx.block_hashes))
-    return v - S[c.index] * stick * (m_best - m) * PT[c.index]
+    loaded = bool(ctx.loads) and c.ledger_key in ctx.loads
+    return v - _charge(S[c.index], c, loaded, ctx.model) * stick * (m_best - m) * PT[c.index]
 
 
 def _run_rule(

@@ -466,7 +466,9 @@ class Snapshot:
         self.ttft_f = [1.0] * n  # 1 - the endpoint's prefix hit rate
         self.ttft_h = [inf] * n  # KV headroom left after the queue, tokens
         self.ttft_it = [0.0] * n
-        #: prefix stickiness per candidate (TTFTModel.stickiness)
+        #: prefix stickiness per candidate (TTFTModel.stickiness; an endpoint
+        #: the scrape shows idle: prefix_stickiness_idle, which the decision
+        #: raises to its KV use's charge when this router has sends in flight there)
         self.ttft_s = [model.prefix_stickiness] * n
         self._ttft_entries(model, indexes)
 
@@ -481,7 +483,8 @@ class Snapshot:
                 self.ttft_a[i], self.ttft_pt[i], self.ttft_f[i] = inf, 0.0, 1.0
                 self.ttft_h[i], self.ttft_it[i], self.ttft_s[i] = inf, 0.0, model.prefix_stickiness
                 continue
-            self.ttft_s[i] = model.stickiness(c.kv)
+            idle = c.running == 0 and not c.queued and (c.kv is None or c.kv <= model.busy_kv)
+            self.ttft_s[i] = model.prefix_stickiness_idle if idle else model.stickiness(c.kv)
             q = c.base_queue_tokens
             self.ttft_a[i] = cal * (c.t0 + q * c.per_token)
             self.ttft_pt[i] = cal * c.per_token

@@ -94,6 +94,17 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     prefix_stickiness_full_kv: float = 12.0
     busy_kv: float = 0.5
     full_kv: float = 0.9
+    #: ... and this many times on an *idle* candidate: its last scrape shows
+    #: nothing running or waiting (and KV use at most ``busy_kv``), and this
+    #: router (with its peers) has nothing in flight there. Its KV blocks
+    #: are free, so a copy there evicts nothing in use (unless the prompts
+    #: sent to it lately fill its cache: the hot fraction raises the charge
+    #: as on any pod); the fleet's cost is the copy's own prefill. Charged
+    #: as a busy pod, a pod that held no prefix once every prefix had a
+    #: holder (a cold start, a pod added by a scale-up) stayed idle while
+    #: the holders queued: ``multiturn`` at 0.9 load in the fleet benchmark
+    #: left one of eight pods idle for 21 s (docs/routing-benchmark.md).
+    prefix_stickiness_idle: float = 1.0
 
     def stickiness(self, kv: float | None) -> float:
         """The prefix stickiness charged to a candidate with this KV use."""
