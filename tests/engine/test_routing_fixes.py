@@ -177,7 +177,7 @@ def test_a_holder_yields_to_a_pod_with_kv_room_but_not_to_one_whose_kv_is_full()
 
 
 def _idle_world(other: dict, queue_at_holder: int = 7_000):
-    """h holds the prompt's prefix (2,500 of 2,600 tokens) with ``queue_at_holder``
+    """h holds the whole prompt (all 41 of its blocks) with ``queue_at_holder``
     prefill tokens queued and 40 requests running; o holds nothing, its
     scrape as ``other`` says."""
     eps = [ep("qwen", "h", theta=10_000.0, overhead=0.0, kv=0.4, running=40, kv_capacity_tokens=10_000_000),
@@ -191,15 +191,16 @@ def _idle_world(other: dict, queue_at_holder: int = 7_000):
 
 
 def test_an_idle_pod_takes_a_copy_a_busy_one_would_not() -> None:
-    # o prefills 2,600 tokens and is charged for the copy: once (2,540 more) when
-    # idle, three times (7,620 more) when busy; h's 7,000 queued tokens fall between
+    # o prefills 2,600 tokens and is charged for the copy: once (2,600 more) when
+    # idle, three times (7,800 more) when busy; h's 7,000 queued tokens fall
+    # between (5,200 < 7,000 < 10,400)
     r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
     pool_ = _pool(["PrefixAffinity"])
     eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
     d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
     assert d.endpoint == "o"
     # what traces show is o's own PredictedTTFT (2,600 tokens), not the charge
-    assert abs(d.context.predicted_ttft(d.candidate) - 0.26) < 1e-9
+    assert abs(d.steps[-1].tiers[-1].value - 0.26) < 1e-9
     # one request running there, or one waiting: busy, charged three times; h keeps it
     for busy in ({"running": 1, "queued": 0, "kv": 0.01}, {"running": 0, "queued": 1, "kv": 0.0}):
         eps, _, index, ledger = _idle_world(busy)
@@ -209,6 +210,15 @@ def test_an_idle_pod_takes_a_copy_a_busy_one_would_not() -> None:
     ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
     d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
     assert d.endpoint == "h"
+    # ... and when it still wins (h's queue outweighs even three copies), the
+    # trace shows its own PredictedTTFT without the busy charge either
+    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0}, queue_at_holder=20_000)
+    ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
+    d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "o" and abs(d.steps[-1].tiers[-1].value - 0.26) < 1e-6
+    # a scrape without the waiting count is not known to be idle
+    eps, _, index, ledger = _idle_world({"running": 0, "queued": None, "kv": 0.0})
+    assert decide(snap(pool_, eps), r, ledger=ledger, prefix=index).endpoint == "h"
     # an idle pod whose cache is full of prompts sent to it lately is charged as any such pod
     eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0, "kv_capacity_tokens": 6_400})
     index.record("default/qwen/o", block_hashes("other groups' prompts " * 1300)[:95], 100)

@@ -483,8 +483,9 @@ class Snapshot:
                 self.ttft_a[i], self.ttft_pt[i], self.ttft_f[i] = inf, 0.0, 1.0
                 self.ttft_h[i], self.ttft_it[i], self.ttft_s[i] = inf, 0.0, model.prefix_stickiness
                 continue
-            idle = c.running == 0 and not c.queued and (c.kv is None or c.kv <= model.busy_kv)
-            self.ttft_s[i] = model.prefix_stickiness_idle if idle else model.stickiness(c.kv)
+            idle = c.running == 0 and c.queued == 0 and (c.kv is None or c.kv <= model.busy_kv)
+            self.ttft_s[i] = (min(model.prefix_stickiness_idle, model.prefix_stickiness) if idle
+                              else model.stickiness(c.kv))
             q = c.base_queue_tokens
             self.ttft_a[i] = cal * (c.t0 + q * c.per_token)
             self.ttft_pt[i] = cal * c.per_token
