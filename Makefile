@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router profile-router bench-hotpath bench-routing bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
+        bench-classifier bench-router profile-router bench-hotpath bench-routing bench-scaleup bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
         chaos eval-classifier compare-freetext lint docs compose clean
 
 help:  ## list the targets
@@ -102,6 +102,9 @@ bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results
 	$(BIN)/python -m bench.routing.report --check
 	nice -n 15 $(BIN)/python -m bench.routing.burst
 	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
+
+bench-scaleup: install  ## a pod added to a loaded fleet: when each router gives it work (docs/routing-benchmark.md)
+	nice -n 15 $(BIN)/python -m bench.routing.scaleup $(SCALEUP_ARGS)
 
 bench-realtrial: install  ## routing in real time: Kinference's services vs vllm-router on 4 simulated pods -> bench/results/routing_realtrial.json
 	KINFERENCE_PORT_OFFSET=$${KINFERENCE_PORT_OFFSET:-700} $(BIN)/python -m bench.routing.realtrial $(REALTRIAL_ARGS)
