@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -23,12 +21,6 @@ from . import run
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results" / "routing.json"
 IMG = REPO / "docs" / "img"
-
-
-def _pin_hash_seed() -> None:
-    if os.environ.get("PYTHONHASHSEED") != "0":
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        os.execve(sys.executable, [sys.executable, "-m", "bench.routing", *sys.argv[1:]], env)
 
 
 def _one(case: run.Case) -> dict:
@@ -66,7 +58,7 @@ def cases(args: argparse.Namespace) -> list[run.Case]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _pin_hash_seed()
+    run.pin_hash_seed("bench.routing")
     ap = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=list(run.SPECS))
     ap.add_argument("--routers", type=lambda s: s.split(","), default=run.ROUTERS)

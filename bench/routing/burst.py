@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 from kinference_common.messages import EndpointState
@@ -151,7 +150,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    _pin_hash_seed_module()
+    run.pin_hash_seed("bench.routing.burst")
     rows = run_burst()
     print(f"burst to cloud (provider TTFT {PROVIDER.ttft_s}s, ${PROVIDER.price_per_mtok}/M tokens; "
           f"SLO TTFT <= {TTFT_SLO}s, TPOT <= {TPOT_SLO}s; {PII_SHARE:.0%} of requests PII)")
@@ -160,14 +159,6 @@ def main() -> int:
     RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {RESULTS.relative_to(REPO)}")
     return 0
-
-
-def _pin_hash_seed_module() -> None:
-    import os
-
-    if os.environ.get("PYTHONHASHSEED") != "0":
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        os.execve(sys.executable, [sys.executable, "-m", "bench.routing.burst", *sys.argv[1:]], env)
 
 
 if __name__ == "__main__":

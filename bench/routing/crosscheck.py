@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import re
 import sys
@@ -265,9 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.time_scale <= 0:
         ap.error(f"--time-scale must be positive, got {args.time_scale}")
-    if os.environ.get("PYTHONHASHSEED") != "0":
-        os.execve(sys.executable, [sys.executable, "-m", "bench.routing.crosscheck", *sys.argv[1:]],
-                  dict(os.environ, PYTHONHASHSEED="0"))
+    run.pin_hash_seed("bench.routing.crosscheck")
     why = ensure_competitors()
     if why is not None:
         print(f"crosscheck not run: {why}")

@@ -38,8 +38,10 @@ perfectly balanced router would see.
 from __future__ import annotations
 
 import math
+import os
 import random
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -95,6 +97,16 @@ SPECS: dict[str, WorkloadSpec] = {
         WorkloadSpec("trial", _trial, 60.0, ttft_slo=0.5),
     )
 }
+
+
+def pin_hash_seed(module: str, argv: Sequence[str] | None = None) -> None:
+    """Re-execute ``python -m module`` with ``PYTHONHASHSEED=0`` unless it is
+    set so: the fleet benchmark's runs are deterministic for a seed only with
+    Python's string hashing pinned. ``argv``: the arguments (default: this
+    process's)."""
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        rest = sys.argv[1:] if argv is None else list(argv)
+        os.execve(sys.executable, [sys.executable, "-m", module, *rest], dict(os.environ, PYTHONHASHSEED="0"))
 
 
 def make_router(name: str) -> Router:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import msgspec
 
 from . import run, workloads
 from .fleet import Router, TelemetrySpec, simulate
+from .kinference import Kinference
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "scaleup.json"
 DEFAULT_ROUTERS = ["round_robin", "gie_default", "llmd_sticky", "vllm_router_cache_aware", "kinference"]
@@ -43,8 +42,8 @@ def _absent_until(router: Router, key: str, pod: str, join: float) -> Router:
         return pick(req, now)
 
     router.pick = timed_pick  # type: ignore[method-assign]
-    if hasattr(router, "candidates"):  # the peers: their candidate list
-        cands = router.candidates
+    if not isinstance(router, Kinference):  # the peers: their candidate list
+        cands = router.candidates  # type: ignore[attr-defined]
 
         def present(req):  # noqa: ANN001, ANN202
             return [k for k in cands(req) if k != key or clock["now"] >= join]
@@ -60,10 +59,6 @@ def _absent_until(router: Router, key: str, pod: str, join: float) -> Router:
 
         router.on_telemetry = not_ready  # type: ignore[method-assign]
     return router
-
-
-def _q(xs: Sequence[float], p: float) -> float | None:
-    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
 
 
 def measure(workload: str, router: str, load: float, join: float, seed: int,
@@ -85,7 +80,7 @@ def measure(workload: str, router: str, load: float, join: float, seed: int,
         return sum(1 for t in mine if a <= t < b) / n if n else 0.0
 
     def ttft(a: float, b: float) -> list[float]:
-        return sorted(o.ttft for o in res.outcomes if o.ttft is not None and a <= o.req.time < b)
+        return [o.ttft for o in res.outcomes if o.ttft is not None and a <= o.req.time < b]
 
     after, whole = ttft(join, join + 10), ttft(spec.warmup, spec.duration)
     return {
@@ -94,8 +89,8 @@ def measure(workload: str, router: str, load: float, join: float, seed: int,
         "first_request_after_s": next((round(t - join, 3) for t in mine if t >= join), None),
         "share_first_2s": round(share(join, join + 2), 3), "share_next_8s": round(share(join + 2, join + 10), 3),
         "fair_share": round(1 / len(pods), 3),
-        "ttft_p50_after_s": _q(after, 0.5), "ttft_p99_after_s": _q(after, 0.99),
-        "ttft_p50_s": _q(whole, 0.5), "ttft_p99_s": _q(whole, 0.99),
+        "ttft_p50_after_s": run._q(after, 0.5), "ttft_p99_after_s": run._q(after, 0.99),
+        "ttft_p50_s": run._q(whole, 0.5), "ttft_p99_s": run._q(whole, 0.99),
     }
 
 
@@ -129,10 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown workload or router: {', '.join(bad)} (workloads: {', '.join(run.SPECS)}; "
                  f"routers: {', '.join(run.ROUTERS)})")
-    if os.environ.get("PYTHONHASHSEED") != "0":  # deterministic, as the benchmark
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        rest = sys.argv[1:] if argv is None else argv
-        os.execve(sys.executable, [sys.executable, "-m", "bench.routing.scaleup", *rest], env)
+    run.pin_hash_seed("bench.routing.scaleup", argv)
     rows = [measure(w, r, args.load, args.join, args.seed)
             for w in args.workloads.split(",") for r in args.routers.split(",")]
     print(table(rows))
