@@ -6,8 +6,10 @@ absent (not ready, no candidate of any router) until ``--join`` seconds,
 as when an autoscaler adds a replica to a fleet that needed it. Its cache
 is empty when it joins. Per router it prints how long after joining the new
 pod got its first request, its share of the requests in the next 2 s and
-the 8 s after (a fair share is one pod's), and TTFT p50 / p99 over the 10 s
-after the join and over the whole measured run. Deterministic for a seed,
+the 8 s after (a fair share is one pod's), TTFT p50 / p99 over the 10 s
+after the join and over the whole measured run, and over the 10 s after the
+join the requests' end-to-end p50 / p99 and their time per output token
+(p50): what the new pod's share buys the fleet's decodes. Deterministic for a seed,
 like the benchmark; the rows go to ``bench/results/scaleup.json`` (``--out``).
 
 Kinference sees the pod as the router does, through its telemetry
@@ -83,6 +85,9 @@ def measure(workload: str, router: str, load: float, join: float, seed: int,
         return [o.ttft for o in res.outcomes if o.ttft is not None and a <= o.req.time < b]
 
     after, whole = ttft(join, join + 10), ttft(spec.warmup, spec.duration)
+    done = [o for o in res.outcomes if o.e2e is not None and join <= o.req.time < join + 10]
+    e2e = [o.e2e for o in done]
+    tpot = [o.tpot for o in done if o.tpot is not None]
     return {
         "workload": workload, "router": router, "load": load, "join_s": join, "seed": seed, "pods": len(pods),
         "sent_before_join": sum(1 for t in mine if t < join),
@@ -91,6 +96,8 @@ def measure(workload: str, router: str, load: float, join: float, seed: int,
         "fair_share": round(1 / len(pods), 3),
         "ttft_p50_after_s": run._q(after, 0.5), "ttft_p99_after_s": run._q(after, 0.99),
         "ttft_p50_s": run._q(whole, 0.5), "ttft_p99_s": run._q(whole, 0.99),
+        "e2e_p50_after_s": run._q(e2e, 0.5), "e2e_p99_after_s": run._q(e2e, 0.99),
+        "tpot_p50_after_s": run._q(tpot, 0.5),
     }
 
 
@@ -99,13 +106,15 @@ def table(rows: Sequence[dict]) -> str:
         return "never" if v is None else fmt.format(v)
 
     out = ["| workload | load | router | first request (s after joining) | share, first 2 s / next 8 s (fair) "
-           "| TTFT p50 / p99, 10 s after | TTFT p50 / p99, whole run |",
-           "|---|---:|---|---:|---|---|---|"]
+           "| TTFT p50 / p99, 10 s after | TTFT p50 / p99, whole run | e2e p50 / p99, 10 s after | TPOT p50, 10 s after |",
+           "|---|---:|---|---:|---|---|---|---|---:|"]
     for r in rows:
         out.append(f"| {r['workload']} | {r['load']} | {r['router']} | {f(r['first_request_after_s'], '{:.2f}')} "
                    f"| {r['share_first_2s']:.2f} / {r['share_next_8s']:.2f} ({r['fair_share']:.2f}) "
                    f"| {f(r['ttft_p50_after_s'])} / {f(r['ttft_p99_after_s'])} "
-                   f"| {f(r['ttft_p50_s'])} / {f(r['ttft_p99_s'])} |")
+                   f"| {f(r['ttft_p50_s'])} / {f(r['ttft_p99_s'])} "
+                   f"| {f(r.get('e2e_p50_after_s'), '{:.2f}')} / {f(r.get('e2e_p99_after_s'), '{:.2f}')} "
+                   f"| {f(r.get('tpot_p50_after_s'), '{:.4f}')} |")
     return "\n".join(out)
 
 

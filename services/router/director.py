@@ -348,6 +348,8 @@ class Routing:
             code = d.code or "policy_rejected"
             raise ApiError(_REJECTION_STATUS.get(code, 403), code, d.reason or code,
                            retry_after=1 if code == "no_capacity" else None, rule=d.rule or "")
+        if d.context.spread is not None:
+            dr.metrics.spread_moves.inc()
         return d
 
 

@@ -53,6 +53,10 @@ class RouterMetrics:
         self.unknown_objectives = Counter("kinference_unknown_objectives_total",
                                           "Requests naming an InferenceObjective the pool does not have",
                                           registry=r)
+        self.spread_moves = Counter("kinference_spread_moves_total",
+                                    "Requests moved off a busy prefix holder to a pod that holds little "
+                                    "(one that joined or restarted with an empty cache): each pays a cold prefill",
+                                    registry=r)
         # --- what an operator asks of the data plane (docs/reference/metrics.md)
         self.backend_requests = Counter(
             "kinference_backend_requests_total",

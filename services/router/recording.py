@@ -97,7 +97,7 @@ class Recorder:
         held: dict[str, int] = {}
         if ctx.block_hashes and ctx.prefix is not None:
             matches = {k: n for k, n in ctx.matches().items() if k in by_key}
-            if not matches:  # what PrefixAffinity reads when no endpoint holds the prefix
+            if not matches or ctx.held_read:  # what PrefixAffinity and the spread read
                 held = _held(ctx.prefix, by_key)
         pressed = ctx.pressure_read()
         pressure = {k: f for k, f in pressed.items() if k in by_key} if pressed else {}

@@ -4,6 +4,9 @@ its first request. Asserts behaviour, never timings."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import pytest
 
 from bench.routing import run, scaleup
@@ -21,6 +24,24 @@ def test_the_late_pod_takes_nothing_before_it_joins(router: str) -> None:
     if router == "round_robin":  # round robin gives it its turn at once
         assert row["first_request_after_s"] is not None and row["first_request_after_s"] < 0.5
         assert 0.15 < row["share_next_8s"] < 0.35
+
+
+#: the benchmark's own fleet (8 pods) for 16 s: the holders are busy enough for the spread
+BUSY = dataclasses.replace(run.SPECS["shared_prefix"], duration=16.0, warmup=2.0)
+
+
+def test_kinference_gives_a_pod_that_joined_empty_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every group has a warm holder when the pod joins at 10 s: the spread
+    # (TTFTModel.spread_fraction) moves groups to it
+    row = scaleup.measure("shared_prefix", "kinference", 1.0, 10.0, 1, spec=BUSY)
+    assert row["first_request_after_s"] is not None and row["first_request_after_s"] < 1.0
+    assert row["share_next_8s"] > 0.02
+    # without the spread it never got one (what the benchmark page first found)
+    from bench.routing import kinference
+
+    monkeypatch.setattr(kinference, "TTFTModel", functools.partial(kinference.TTFTModel, spread_fraction=0.0))
+    row = scaleup.measure("shared_prefix", "kinference", 1.0, 10.0, 1, spec=BUSY)
+    assert row["first_request_after_s"] is None and row["share_next_8s"] == 0.0
 
 
 def test_without_the_join_round_robin_would_send_it_work_from_the_start() -> None:

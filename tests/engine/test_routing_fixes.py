@@ -5,6 +5,8 @@ than its KV cache holds."""
 
 from __future__ import annotations
 
+import msgspec
+
 from kinference_common.engine import InFlightLedger, PrefixIndex, TTFTModel, decide
 from kinference_common.engine.tokens import block_hashes
 
@@ -176,6 +178,10 @@ def test_a_holder_yields_to_a_pod_with_kv_room_but_not_to_one_whose_kv_is_full()
     assert abs(d.context.predicted_ttft(d.candidate) - 1.5) < 1e-9
 
 
+#: the spread (TTFTModel.spread_fraction) off, for the worlds that test the charges alone
+NO_SPREAD = TTFTModel(spread_fraction=0.0)
+
+
 def _idle_world(other: dict, queue_at_holder: int = 7_000):
     """h holds the whole prompt (all 41 of its blocks) with ``queue_at_holder``
     prefill tokens queued and 40 requests running; o holds nothing, its
@@ -193,39 +199,39 @@ def _idle_world(other: dict, queue_at_holder: int = 7_000):
 def test_an_idle_pod_takes_a_copy_a_busy_one_would_not() -> None:
     # o prefills 2,600 tokens and is charged for the copy: once (2,600 more) when
     # idle, three times (7,800 more) when busy; h's 7,000 queued tokens fall
-    # between (5,200 < 7,000 < 10,400)
+    # between (5,200 < 7,000 < 10,400). The spread is off: it is tested below.
     r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
     pool_ = _pool(["PrefixAffinity"])
     eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
-    d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
+    d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
     assert d.endpoint == "o"
     # what traces show is o's own PredictedTTFT (2,600 tokens), not the charge
     assert abs(d.steps[-1].tiers[-1].value - 0.26) < 1e-9
     # one request running there, or one waiting: busy, charged three times; h keeps it
     for busy in ({"running": 1, "queued": 0, "kv": 0.01}, {"running": 0, "queued": 1, "kv": 0.0}):
         eps, _, index, ledger = _idle_world(busy)
-        assert decide(snap(pool_, eps), r, ledger=ledger, prefix=index).endpoint == "h"
+        assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
     # idle at its scrape, but this router sent it a request since: busy too
     eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
     ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
-    d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
+    d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
     assert d.endpoint == "h"
     # ... and when it still wins (h's queue outweighs even three copies), the
     # trace shows its own PredictedTTFT without the busy charge either
     eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0}, queue_at_holder=20_000)
     ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
-    d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
+    d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
     assert d.endpoint == "o" and abs(d.steps[-1].tiers[-1].value - 0.26) < 1e-6
     # a scrape without the waiting count is not known to be idle
     eps, _, index, ledger = _idle_world({"running": 0, "queued": None, "kv": 0.0})
-    assert decide(snap(pool_, eps), r, ledger=ledger, prefix=index).endpoint == "h"
+    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
     # an idle pod whose cache is full of prompts sent to it lately is charged as any such pod
     eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0, "kv_capacity_tokens": 6_400})
     index.record("default/qwen/o", block_hashes("other groups' prompts " * 1300)[:95], 100)
-    assert decide(snap(pool_, eps), r, ledger=ledger, prefix=index).endpoint == "h"
+    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
     # with the idle charge set to the busy one, an idle pod is no different
     eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
-    same = snap(pool_, eps, ttft_model=TTFTModel(prefix_stickiness_idle=3.0))
+    same = snap(pool_, eps, ttft_model=TTFTModel(prefix_stickiness_idle=3.0, spread_fraction=0.0))
     assert decide(same, r, ledger=ledger, prefix=index).endpoint == "h"
 
 
@@ -261,3 +267,123 @@ def test_an_endpoint_that_has_served_nothing_gets_its_worker_sets_learned_overhe
     # with nothing learned anywhere, the model's default
     s = snap(_pool(None), [ep("qwen", "x", overhead=None)])
     assert s.candidates[0].t0 == TTFTModel().default_overhead_seconds
+
+
+def _fleet_world(new: dict | None = None, holder_running: int = 40, others_running: int = 40):
+    """a, b and c each hold one group's prompts and run requests (a
+    ``holder_running``, b and c ``others_running``); n joined empty: its
+    scrape as ``new`` says (idle by default) and the prefix index has
+    nothing of it."""
+    n = {"running": 0, "queued": 0, "kv": 0.0, "theta": 10_000.0, **(new or {})}
+    eps = [ep("qwen", "a", theta=10_000.0, overhead=0.0, kv=0.3, running=holder_running),
+           ep("qwen", "b", theta=10_000.0, overhead=0.0, kv=0.3, running=others_running),
+           ep("qwen", "c", theta=10_000.0, overhead=0.0, kv=0.3, running=others_running),
+           ep("qwen", "n", overhead=0.0, **n)]
+    index = PrefixIndex()
+    for pod, group in (("a", "first"), ("b", "second"), ("c", "third")):
+        index.record(f"default/qwen/{pod}", block_hashes(f"the {group} group's system prompt " * 300))
+    return eps, index
+
+
+def _group_request(group: str = "first", question: str = "what is the answer?"):
+    text = f"the {group} group's system prompt " * 300 + question
+    return req("qwen-2.5", prompt_tokens=2_400, block_hashes=block_hashes(text))
+
+
+def test_a_pod_that_joined_empty_takes_a_group_from_a_busy_holder() -> None:
+    pool_ = _pool(["PrefixAffinity", "LeastInFlight"])
+    eps, index = _fleet_world()
+    r = _group_request()
+    d = decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index)
+    assert d.endpoint == "n"
+    step = d.steps[-1].tiers[-1]
+    holder, taker, load, mean, low = step.spread
+    assert (holder.endpoint, taker.endpoint, load, low) == ("a", "n", 40, 0) and mean == 30.0
+    # the PredictedTTFT shown is n's own: the whole prompt, cold
+    assert abs(step.value - 2_400 / 10_000) < 1e-6
+    why = d.trace().rules[-1].tiers[-1].why
+    assert "spread: moved from prefix holder" in why and "qwen/n" in why
+    # without the spread the warm holder keeps it (as before it existed)
+    off = snap(pool_, eps, ttft_model=TTFTModel(spread_fraction=0.0))
+    assert decide(off, r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
+    # once n holds the group, the group's requests go where the fewest are in
+    # flight (the tie-breakers, no spread needed)
+    index.record("default/qwen/n", r.block_hashes)
+    ledger = InFlightLedger()
+    for _ in range(3):
+        ledger.first_token(ledger.sent("default/qwen/a", 0, 0.0))
+    d = decide(snap(pool_, eps), _group_request(question="and another?"), ledger=ledger, prefix=index)
+    assert d.endpoint == "n" and d.steps[-1].tiers[-1].spread is None
+    assert d.steps[-1].tiers[-1].tie_breaks == ("PrefixAffinity", "LeastInFlight")
+
+
+def test_the_spread_moves_one_copy_at_a_time() -> None:
+    pool_ = _pool(["PrefixAffinity", "LeastInFlight"])
+    eps, index = _fleet_world()
+    s = snap(pool_, eps)
+    ledger = InFlightLedger()
+    first = decide(s, _group_request("first"), ledger=ledger, prefix=index)
+    assert first.endpoint == "n"
+    send = ledger.sent(first.candidate.ledger_key, first.prefill_tokens, 0.0)
+    # the copy on its way is in n's queue: the next group stays with its holder
+    assert decide(s, _group_request("second"), ledger=ledger, prefix=index).endpoint == "b"
+    # its first token came back: n takes the next one
+    ledger.first_token(send)
+    assert decide(s, _group_request("second"), ledger=ledger, prefix=index).endpoint == "n"
+
+
+def test_the_spread_leaves_a_steady_fleet_alone() -> None:
+    pool_ = _pool(["PrefixAffinity", "LeastInFlight"])
+    r = _group_request()
+    # the fleet is not busy: 4 running on each holder, under spread_min_load (32)
+    eps, index = _fleet_world(holder_running=4, others_running=4)
+    assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
+    # ... nor is the holder when its load is unknown (no queue in its scrape)
+    eps, index = _fleet_world()
+    eps[0] = msgspec.structs.replace(eps[0], queued=None)
+    assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
+    # the holder carries less than the mean
+    eps, index = _fleet_world(holder_running=20)
+    assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
+    # the least-loaded pod is not far below the mean: 10 running of a mean of 32.5
+    eps, index = _fleet_world({"running": 10, "kv": 0.1})
+    assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
+    # an idle pod holding its share of the prefixes sent (a steady fleet between bursts)
+    eps, index = _fleet_world()
+    index.record("default/qwen/n", block_hashes("the fourth group's system prompt " * 300))
+    assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
+    # a slower pod: its cold prefill takes longer than the copy would on the holder
+    eps, index = _fleet_world({"theta": 4_000.0})
+    assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
+    # a pod whose load is unknown (no scrape of its queue) is not taken for idle
+    eps, index = _fleet_world({"queued": None})
+    assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
+
+
+def test_a_record_of_a_spread_keeps_the_held_blocks_and_replays_to_the_same_pick() -> None:
+    """`kinfctl replay` takes the decision again from what it read: the spread
+    reads how many blocks each pod holds, so the record keeps them."""
+    from kinference_common.engine.trace import OutcomeTrace
+    from kinference_common.recording import DecisionRecord, RecordedRequest, decode, encode
+    from kinference_router.recording import Recorder
+    from kinfctl.replay import _decide
+
+    pool_ = _pool(["PrefixAffinity", "LeastInFlight"])
+    eps, index = _fleet_world()
+    s = snap(pool_, eps)
+    r = _group_request()
+    d = decide(s, r, ledger=InFlightLedger(), prefix=index)
+    assert d.endpoint == "n"
+    Recorder.capture(d)
+    assert set(d.inputs.held) == {"default/qwen/a", "default/qwen/b", "default/qwen/c"}
+    rec = decode(encode(DecisionRecord(
+        decision_id="d1", at=0.0, router="r", snapshot=1, namespace="default", pool="p",
+        request=RecordedRequest(model="qwen-2.5", prompt_tokens=2_400, block_hashes=list(r.block_hashes)),
+        loads=d.inputs.loads, matches=d.inputs.matches, held=d.inputs.held, pressure=d.inputs.pressure,
+        outcome=OutcomeTrace(type="Routed", endpoint="n"))))
+    again, _ = _decide(s, rec, r)
+    assert again.endpoint == "n"
+    # had n held as much as the others, the holder would have kept it: the held
+    # blocks in the record are what the replay decides on
+    again, _ = _decide(s, msgspec.structs.replace(rec, held={**rec.held, "default/qwen/n": 100}), r)
+    assert again.endpoint == "a"

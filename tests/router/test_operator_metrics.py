@@ -140,3 +140,43 @@ def test_per_pod_series_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     # the backend series has no pod label: one series whatever the churn
     assert m.registry.get_sample_value("kinference_backend_requests_total",
                                        {"pool": "ns/p", "backend": "Local/ws", "outcome": "ok"}) == 12
+
+
+async def test_a_spread_move_is_counted() -> None:
+    """``kinference_spread_moves_total`` counts the requests the spread moved
+    to a pod that joined empty, whichever way the decision was taken (the
+    engine's own tests cover when it moves one)."""
+    import random
+    from types import SimpleNamespace
+
+    from kinference_common.engine import InFlightLedger, TTFTModel
+    from kinference_router.director import Director
+
+    from ..engine.helpers import snap
+    from ..engine.test_routing_fixes import _fleet_world, _group_request, _pool
+
+    class Tags:  # a request whose classification is done
+        req = None
+        traces: list = []
+
+        async def decide(self, s, avoid, decide_fn, **_):  # noqa: ANN001, ANN003, ANN201
+            self.req = _group_request()
+            return decide_fn(self.req, s, avoid)
+
+    eps, index = _fleet_world()
+    pool_ = _pool(["PrefixAffinity", "LeastInFlight"])
+    keeper = SimpleNamespace(snapshot=snap(pool_, eps))
+    m = RouterMetrics()
+    dr = Director(settings=SimpleNamespace(namespace="default", pool="p"), auth=None, keeper=keeper,  # type: ignore[arg-type]
+                  ledger=InFlightLedger(), prefix=index, metrics=m, flow=None, classification=None,  # type: ignore[arg-type]
+                  events=SimpleNamespace(publish=lambda *a: None), limiter=None, calibration=None,  # type: ignore[arg-type]
+                  rng=random.Random(0))
+    d = await dr.routing(Tags(), "d1").next()  # type: ignore[arg-type]
+    assert d is not None and d.endpoint == "n"
+    assert m.registry.get_sample_value("kinference_spread_moves_total") == 1.0
+    # a decision the spread did not move is not counted
+    keeper.snapshot = snap(pool_, eps, ttft_model=TTFTModel(spread_fraction=0.0))
+    d = await dr.routing(Tags(), "d2").next()  # type: ignore[arg-type]
+    assert d is not None and d.endpoint == "a"
+    assert m.registry.get_sample_value("kinference_spread_moves_total") == 1.0
+    await asyncio.sleep(0)  # the decision events, published a turn later

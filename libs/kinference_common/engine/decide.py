@@ -17,7 +17,10 @@ tie-breakers of :data:`TIE_BREAKERS`): rank by ``minimize`` (unknown values
 last) or by ``order``, or not at all; among the candidates that rank equal,
 apply ``tieBreak`` in order; the first remaining in stable order wins.
 ``minimize: PredictedTTFT`` has a fast path (:func:`_rank_predicted_ttft`)
-that gives the same values from the snapshot's per-endpoint precomputation.
+that gives the same values from the snapshot's per-endpoint precomputation;
+with a ``tieBreak`` it also charges the copy of a prefix (prefix stickiness)
+and may move the request off a busy prefix holder to a pod that joined empty
+(:func:`_spread`).
 
 Filters run on precomputed sets where they can (see :mod:`.snapshot`): a
 ``drop`` on static signals is a set lookup; one on ``queuedPrompts`` or
@@ -58,10 +61,11 @@ _INF = float("inf")
 class TierStep:
     """What one tier saw: the candidates it kept, what it picked and why."""
 
-    __slots__ = ("tier", "kept", "picked", "value", "tied", "tie_breaks")
+    __slots__ = ("tier", "kept", "picked", "value", "tied", "tie_breaks", "spread")
 
     def __init__(self, tier: TierRuntime, kept: list[Candidate], picked: Candidate | None,
-                 value: object = None, tied: int = 0, tie_breaks: tuple[str, ...] = ()) -> None:
+                 value: object = None, tied: int = 0, tie_breaks: tuple[str, ...] = (),
+                 spread: tuple | None = None) -> None:
         self.tier = tier
         self.kept = kept
         self.picked = picked
@@ -70,6 +74,8 @@ class TierStep:
         #: how many candidates ranked equal before tie-breaking
         self.tied = tied
         self.tie_breaks = tie_breaks
+        #: the spread moved the pick (``DecisionContext.spread``), else None
+        self.spread = spread
 
 
 class RuleStep:
@@ -189,7 +195,7 @@ def _prefix_affinity(tied: list[Candidate], ctx: DecisionContext, rng: random.Ra
     blocks = [ctx.matched_blocks(c) for c in tied]
     high = max(blocks)
     if high == 0 and ctx.prefix is not None and ctx.block_hashes and len(tied) > 1:
-        held = [ctx.prefix.blocks(c.ledger_key) for c in tied]
+        held = [ctx.held_blocks(c) for c in tied]
         low = min(held)
         return [c for c, n in zip(tied, held) if n == low]
     return [c for c, n in zip(tied, blocks) if n == high]
@@ -345,12 +351,68 @@ def _rank_predicted_ttft(
         near = [(v, j) for j, v in enumerate(vals) if v <= limit]
         if len(near) > 1:
             near.sort()
+            j = near[0][1]
+        else:
+            j = vals.index(best)
+        if stick and matches.get(kept[j].ledger_key, 0) > 0:
+            moved = _spread(snapshot, kept, j, ctx, stick, m_best, PT)
+            if moved is not None:
+                return moved
+        if len(near) > 1:
             return [kept[j] for _, j in near], _unstuck(near[0][0], kept[near[0][1]], ctx, stick, m_best, PT, S)
-        j = vals.index(best)
         return [kept[j]], _unstuck(best, kept[j], ctx, stick, m_best, PT, S)
     if vals.count(best) == 1:
         return [kept[vals.index(best)]], best
     return [c for c, v in zip(kept, vals) if v == best], best
+
+
+def _spread(snapshot: Snapshot, kept: list[Candidate], j: int, ctx: DecisionContext, stick: float, m_best: int,
+            PT: list[float]) -> tuple[list[Candidate], float] | None:
+    """The spread (:attr:`.ttft.TTFTModel.spread_fraction`): ``([e], e's
+    PredictedTTFT)`` when the least-loaded candidate ``e`` should take this
+    request from ``kept[j]``, the busy prefix holder the ranking picked (the
+    best holder has ``m_best`` of the prompt's blocks, ``stick`` tokens
+    each); None otherwise. Records the
+    move in ``ctx.spread`` for the trace."""
+    model = snapshot.ttft_model
+    if model.spread_fraction <= 0:
+        return None
+    L = snapshot.load
+    loads = ctx.loads
+    pick = kept[j]
+    lp = L[pick.index]  # -1 (unknown) is under any spread_min_load
+    if lp >= 0 and loads and pick.ledger_key in loads:
+        lp = max(lp, ctx.in_flight(pick))
+    if lp < model.spread_min_load:
+        return None
+    ls = [L[c.index] for c in kept]
+    if loads:
+        for i, c in enumerate(kept):
+            if ls[i] >= 0 and c.ledger_key in loads:
+                ls[i] = max(ls[i], ctx.in_flight(c))
+    known = [v for v in ls if v >= 0]
+    mean = sum(known) / len(known)
+    low = min(known)
+    if lp < mean or low > model.spread_fraction * mean:
+        return None
+    je = ls.index(low)
+    e = kept[je]
+    if e is pick:
+        return None
+    # a pod that holds far less than its share of the prefixes sent (new,
+    # restarted, or left out): not one in a steady fleet between two bursts
+    held = [ctx.held_blocks(c) for c in kept]
+    if held[je] > model.spread_held_fraction * sum(held) / len(held):
+        return None
+    # no slower than the holder would be with the copy to make itself (the
+    # copies already on their way to e are in its queue, so it takes one at
+    # a time; a slower pod does not take one)
+    pe, pp = ctx.predicted_ttft(e), ctx.predicted_ttft(pick)
+    m_e = min(ctx.matches().get(e.ledger_key, 0), len(ctx.block_hashes))
+    if pe is None or pp is None or pe > pp + PT[pick.index] * stick * max(0, m_best - m_e):
+        return None
+    ctx.spread = (pick, e, lp, mean, low)
+    return [e], pe
 
 
 def _pressed_stickiness(snapshot: Snapshot, model: TTFTModel, pressed: dict[str, float],
@@ -465,7 +527,7 @@ def _run_rule(
                 tied = TIE_BREAKERS[name](tied, ctx, rng)
                 applied += (name,)
         pick = tied[0]
-        step.tiers.append(TierStep(tier, kept, pick, value, n_tied, applied))
+        step.tiers.append(TierStep(tier, kept, pick, value, n_tied, applied, ctx.spread))
         step.outcome = "Routed"
         return step, pick, live
     step.outcome = "FallThrough" if rule.on_empty == "FallThrough" else "Rejected"

@@ -26,7 +26,7 @@ class DecisionContext:
     matches, and a cache of PredictedTTFT per candidate."""
 
     __slots__ = ("loads", "prompt_tokens", "block_hashes", "prefix", "model", "_matches", "_pressure", "ttft",
-                 "draws")
+                 "draws", "spread", "held_read")
 
     def __init__(
         self,
@@ -48,6 +48,11 @@ class DecisionContext:
         #: ``tieBreak: Random``'s draws, ``(n, drawn)`` each (None: no draw):
         #: what a replay needs to take the same decision again
         self.draws: list[tuple[int, int]] | None = None
+        #: a spread move (decide._spread): ``(holder, taker, holder's load,
+        #: mean load, taker's load)``; None when the decision made none
+        self.spread: tuple | None = None
+        #: the decision read blocks held per endpoint (:meth:`held_blocks`)
+        self.held_read = False
 
     # -- prefix index ----------------------------------------------------
 
@@ -70,6 +75,12 @@ class DecisionContext:
         """What :meth:`pressure` answered, None when the decision did not ask
         (what a record of the decision keeps)."""
         return self._pressure
+
+    def held_blocks(self, c: Candidate) -> int:
+        """Prompt blocks this router (and its peers) sent that the prefix
+        index says ``c``'s cache holds."""
+        self.held_read = True
+        return self.prefix.blocks(c.ledger_key) if self.prefix is not None else 0
 
     def matched_blocks(self, c: Candidate) -> int:
         return self.matches().get(c.ledger_key, 0) if self.block_hashes else 0

@@ -276,6 +276,7 @@ class Snapshot:
         else:
             self.ttft_a, self.ttft_pt, self.ttft_f = list(prev.ttft_a), list(prev.ttft_pt), list(prev.ttft_f)
             self.ttft_h, self.ttft_it, self.ttft_s = list(prev.ttft_h), list(prev.ttft_it), list(prev.ttft_s)
+            self.load = list(prev.load)
             self._ttft_entries(self.ttft_model, changed)
         ctx = DecisionContext({}, None, (), None, self.ttft_model)
         rules = self.pool.policy.rules
@@ -470,6 +471,9 @@ class Snapshot:
         #: the scrape shows idle: prefix_stickiness_idle, which the decision
         #: raises to its KV use's charge when this router has sends in flight there)
         self.ttft_s = [model.prefix_stickiness] * n
+        #: requests running and waiting at the scrape (-1: unknown, a
+        #: provider): the load the spread compares (decide._spread)
+        self.load = [-1] * n
         self._ttft_entries(model, indexes)
 
     def _ttft_entries(self, model: TTFTModel, indexes: Iterable[int]) -> None:
@@ -482,7 +486,9 @@ class Snapshot:
             if not c.is_local:
                 self.ttft_a[i], self.ttft_pt[i], self.ttft_f[i] = inf, 0.0, 1.0
                 self.ttft_h[i], self.ttft_it[i], self.ttft_s[i] = inf, 0.0, model.prefix_stickiness
+                self.load[i] = -1
                 continue
+            self.load[i] = c.running + c.queued if c.running is not None and c.queued is not None else -1
             idle = c.running == 0 and c.queued == 0 and (c.kv is None or c.kv <= model.busy_kv)
             self.ttft_s[i] = (min(model.prefix_stickiness_idle, model.prefix_stickiness) if idle
                               else model.stickiness(c.kv))

@@ -164,6 +164,10 @@ def _why(t: TierStep) -> str:
             head += f"; {t.tied} tied, tieBreak {', '.join(t.tie_breaks)}"
         else:
             head += f"; {t.tied} tied, first in stable order"
+    if t.spread is not None:
+        holder, taker, load, mean, low = t.spread
+        head += (f"; spread: moved from prefix holder {holder.id} (load {load}, mean {mean:.1f}) to "
+                 f"{taker.id} (load {low}), which holds little of the prefixes sent")
     return head
 
 
