@@ -40,7 +40,12 @@ from kinference_common.engine.trace import ClassifierTrace, OutcomeTrace
 from kinference_common.engine.ttft import TTFTModel
 from kinference_common.messages import EndpointState, ProviderState
 
-SCHEMA_VERSION = 1
+#: 2: a decision keeps ``held`` whenever it read it (the spread of
+#: :class:`~kinference_common.engine.ttft.TTFTModel` does); ``kinfctl replay``
+#: takes a version-1 record's decisions without the spread, as its router did
+SCHEMA_VERSION = 2
+#: the first version whose routers had the spread
+SPREAD_SINCE = 2
 #: the JetStream stream of every pool's records
 STREAM = "KINFERENCE_RECORDS"
 PREFIX = "kinference.record"
@@ -163,7 +168,8 @@ class DecisionRecord(_R, kw_only=True, tag="decision"):
     loads: dict[str, tuple[int, ...]] = {}
     #: prefix index: leading prompt blocks each endpoint holds
     matches: dict[str, int] = {}
-    #: prefix index: blocks each endpoint holds, when no endpoint matched (PrefixAffinity)
+    #: prefix index: blocks each endpoint holds, when the decision read them
+    #: (PrefixAffinity when no endpoint matched; the spread)
     held: dict[str, int] = {}
     #: prefix index: the hot fraction of each endpoint over half full of
     #: prefixes in use, when the decision read it (PrefixIndex.pressure)

@@ -54,7 +54,7 @@ class RouterMetrics:
                                           "Requests naming an InferenceObjective the pool does not have",
                                           registry=r)
         self.spread_moves = Counter("kinference_spread_moves_total",
-                                    "Requests moved off a busy prefix holder to a pod that holds little "
+                                    "Decisions that moved a request off a busy prefix holder to a pod that holds little "
                                     "(one that joined or restarted with an empty cache): each pays a cold prefill",
                                     registry=r)
         # --- what an operator asks of the data plane (docs/reference/metrics.md)

@@ -342,8 +342,8 @@ def test_the_spread_leaves_a_steady_fleet_alone() -> None:
     eps, index = _fleet_world()
     eps[0] = msgspec.structs.replace(eps[0], queued=None)
     assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
-    # the holder carries less than the mean
-    eps, index = _fleet_world(holder_running=20)
+    # the holder carries less than the mean, though more than spread_min_load
+    eps, index = _fleet_world(holder_running=35, others_running=60)
     assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
     # the least-loaded pod is not far below the mean: 10 running of a mean of 32.5
     eps, index = _fleet_world({"running": 10, "kv": 0.1})
@@ -355,6 +355,12 @@ def test_the_spread_leaves_a_steady_fleet_alone() -> None:
     # a slower pod: its cold prefill takes longer than the copy would on the holder
     eps, index = _fleet_world({"theta": 4_000.0})
     assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
+    # idle at its scrape, but this router has 10 requests open there since
+    eps, index = _fleet_world()
+    ledger = InFlightLedger()
+    for _ in range(10):
+        ledger.first_token(ledger.sent("default/qwen/n", 0, 0.0))
+    assert decide(snap(pool_, eps), r, ledger=ledger, prefix=index).endpoint == "a"
     # a pod whose load is unknown (no scrape of its queue) is not taken for idle
     eps, index = _fleet_world({"queued": None})
     assert decide(snap(pool_, eps), r, ledger=InFlightLedger(), prefix=index).endpoint == "a"
@@ -387,3 +393,60 @@ def test_a_record_of_a_spread_keeps_the_held_blocks_and_replays_to_the_same_pick
     # blocks in the record are what the replay decides on
     again, _ = _decide(s, msgspec.structs.replace(rec, held={**rec.held, "default/qwen/n": 100}), r)
     assert again.endpoint == "a"
+
+
+def test_the_spread_reads_the_routers_sends_and_judges_the_tie_breakers_pick() -> None:
+    pool_ = _pool(["PrefixAffinity", "LeastInFlight"])
+    r = _group_request()
+    # the holder's scrape shows 20 running, but this router has 40 open there
+    # (sent since, and running): busy, as the routers know
+    eps, index = _fleet_world(holder_running=20, others_running=20)
+    ledger = InFlightLedger()
+    for _ in range(40):
+        ledger.first_token(ledger.sent("default/qwen/a", 0, 0.0))
+    d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "n" and d.steps[-1].tiers[-1].spread[2] == 40
+    # two holders of the prefix rank equal; LeastInFlight picks the one less
+    # loaded (b: 20 running), which is not above the mean: no move, whatever
+    # the more loaded one (a: 60 running, 5 open) would have allowed
+    eps, index = _fleet_world(holder_running=60)
+    eps[1] = msgspec.structs.replace(eps[1], running=20)
+    index.record("default/qwen/b", r.block_hashes)
+    ledger = InFlightLedger()
+    for _ in range(5):
+        ledger.first_token(ledger.sent("default/qwen/a", 0, 0.0))
+    d = decide(snap(pool_, eps), r, ledger=ledger, prefix=index)
+    assert d.endpoint == "b" and d.steps[-1].tiers[-1].spread is None
+    assert d.steps[-1].tiers[-1].tie_breaks == ("PrefixAffinity", "LeastInFlight")
+
+
+def test_a_record_from_a_router_without_the_spread_replays_without_it() -> None:
+    """Records of schema version 1 (routers before the spread) kept ``held``
+    only when no endpoint matched: their decisions are replayed as their
+    router took them, with the spread off."""
+    from kinference_common.engine.trace import OutcomeTrace
+    from kinference_common.recording import DecisionRecord, RecordedRequest, SnapshotRecord
+    from kinfctl.replay import Snapshots, _decide
+
+    from .helpers import NOW
+
+    pool_ = _pool(["PrefixAffinity", "LeastInFlight"])
+    eps, index = _fleet_world()
+    r = _group_request()
+    matches = index.match(r.block_hashes)
+    picks = {}
+    for v in (1, 2):
+        snaps = Snapshots()
+        snaps.add(SnapshotRecord(v=v, router="r", version=1, namespace="default", pool="p", now=NOW,
+                                 stale_after=5.0, provider_stale_after=60.0, pool_revision="1", compiled=pool_,
+                                 endpoints=eps, ttft_model=TTFTModel()))
+        rec = DecisionRecord(v=v, decision_id="d1", at=0.0, router="r", snapshot=1, namespace="default", pool="p",
+                             request=RecordedRequest(model="qwen-2.5", prompt_tokens=2_400,
+                                                     block_hashes=list(r.block_hashes)),
+                             matches=matches, outcome=OutcomeTrace(type="Routed", endpoint="a"))
+        d, _ = _decide(snaps.get("r", 1, "live"), rec, r)
+        picks[v] = d.endpoint
+    # version 1: the router had no spread and kept no held blocks here: "a",
+    # as it decided; a version-2 record without held blocks would read "n held
+    # nothing" and move it
+    assert picks == {1: "a", 2: "n"}

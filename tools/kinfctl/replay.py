@@ -50,7 +50,14 @@ from kinference_common.engine.lazy import outcome_key, tag_classes
 from kinference_common.engine.ledger import EndpointLoad
 from kinference_common.engine.ttft import TTFTModel
 from kinference_common.manifests import load_paths
-from kinference_common.recording import LOAD_FIELDS, DecisionRecord, ObservationRecord, Record, SnapshotRecord
+from kinference_common.recording import (
+    LOAD_FIELDS,
+    SPREAD_SINCE,
+    DecisionRecord,
+    ObservationRecord,
+    Record,
+    SnapshotRecord,
+)
 from kinfctl import records as rec_io
 from kinfctl.audit import PII_TAGS
 from kinfctl.main import EXIT_OK, CommandError
@@ -77,6 +84,15 @@ def register(sub: Any) -> None:
 
 
 # ------------------------------------------------------------ the state
+
+
+def _model(r: SnapshotRecord, base: TTFTModel) -> TTFTModel:
+    """The record's PredictedTTFT model (``base`` when it has none); from a
+    router that had no spread (schema before SPREAD_SINCE), with it off."""
+    model = r.ttft_model or base
+    if r.v < SPREAD_SINCE and model.spread_fraction:
+        model = msgspec.structs.replace(model, spread_fraction=0.0)
+    return model
 
 
 def _endpoint_key(s: Any) -> str:
@@ -114,7 +130,7 @@ class Snapshots:
                 self.missing[key] = "its keyframe holds no compiled pool"
                 return
             self.states[key] = _State(r, r.compiled, {_endpoint_key(e): e for e in r.endpoints},
-                                      {_provider_key(p): p for p in r.providers}, r.ttft_model or TTFTModel())
+                                      {_provider_key(p): p for p in r.providers}, _model(r, TTFTModel()))
             return
         base = self.states.get((r.router, r.base))
         if base is None:
@@ -131,7 +147,7 @@ class Snapshots:
             prs.pop(k, None)
         prs.update((_provider_key(p), p) for p in r.providers)
         pool = r.compiled if r.compiled is not None else base.pool
-        self.states[key] = _State(r, pool, eps, prs, r.ttft_model or base.ttft_model)
+        self.states[key] = _State(r, pool, eps, prs, _model(r, base.ttft_model))
 
     def why_missing(self, router: str, version: int) -> str:
         return self.missing.get((router, version), "its snapshot was not recorded (before --since, or past the "

@@ -19,8 +19,8 @@ apply ``tieBreak`` in order; the first remaining in stable order wins.
 ``minimize: PredictedTTFT`` has a fast path (:func:`_rank_predicted_ttft`)
 that gives the same values from the snapshot's per-endpoint precomputation;
 with a ``tieBreak`` it also charges the copy of a prefix (prefix stickiness)
-and may move the request off a busy prefix holder to a pod that joined empty
-(:func:`_spread`).
+and, after the tie-breakers, may move the request off a busy prefix holder
+to a pod that holds little, such as one that joined empty (:func:`_spread`).
 
 Filters run on precomputed sets where they can (see :mod:`.snapshot`): a
 ``drop`` on static signals is a set lookup; one on ``queuedPrompts`` or
@@ -351,39 +351,39 @@ def _rank_predicted_ttft(
         near = [(v, j) for j, v in enumerate(vals) if v <= limit]
         if len(near) > 1:
             near.sort()
-            j = near[0][1]
-        else:
-            j = vals.index(best)
-        if stick and matches.get(kept[j].ledger_key, 0) > 0:
-            moved = _spread(snapshot, kept, j, ctx, stick, m_best, PT)
-            if moved is not None:
-                return moved
-        if len(near) > 1:
             return [kept[j] for _, j in near], _unstuck(near[0][0], kept[near[0][1]], ctx, stick, m_best, PT, S)
+        j = vals.index(best)
         return [kept[j]], _unstuck(best, kept[j], ctx, stick, m_best, PT, S)
     if vals.count(best) == 1:
         return [kept[vals.index(best)]], best
     return [c for c, v in zip(kept, vals) if v == best], best
 
 
-def _spread(snapshot: Snapshot, kept: list[Candidate], j: int, ctx: DecisionContext, stick: float, m_best: int,
-            PT: list[float]) -> tuple[list[Candidate], float] | None:
-    """The spread (:attr:`.ttft.TTFTModel.spread_fraction`): ``([e], e's
-    PredictedTTFT)`` when the least-loaded candidate ``e`` should take this
-    request from ``kept[j]``, the busy prefix holder the ranking picked (the
-    best holder has ``m_best`` of the prompt's blocks, ``stick`` tokens
-    each); None otherwise. Records the
-    move in ``ctx.spread`` for the trace."""
+def _spread(snapshot: Snapshot, kept: list[Candidate], pick: Candidate,
+            ctx: DecisionContext) -> tuple[Candidate, float] | None:
+    """The spread (:attr:`.ttft.TTFTModel.spread_fraction`): ``(e, e's
+    PredictedTTFT)`` when the least-loaded candidate ``e`` of the tier should
+    take this request from ``pick``, the busy prefix holder the ranking and
+    the tie-breakers chose; None otherwise. Records the move in
+    ``ctx.spread`` for the trace and the router's counter."""
     model = snapshot.ttft_model
     if model.spread_fraction <= 0:
         return None
+    hashes = ctx.block_hashes
+    total = len(hashes)
+    m_p = min(ctx.matches().get(pick.ledger_key, 0), total)
+    if m_p <= 0:
+        return None
     L = snapshot.load
     loads = ctx.loads
-    pick = kept[j]
     lp = L[pick.index]  # -1 (unknown) is under any spread_min_load
     if lp >= 0 and loads and pick.ledger_key in loads:
         lp = max(lp, ctx.in_flight(pick))
     if lp < model.spread_min_load:
+        return None
+    # exact early exit: a taker carries at most spread_fraction of a mean
+    # that is at most lp, and the routers' sends only add to a scrape's load
+    if snapshot.min_load() > model.spread_fraction * lp:
         return None
     ls = [L[c.index] for c in kept]
     if loads:
@@ -399,20 +399,22 @@ def _spread(snapshot: Snapshot, kept: list[Candidate], j: int, ctx: DecisionCont
     e = kept[je]
     if e is pick:
         return None
+    # no longer than the holder's with the copy to make on the holder: the
+    # copies already on their way to e count in its queue, which bounds how
+    # many it takes before their first tokens; a slower pod takes one only
+    # when the holder's queue outweighs the difference
+    pe, pp = ctx.predicted_ttft(e), ctx.predicted_ttft(pick)
+    m_e = min(ctx.matches().get(e.ledger_key, 0), total)
+    copy = snapshot.ttft_pt[pick.index] * ctx.prompt_tokens / total * max(0, m_p - m_e)
+    if pe is None or pp is None or pe > pp + copy:
+        return None
     # a pod that holds far less than its share of the prefixes sent (new,
     # restarted, or left out): not one in a steady fleet between two bursts
     held = [ctx.held_blocks(c) for c in kept]
     if held[je] > model.spread_held_fraction * sum(held) / len(held):
         return None
-    # no slower than the holder would be with the copy to make itself (the
-    # copies already on their way to e are in its queue, so it takes one at
-    # a time; a slower pod does not take one)
-    pe, pp = ctx.predicted_ttft(e), ctx.predicted_ttft(pick)
-    m_e = min(ctx.matches().get(e.ledger_key, 0), len(ctx.block_hashes))
-    if pe is None or pp is None or pe > pp + PT[pick.index] * stick * max(0, m_best - m_e):
-        return None
     ctx.spread = (pick, e, lp, mean, low)
-    return [e], pe
+    return e, pe
 
 
 def _pressed_stickiness(snapshot: Snapshot, model: TTFTModel, pressed: dict[str, float],
@@ -527,6 +529,10 @@ def _run_rule(
                 tied = TIE_BREAKERS[name](tied, ctx, rng)
                 applied += (name,)
         pick = tied[0]
+        if want and tier.minimize == "PredictedTTFT" and rule.tie_break and ctx.block_hashes:
+            moved = _spread(snapshot, kept, pick, ctx)
+            if moved is not None:
+                pick, value = moved
         step.tiers.append(TierStep(tier, kept, pick, value, n_tied, applied, ctx.spread))
         step.outcome = "Routed"
         return step, pick, live

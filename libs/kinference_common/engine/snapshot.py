@@ -277,6 +277,7 @@ class Snapshot:
             self.ttft_a, self.ttft_pt, self.ttft_f = list(prev.ttft_a), list(prev.ttft_pt), list(prev.ttft_f)
             self.ttft_h, self.ttft_it, self.ttft_s = list(prev.ttft_h), list(prev.ttft_it), list(prev.ttft_s)
             self.load = list(prev.load)
+            self._min_load = None
             self._ttft_entries(self.ttft_model, changed)
         ctx = DecisionContext({}, None, (), None, self.ttft_model)
         rules = self.pool.policy.rules
@@ -474,6 +475,7 @@ class Snapshot:
         #: requests running and waiting at the scrape (-1: unknown, a
         #: provider): the load the spread compares (decide._spread)
         self.load = [-1] * n
+        self._min_load: float | None = None
         self._ttft_entries(model, indexes)
 
     def _ttft_entries(self, model: TTFTModel, indexes: Iterable[int]) -> None:
@@ -498,6 +500,13 @@ class Snapshot:
             self.ttft_f[i] = 1.0 - min(max(c.hit_rate, 0.0), 1.0) if c.hit_rate else 1.0
             self.ttft_h[i] = c.kv_free - q if c.kv_free is not None else inf
             self.ttft_it[i] = cal / c.theta
+
+    def min_load(self) -> float:
+        """The lowest known :attr:`load` of any endpoint (inf: none known),
+        computed once per snapshot, when a decision first asks."""
+        if self._min_load is None:
+            self._min_load = min((v for v in self.load if v >= 0), default=float("inf"))
+        return self._min_load
 
     def classifiers_for(self, request: Request) -> list[str]:
         """The classifiers ``request`` needs before deciding: those required

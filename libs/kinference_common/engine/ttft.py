@@ -105,18 +105,20 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     #: the holders queued: ``multiturn`` at 0.9 load in the fleet benchmark
     #: left one of eight pods idle for 21 s (docs/routing-benchmark.md).
     prefix_stickiness_idle: float = 1.0
-    #: spread: in the same tiers, a request the ranking gives to a busy
-    #: prefix holder goes instead to the least-loaded candidate when that
-    #: one carries at most ``spread_fraction`` of the candidates' mean load
-    #: (requests running and waiting at the scrape, or open from the routers
-    #: when more), holds at most ``spread_held_fraction`` of their mean
+    #: spread: in the same tiers, a request the ranking and the tie-breakers
+    #: give to a busy prefix holder goes instead to the least-loaded
+    #: candidate when that one carries at most ``spread_fraction`` of the
+    #: candidates' mean load (requests running and waiting at the scrape, or
+    #: open from the routers when more; a pod whose scrape lacks the counts
+    #: is left out), holds at most ``spread_held_fraction`` of their mean
     #: prompt blocks in the prefix index (a pod added by a scale-up,
     #: restarted with an empty cache: not a pod of a steady fleet between
     #: two bursts), the holder carries at least the mean and
     #: ``spread_min_load``, and the move costs this request no more than
     #: the copy would cost on the holder (the taker's PredictedTTFT counts
-    #: the copies already on their way there, so it takes one at a time,
-    #: and a slower pod takes none). Without it a pod that joined once every
+    #: the copies already on their way there, which bounds how many it takes
+    #: before their first tokens; a slower pod takes one only when the
+    #: holder's queue outweighs the difference). Without it a pod that joined once every
     #: prefix had a warm holder never got a request: chunked prefill keeps
     #: the holders' first tokens quick however many requests they decode, so
     #: no prediction favoured the cold pod (docs/routing-benchmark.md, "A
