@@ -42,7 +42,9 @@ from kinference_common.messages import EndpointState, ProviderState
 
 #: 2: a decision keeps ``held`` whenever it read it (the spread of
 #: :class:`~kinference_common.engine.ttft.TTFTModel` does); ``kinfctl replay``
-#: takes a version-1 record's decisions without the spread, as its router did
+#: takes a version-1 record's decisions without the spread, as its router did.
+#: Writers set ``v`` explicitly: the field's default is what a record that
+#: does not say means (version 1 wrote none, its default being omitted).
 SCHEMA_VERSION = 2
 #: the first version whose routers had the spread
 SPREAD_SINCE = 2
@@ -110,7 +112,7 @@ class _R(Struct, kw_only=True, tag_field="kind", omit_defaults=True):
 
 
 class SnapshotRecord(_R, kw_only=True, tag="snapshot"):
-    v: int = SCHEMA_VERSION
+    v: int = 1
     router: str
     version: int
     #: the version this one is a delta from; None: complete (a keyframe)
@@ -150,7 +152,7 @@ class RecordedRequest(Struct, kw_only=True, omit_defaults=True):
 
 
 class DecisionRecord(_R, kw_only=True, tag="decision"):
-    v: int = SCHEMA_VERSION
+    v: int = 1
     decision_id: str
     #: wall-clock time of the record
     at: float
@@ -186,7 +188,7 @@ class DecisionRecord(_R, kw_only=True, tag="decision"):
 
 
 class ObservationRecord(_R, kw_only=True, tag="observation"):
-    v: int = SCHEMA_VERSION
+    v: int = 1
     decision_id: str
     backend_type: str
     backend_name: str

@@ -32,6 +32,7 @@ from kinference_common.engine import Decision, PrefixIndex, Snapshot
 from kinference_common.engine.trace import ClassifierTrace, OutcomeTrace
 from kinference_common.messages import Observation
 from kinference_common.recording import (
+    SCHEMA_VERSION,
     DecisionRecord,
     ObservationRecord,
     RecordedRequest,
@@ -126,6 +127,7 @@ class Recorder:
             if avoided:
                 avoid.extend(c.ledger_key for c in avoided if c.ledger_key not in avoid)
         rec = DecisionRecord(
+            v=SCHEMA_VERSION,
             decision_id=decision_id, at=self.clock(), router=self.router_id, snapshot=snap.version,
             namespace=self.namespace, pool=self.pool,
             request=RecordedRequest(
@@ -142,7 +144,7 @@ class Recorder:
         self._publish(self._decision_subject, recording.encode(rec))
 
     def observation(self, obs: Observation) -> None:
-        rec = ObservationRecord(decision_id=obs.decision_id, backend_type=obs.backend_type,
+        rec = ObservationRecord(v=SCHEMA_VERSION, decision_id=obs.decision_id, backend_type=obs.backend_type,
                                 backend_name=obs.backend_name, outcome=obs.outcome, ttft_seconds=obs.ttft_seconds,
                                 streamed=obs.streamed,
                                 prompt_tokens=obs.prompt_tokens, completion_tokens=obs.completion_tokens, at=obs.at)
@@ -157,6 +159,7 @@ class Recorder:
         if keyframe:
             self._keyframe_at = now
             rec = SnapshotRecord(
+                v=SCHEMA_VERSION,
                 router=self.router_id, version=snap.version, namespace=self.namespace, pool=self.pool,
                 now=snap.now, stale_after=snap.stale_after, provider_stale_after=snap.provider_stale_after,
                 ejected=sorted(snap.ejected), ttft_model=snap.ttft_model, pool_revision=snap.revision,
@@ -165,6 +168,7 @@ class Recorder:
             assert last is not None and last.inputs is not None
             old_e, old_p = last.inputs
             rec = SnapshotRecord(
+                v=SCHEMA_VERSION,
                 router=self.router_id, version=snap.version, base=last.version, namespace=self.namespace,
                 pool=self.pool, now=snap.now, stale_after=snap.stale_after,
                 provider_stale_after=snap.provider_stale_after, ejected=sorted(snap.ejected),

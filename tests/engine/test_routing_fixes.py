@@ -425,7 +425,7 @@ def test_a_record_from_a_router_without_the_spread_replays_without_it() -> None:
     only when no endpoint matched: their decisions are replayed as their
     router took them, with the spread off."""
     from kinference_common.engine.trace import OutcomeTrace
-    from kinference_common.recording import DecisionRecord, RecordedRequest, SnapshotRecord
+    from kinference_common.recording import DecisionRecord, RecordedRequest, SnapshotRecord, decode, encode
     from kinfctl.replay import Snapshots, _decide
 
     from .helpers import NOW
@@ -436,10 +436,13 @@ def test_a_record_from_a_router_without_the_spread_replays_without_it() -> None:
     matches = index.match(r.block_hashes)
     picks = {}
     for v in (1, 2):
+        written = encode(SnapshotRecord(v=v, router="r", version=1, namespace="default", pool="p", now=NOW,
+                                        stale_after=5.0, provider_stale_after=60.0, pool_revision="1",
+                                        compiled=pool_, endpoints=eps, ttft_model=TTFTModel()))
+        # a version-1 router wrote no "v" at all (its default, omitted)
+        assert (b'"v":' in written) is (v != 1)
         snaps = Snapshots()
-        snaps.add(SnapshotRecord(v=v, router="r", version=1, namespace="default", pool="p", now=NOW,
-                                 stale_after=5.0, provider_stale_after=60.0, pool_revision="1", compiled=pool_,
-                                 endpoints=eps, ttft_model=TTFTModel()))
+        snaps.add(decode(written))
         rec = DecisionRecord(v=v, decision_id="d1", at=0.0, router="r", snapshot=1, namespace="default", pool="p",
                              request=RecordedRequest(model="qwen-2.5", prompt_tokens=2_400,
                                                      block_hashes=list(r.block_hashes)),

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestServer
 
+from kinference_common.recording import SCHEMA_VERSION
 from kinference_router.recording import RecordSettings
 from tests.router.test_router import Upstream
 
@@ -70,6 +71,8 @@ async def test_ties_and_in_flight_sends_replay_exactly(start_pool: Any, tmp_path
         got = await asyncio.to_thread(records.from_nats, _args(served), "default", "ties", 600.0)
         decisions = [r for r in got if isinstance(r, records.DecisionRecord)]
         assert len(decisions) == 24
+        # every record says its schema version (a record that does not is version 1)
+        assert {r.v for r in got} == {SCHEMA_VERSION} and SCHEMA_VERSION >= 2
         assert any(r.draws for r in decisions) and any(r.loads for r in decisions) and any(r.matches for r in decisions)
         rep = replay.replay(got, "default", "ties", None)
         assert rep["reproduced"] == {"count": 24, "of": 24, "not_reproduced": []}

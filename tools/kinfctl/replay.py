@@ -86,12 +86,12 @@ def register(sub: Any) -> None:
 # ------------------------------------------------------------ the state
 
 
-def _model(r: SnapshotRecord, base: TTFTModel) -> TTFTModel:
-    """The record's PredictedTTFT model (``base`` when it has none); from a
-    router that had no spread (schema before SPREAD_SINCE), with it off."""
-    model = r.ttft_model or base
+def _model(r: SnapshotRecord, model: TTFTModel) -> TTFTModel:
+    """The PredictedTTFT model ``model`` (as recorded) as the router that
+    wrote ``r`` used it: a router from before the spread (schema before
+    SPREAD_SINCE) had none."""
     if r.v < SPREAD_SINCE and model.spread_fraction:
-        model = msgspec.structs.replace(model, spread_fraction=0.0)
+        return msgspec.structs.replace(model, spread_fraction=0.0)
     return model
 
 
@@ -130,7 +130,7 @@ class Snapshots:
                 self.missing[key] = "its keyframe holds no compiled pool"
                 return
             self.states[key] = _State(r, r.compiled, {_endpoint_key(e): e for e in r.endpoints},
-                                      {_provider_key(p): p for p in r.providers}, _model(r, TTFTModel()))
+                                      {_provider_key(p): p for p in r.providers}, r.ttft_model or TTFTModel())
             return
         base = self.states.get((r.router, r.base))
         if base is None:
@@ -147,7 +147,7 @@ class Snapshots:
             prs.pop(k, None)
         prs.update((_provider_key(p), p) for p in r.providers)
         pool = r.compiled if r.compiled is not None else base.pool
-        self.states[key] = _State(r, pool, eps, prs, _model(r, base.ttft_model))
+        self.states[key] = _State(r, pool, eps, prs, r.ttft_model or base.ttft_model)
 
     def why_missing(self, router: str, version: int) -> str:
         return self.missing.get((router, version), "its snapshot was not recorded (before --since, or past the "
@@ -167,7 +167,7 @@ class Snapshots:
         r = st.record
         snap = Snapshot(pool or st.pool, st.endpoints.values(), st.providers.values(), now=r.now,
                         stale_after=r.stale_after, provider_stale_after=r.provider_stale_after,
-                        ejected=frozenset(r.ejected), ttft_model=st.ttft_model)
+                        ejected=frozenset(r.ejected), ttft_model=_model(r, st.ttft_model))
         self._built[key] = snap
         if len(self._built) > self._keep:
             self._built.popitem(last=False)
