@@ -490,8 +490,8 @@ class Snapshot:
                 self.ttft_h[i], self.ttft_it[i], self.ttft_s[i] = inf, 0.0, model.prefix_stickiness
                 self.load[i] = -1
                 continue
-            self.load[i] = c.running + c.queued if c.running is not None and c.queued is not None else -1
-            idle = c.running == 0 and c.queued == 0 and (c.kv is None or c.kv <= model.busy_kv)
+            load = self.load[i] = c.running + c.queued if c.running is not None and c.queued is not None else -1
+            idle = load == 0 and (c.kv is None or c.kv <= model.busy_kv)
             self.ttft_s[i] = (min(model.prefix_stickiness_idle, model.prefix_stickiness) if idle
                               else model.stickiness(c.kv))
             q = c.base_queue_tokens
