@@ -143,13 +143,15 @@ def plain_error(status: int, code: str, message: str) -> Response:
 
 
 _NEW, _STREAMING, _DONE = 0, 1, 2
+#: a streamed piece this large is written at once, with the head held before it
+_HOLD_BYTES = 64 * 1024
 
 
 class Request:
     """One request, its body already read."""
 
     __slots__ = ("method", "path", "query", "version", "headers", "raw_headers", "body", "body_too_large",
-                 "keep_alive", "_conn", "_state", "_chunked", "_head_only", "_held")
+                 "keep_alive", "_conn", "_state", "_chunked", "_head_only", "_held", "_out")
 
     def __init__(self, conn: _Connection, method: str, path: str, query: str, version: str,
                  raw_headers: list[tuple[str, str]], keep_alive: bool) -> None:
@@ -173,6 +175,9 @@ class Request:
         self._head_only = method == "HEAD"
         #: body bytes counted in the server's pending total until a handler takes it
         self._held = 0
+        #: a streamed answer's head and what followed it in the same turn of
+        #: the event loop, not yet written (:meth:`start_stream`)
+        self._out: list[bytes] | None = None
 
     # ----------------------------------------------------------- streaming
 
@@ -191,8 +196,17 @@ class Request:
             self._chunked = False
             self.keep_alive = False
             extra = ""
-        conn.transport.write(conn.head(status, headers, extra, self.keep_alive, self.version))
+        # held until the end of this turn of the event loop: a body (and its
+        # end) written in the same turn leave in one write with the head
+        self._out = [conn.head(status, headers, extra, self.keep_alive, self.version)]
+        conn.loop.call_soon(self._flush)
         self._state = _STREAMING
+
+    def _flush(self) -> None:
+        """Write what :meth:`start_stream` held, if it still is."""
+        out, self._out = self._out, None
+        if out and self._conn.transport is not None:
+            self._conn.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
     async def write(self, data: bytes) -> None:
         """Send one piece of a streamed answer; waits while the client is behind."""
@@ -206,7 +220,14 @@ class Request:
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client went away")
         if data and not self._head_only:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+            piece = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
+            if self._out is not None:
+                self._out.append(piece)
+                if len(piece) < _HOLD_BYTES:
+                    return
+                self._flush()
+            else:
+                transport.write(piece)
             if self._conn.write_paused:
                 await self._conn.drain()
             elif transport.is_closing():
@@ -217,8 +238,12 @@ class Request:
         if self._state != _STREAMING:
             raise RuntimeError("end_stream() without start_stream()")
         conn = self._conn
-        if conn.transport is not None and self._chunked and not self._head_only:
-            conn.transport.write(b"0\r\n\r\n")
+        if self._chunked and not self._head_only:
+            if self._out is not None:
+                self._out.append(b"0\r\n\r\n")
+            elif conn.transport is not None:
+                conn.transport.write(b"0\r\n\r\n")
+        self._flush()
         self._state = _DONE
 
     def abort(self) -> None:
@@ -226,6 +251,7 @@ class Request:
         chunk, so the client can tell it apart from a finished one."""
         self._state = _DONE
         self.keep_alive = False
+        self._flush()  # the head held this turn: the client sees the answer start, then the cut
         if self._conn.transport is not None:
             self._conn.transport.abort()
 

@@ -59,6 +59,26 @@ def routes(calls: Calls) -> dict[str, Any]:
             raise
         req.end_stream()
 
+    async def counted(req: Request) -> None:
+        # every write to the client's socket counted
+        transport = req._conn.transport
+        write = transport.write
+
+        def counting(data: bytes) -> None:
+            calls.wrote += 1
+            write(data)
+        transport.write = counting  # type: ignore[method-assign]
+        try:
+            await stream(req)
+        finally:
+            transport.write = write  # type: ignore[method-assign]
+
+    async def late(req: Request) -> None:
+        req.start_stream(200, [("Content-Type", "text/event-stream")])
+        await calls.release.wait()  # the first token takes its time
+        await req.write(b"data: late\n\n")
+        req.end_stream()
+
     async def boom(req: Request) -> Response:
         raise KeyError("a secret prompt")
 
@@ -86,6 +106,7 @@ def routes(calls: Calls) -> dict[str, Any]:
             raise
 
     return {"/echo": {"POST": echo, "GET": echo}, "/slow": {"POST": slow}, "/stream": {"POST": stream},
+            "/counted": {"POST": counted}, "/late": {"GET": late},
             "/big": {"GET": big_stream}, "/boom": {"GET": boom}, "/cut": {"GET": cut},
             "/bad-header": {"GET": bad_header}, "/write-after-reset": {"GET": write_after_reset}}
 
@@ -215,6 +236,29 @@ async def test_streamed_answer_is_chunked_and_complete(server: HttpServer) -> No
         async with s.post(f"http://127.0.0.1:{server.port}/stream", data=b"{}") as r:
             assert r.status == 200 and r.headers["Transfer-Encoding"] == "chunked"
             assert await r.read() == b"data: 0\n\ndata: 1\n\ndata: 2\n\n"
+
+
+async def test_a_stream_written_in_one_turn_leaves_in_one_write(server: HttpServer, calls: Calls) -> None:
+    # head, chunks and the terminating chunk: one write, not five system calls
+    raw = await exchange(server, b"POST /counted HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                                 b"Connection: close\r\n\r\n")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"Transfer-Encoding: chunked" in head
+    assert body == b"9\r\ndata: 0\n\n\r\n9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n"
+    assert calls.wrote == 1
+
+
+async def test_the_head_of_a_stream_leaves_before_its_first_chunk(server: HttpServer, calls: Calls) -> None:
+    # a client sees the answer start (status, headers) while the upstream prefills
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"GET /late HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 ") and not calls.release.is_set()
+        calls.release.set()
+        assert await asyncio.wait_for(reader.read(), 5) == b"c\r\ndata: late\n\n\r\n0\r\n\r\n"
+    finally:
+        writer.close()
 
 
 async def test_stream_to_http10_client_is_close_delimited(server: HttpServer) -> None:
