@@ -202,6 +202,10 @@ class _Prefix:
     def blocks(self, key: str) -> int:
         return self._held.get(key, 0)
 
+    def blocks_of(self, keys: list[str]) -> list[int]:
+        get = self._held.get
+        return [get(k, 0) for k in keys]
+
     def pressure(self) -> dict[str, float]:
         return self._pressure
 

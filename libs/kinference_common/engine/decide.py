@@ -195,7 +195,7 @@ def _prefix_affinity(tied: list[Candidate], ctx: DecisionContext, rng: random.Ra
     blocks = [ctx.matched_blocks(c) for c in tied]
     high = max(blocks)
     if high == 0 and ctx.prefix is not None and ctx.block_hashes and len(tied) > 1:
-        held = [ctx.held_blocks(c) for c in tied]
+        held = ctx.held_blocks(tied)
         low = min(held)
         return [c for c, n in zip(tied, held) if n == low]
     return [c for c, n in zip(tied, blocks) if n == high]
@@ -292,6 +292,7 @@ def _rank_predicted_ttft(
         matches = {}
         special = loads.keys()
     js = [j for j, c in enumerate(kept) if c.ledger_key in special] if special else []
+    ctx.ranked = (kept, js)
     # prefix stickiness (TTFTModel.prefix_stickiness): every candidate is ranked
     # as if it also prefilled ``s`` times the tokens it does beyond the best
     # prefix holder's. For candidates without a match that is a longer prompt
@@ -387,12 +388,23 @@ def _spread(snapshot: Snapshot, kept: list[Candidate], pick: Candidate,
         return None
     ls = [L[c.index] for c in kept]
     if loads:
-        for i, c in enumerate(kept):
-            if ls[i] >= 0 and c.ledger_key in loads:
-                ls[i] = max(ls[i], ctx.in_flight(c))
-    known = [v for v in ls if v >= 0]
-    mean = sum(known) / len(known)
-    low = min(known)
+        # the routers' sends raise a scrape's load: only candidates with sends
+        # open, which the ranking found already (its positions in ``kept``)
+        ranked = ctx.ranked
+        in_flight = ctx.in_flight
+        for j in ranked[1] if ranked is not None and ranked[0] is kept else range(len(kept)):
+            c = kept[j]
+            if ls[j] >= 0 and c.ledger_key in loads:
+                f = in_flight(c)
+                if f > ls[j]:
+                    ls[j] = f
+    low = min(ls)
+    if low >= 0:  # every load known (any Local endpoint with a scrape)
+        mean = sum(ls) / len(ls)
+    else:
+        known = [v for v in ls if v >= 0]
+        mean = sum(known) / len(known)
+        low = min(known)
     if lp < mean or low > model.spread_fraction * mean:
         return None
     je = ls.index(low)
@@ -410,7 +422,7 @@ def _spread(snapshot: Snapshot, kept: list[Candidate], pick: Candidate,
         return None
     # a pod that holds far less than its share of the prefixes sent (new,
     # restarted, or left out): not one in a steady fleet between two bursts
-    held = [ctx.held_blocks(c) for c in kept]
+    held = ctx.held_blocks(kept)
     if held[je] > model.spread_held_fraction * sum(held) / len(held):
         return None
     ctx.spread = (pick, e, lp, mean, low)

@@ -248,3 +248,8 @@ class PrefixIndex:
     def blocks(self, key: str) -> int:
         lru = self._by_endpoint.get(key)
         return len(lru) if lru else 0
+
+    def blocks_of(self, keys: list[str]) -> list[int]:
+        """:meth:`blocks` of each of ``keys``."""
+        get = self._by_endpoint.get
+        return [len(lru) if (lru := get(k)) else 0 for k in keys]

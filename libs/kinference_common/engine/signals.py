@@ -26,7 +26,7 @@ class DecisionContext:
     matches, and a cache of PredictedTTFT per candidate."""
 
     __slots__ = ("loads", "prompt_tokens", "block_hashes", "prefix", "model", "_matches", "_pressure", "ttft",
-                 "draws", "spread", "held_read")
+                 "draws", "spread", "held_read", "ranked")
 
     def __init__(
         self,
@@ -53,6 +53,9 @@ class DecisionContext:
         self.spread: tuple | None = None
         #: the decision read blocks held per endpoint (:meth:`held_blocks`)
         self.held_read = False
+        #: the last PredictedTTFT ranking's candidates and the positions among
+        #: them of those with a prefix match or sends open (decide._rank_predicted_ttft)
+        self.ranked: tuple[list[Candidate], list[int]] | None = None
 
     # -- prefix index ----------------------------------------------------
 
@@ -76,11 +79,13 @@ class DecisionContext:
         (what a record of the decision keeps)."""
         return self._pressure
 
-    def held_blocks(self, c: Candidate) -> int:
+    def held_blocks(self, cands: list[Candidate]) -> list[int]:
         """Prompt blocks this router (and its peers) sent that the prefix
-        index says ``c``'s cache holds."""
+        index says each of ``cands``' caches holds."""
         self.held_read = True
-        return self.prefix.blocks(c.ledger_key) if self.prefix is not None else 0
+        if self.prefix is None:
+            return [0] * len(cands)
+        return self.prefix.blocks_of([c.ledger_key for c in cands])
 
     def matched_blocks(self, c: Candidate) -> int:
         return self.matches().get(c.ledger_key, 0) if self.block_hashes else 0
