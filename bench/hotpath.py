@@ -5,7 +5,7 @@ after a warm-up, the four steps the router runs per request on a typical
 chat completion (a system and a user message) against 3 local endpoints and
 1 provider under the seed burst policy (:func:`bench.decision.build_world`):
 
-- ``parse``: :func:`kinference_router.body.parse` of the raw body;
+- ``parse``: :func:`kinference_common.request_body.parse` of the raw body;
 - ``engine request``: :func:`kinference_router.app.engine_request` (rewrite,
   token estimate, block hashes, headers), with the block-hash key a router
   with replica sync (the default) uses; its ``block hashes`` share is shown
@@ -40,7 +40,7 @@ from bench.decision import build_world
 from kinference_common.engine import block_hashes, decide, prompt_block_hashes
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_router.app import engine_request
-from kinference_router.body import parse
+from kinference_common.request_body import parse
 from kinference_router.replica_sync import hash_key
 
 

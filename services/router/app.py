@@ -32,11 +32,12 @@ import nats
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
+from kinference_common.engine import (Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide,
+                                      interpret)
 from kinference_common.engine.trace import build_trace, encode_trace
+from kinference_common.request_body import BadRequest, ParsedBody, check_body, parse
 from kinference_common.tasks import cancel_and_wait
 from kinference_router import models_api, provider_request, replica_sync, retry, stream_usage, validate
-from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.classification import Classification, RequestTags
 from kinference_router.director import (FAIRNESS_HEADER, OBJECTIVE_HEADERS, ApiError, Director, Routing,
                                         engine_request, flow_control_rejection, new_decision_id)
@@ -98,7 +99,7 @@ def error_response(err: ApiError, decision_id: str) -> Response:
     kind = _ERROR_TYPES.get(err.status, "invalid_request_error" if err.status < 500 else "server_error")
     body = {"error": {"message": err.message, "type": kind,
                       "code": err.code, "decision_id": decision_id}}
-    headers = [("x-kinference-decision-id", decision_id)]
+    headers = [("x-kinference-decision-id", decision_id), *err.headers]
     if err.retry_after is not None:
         headers.append(("Retry-After", str(max(1, int(err.retry_after + 0.999)))))
     return Response(err.status, msgspec.json.encode(body), headers)
@@ -302,6 +303,9 @@ class Router:
             except ApiError as err:
                 if err.decision is not None:
                     self.director.publish_decision(err.decision, decision_id, tags.traces, err.amended)
+                # routed, then refused on the way (the upstream's 4xx, a 5xx, a timeout, a
+                # provider's limit): the answer names the rule and the backend, as a routed one
+                err.headers = [("x-kinference-rule", d.rule or "unmatched"), ("x-kinference-backend", cand.backend)]
                 raise
             if result is not _NOT_SENT:
                 return result  # type: ignore[return-value]
@@ -462,8 +466,9 @@ class Router:
         snap = self.keeper.snapshot
         if snap is None:
             return _explain_error(503, "no configuration yet")
-        try:
+        try:  # refused with the data port's words
             body = parse(msgspec.json.encode(explained.body), chat=explained.chat)
+            check_body(body)
         except BadRequest as exc:
             return _explain_error(400, str(exc))
         req = self._engine_request(explained.headers, body, explained.tenant)
@@ -474,6 +479,7 @@ class Router:
         d = await tags.decide(snap, set(), lambda r, sn, av: decide(sn, r, ledger=self.ledger, prefix=self.prefix,
                                                                      rng=explain_rng),
                               ledger=self.ledger, prefix=self.prefix, rng=explain_rng)
+        d = interpret(d)  # a prompt no window holds: context_length_exceeded, as the data port answers
         return Response(200, encode_trace(build_trace(d, decision_id="explain", classifiers=tags.traces)))
 
 

@@ -9,7 +9,7 @@ the same calls here:
   hashes), classification started (lazily);
 - :meth:`Director.routing` then :meth:`Routing.next`: decide on the
   snapshot, with flow control and the candidates to avoid, interpret it
-  (validate.interpret), publish the decision event; a rejection is an
+  (engine.interpret), publish the decision event; a rejection is an
   :class:`ApiError`;
 - :meth:`Director.begin`: the accounting of one send (provider limiter,
   in-flight ledger, prefix index, in-flight metric, the Observation), which
@@ -34,14 +34,14 @@ import structlog
 
 from kinference_common import subjects
 from kinference_common.compiled import CompiledFlowControl
-from kinference_common.engine import Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide
+from kinference_common.engine import (Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide,
+                                      interpret)
 from kinference_common.engine.candidates import Candidate
-from kinference_common.engine.request import apply_rewrite
-from kinference_common.engine.tokens import estimate_prompt_tokens, prompt_block_hashes
+from kinference_common.engine.request import OBJECTIVE_HEADERS, engine_request
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_common.messages import Observation, encode
+from kinference_common.request_body import BadRequest, ParsedBody, check_body, parse
 from kinference_router import validate
-from kinference_router.body import BadRequest, ParsedBody, parse
 from kinference_router.classification import Classification, RequestTags
 from kinference_router.events import EventPublisher
 from kinference_router.flow import FlowQueue, QueueTimeout, Shed
@@ -53,32 +53,8 @@ from kinference_router.upstream import ProviderLimiter
 
 log = structlog.get_logger("router")
 
-OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
 #: names a flow for flow control's fairness (RESOURCES.md); absent = the tenant
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
-
-
-def engine_request(snap: Snapshot, headers: Mapping[str, str], body: ParsedBody, tenant: str,
-                   rng: random.Random, prefix_key: bytes | None = None) -> Request:
-    """The engine's view of one request (pure): the model after any
-    InferenceModelRewrite, the objective's priority (0 when the pool has no
-    such objective), the prompt-token estimate, the prompt's block hashes and
-    the headers, whose names are lower-cased already (as the router's HTTP
-    server gives them, and explain passes them)."""
-    rewritten = apply_rewrite(snap.pool, body.model, rng) or body.model
-    objective = next((headers[h] for h in OBJECTIVE_HEADERS if h in headers), None)
-    priority = snap.pool.objectives.get(objective, 0) if objective is not None else 0
-    return Request(
-        model=rewritten,
-        requested_model=body.model,
-        tenant=tenant,
-        objective=objective,
-        priority=priority,
-        prompt_tokens=estimate_prompt_tokens(body.texts),
-        max_tokens=body.max_tokens,
-        headers=dict(headers),
-        block_hashes=prompt_block_hashes(body.texts, key=prefix_key),
-    )
 
 
 class ApiError(Exception):
@@ -93,6 +69,8 @@ class ApiError(Exception):
         self.decision: Decision | None = None
         #: why ``decision``'s outcome is not the engine's (its record says so): flow_control | upstream_error
         self.amended = ""
+        #: more headers for the answer (a routed request's rule and backend)
+        self.headers: list[tuple[str, str]] = []
 
 
 def flow_control_rejection(d: Decision, err: ApiError) -> Decision:
@@ -160,7 +138,7 @@ class Director:
             raise ApiError(413, "payload_too_large", f"body over {self.settings.max_body_bytes} bytes")
         try:
             parsed = parse(body, chat=chat)
-            validate.check_body(parsed)
+            check_body(parsed)
             return parsed
         except BadRequest as exc:
             raise ApiError(400, "bad_request", str(exc)) from None
@@ -340,7 +318,7 @@ class Routing:
                 dr.publish_decision(d, self.decision_id, traces, err.amended)
                 err.rule = d.rule or ""
                 raise
-        d = validate.interpret(d)  # every candidate's context window too small: a 400
+        d = interpret(d)  # every candidate's context window too small: a 400
         # built and published in a later turn of the event loop: while the
         # upstream works on the request, not before it is sent
         asyncio.get_running_loop().call_soon(dr.publish_decision, d, self.decision_id, traces)

@@ -1,14 +1,9 @@
-"""What the router can tell is wrong with a request before (or instead of)
-an upstream telling it, and how an upstream's refusal reaches the client
-(docs/hardening.md, "Error codes").
+"""How an upstream's refusal reaches the client (docs/hardening.md, "Error
+codes"), and the shape of an explain request. What is wrong with a body is
+:mod:`kinference_common.request_body`'s; a prompt longer than every
+candidate's context window is the engine's
+(:func:`kinference_common.engine.interpret`).
 
-- :func:`check_body`: ``max_tokens`` and ``max_completion_tokens`` are
-  integers from 1 to :data:`MAX_TOKENS` (``BadRequest``: 400 ``bad_request``).
-- :func:`interpret`: a decision that found every candidate's context
-  window too small for the prompt plus ``max_tokens`` (the engine's
-  ``contextTooSmall`` drop) is 400 ``context_length_exceeded``, with the
-  window in the message, not a policy rejection. The engine stays as it
-  is: this reads the decision it recorded.
 - :func:`upstream_refusal`: an upstream's 4xx becomes the router's error
   envelope (with the decision id), keeping the upstream's message.
 - :func:`explain_input`: the shape of a ``POST /debug/explain`` body.
@@ -16,53 +11,13 @@ an upstream telling it, and how an upstream's refusal reaches the client
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from kinference_common.engine import Decision
-from kinference_common.engine.decide import RuleStep
-from kinference_router.body import BadRequest, ParsedBody, decode
+from kinference_common.request_body import BadRequest, decode
 from kinference_router.upstream import parse_retry_after
-
-#: the largest ``max_tokens`` taken (engines count tokens in 32-bit integers)
-MAX_TOKENS = 2**31 - 1
-
-
-def check_body(body: ParsedBody) -> None:
-    """BadRequest naming the field when a token limit is not a positive integer in range."""
-    f = body.fields
-    for name, value in (("max_tokens", f.max_tokens), ("max_completion_tokens", f.max_completion_tokens)):
-        if value is not None and not 1 <= value <= MAX_TOKENS:
-            raise BadRequest(f"`{name}` must be an integer from 1 to {MAX_TOKENS}, not {value}")
-
-
-def interpret(d: Decision) -> Decision:
-    """``d``, or when it rejected the request because every candidate it
-    considered has a context window smaller than the prompt estimate plus
-    ``max_tokens``, a copy with code ``context_length_exceeded`` and a reason
-    naming the window (a 400, not a policy rejection). Not when something
-    fit, or a candidate was dropped for another reason with a window that
-    would fit or is unknown (not ready, ejected: capacity, not size)."""
-    if d.routed or not d.steps:
-        return d
-    steps = [s for s in d.steps if isinstance(s, RuleStep) and s.matched]
-    if not steps or not any(s.too_small for s in steps) or any(s.candidates for s in steps):
-        return d
-    req = d.request
-    prompt, max_tokens = req.prompt_tokens or 0, req.max_tokens or 0
-    need = prompt + max_tokens
-    windows = [c.context_window for s in steps for c in (*s.too_small, *s.builtin, *s.avoided)]
-    if any(w is None or w >= need for w in windows):
-        return d
-    out = copy.copy(d)
-    out.code = "context_length_exceeded"
-    out.reason = (f"This model's maximum context length is {max(windows)} tokens. However, you requested about "
-                  f"{need} tokens (about {prompt} in the messages, {max_tokens} in the completion). Please reduce "
-                  f"the length of the messages or completion.")
-    return out
 
 
 class _UpstreamError(msgspec.Struct):
@@ -147,6 +102,7 @@ def explain_input(data: bytes) -> ExplainInput:
     tenant = raw.get("tenant")
     if tenant is not None and not isinstance(tenant, str):
         raise BadRequest("`tenant` must be a string")
-    return ExplainInput(body=inner, chat="messages" in inner, tenant=tenant or "anonymous",
+    # a completions body has a prompt and no messages; anything else is read as a chat body
+    return ExplainInput(body=inner, chat="messages" in inner or "prompt" not in inner, tenant=tenant or "anonymous",
                         headers={str(k).lower(): str(v) for k, v in headers.items()},
                         tags=frozenset(tags) if tags is not None else None)

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from bench import hotpath
-from kinference_router.body import parse
+from kinference_common.request_body import parse
 
 
 def rows(text: str) -> dict[str, float]:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 from kinference_common.compiled import CandidateTest, Consider, Header, Range, RequestTest
-from kinference_common.engine import InFlightLedger, PrefixIndex, decide, required_classifiers
+from kinference_common.engine import InFlightLedger, PrefixIndex, decide, interpret, required_classifiers
 from kinference_common.engine.tokens import block_hashes
 
 from .helpers import (
@@ -422,7 +422,7 @@ def test_stale_endpoint_stays_a_candidate_on_the_ledger() -> None:
     assert decide(s, req("qwen-2.5"), ledger=ledger).endpoint == "q1"
 
 
-def test_context_too_small_needs_both_sizes() -> None:
+def test_context_too_small_takes_the_prompt_and_max_tokens() -> None:
     small = ws("small", "qwen-2.5", context_window=4096)
     big = ws("big", "qwen-2.5", context_window=32768)
     p = pool([small, big], [rule("r", [tier("Local", order=["small", "big"])])])
@@ -432,6 +432,22 @@ def test_context_too_small_needs_both_sizes() -> None:
     d = decide(s, req("qwen-2.5", prompt_tokens=40000, max_tokens=1000))
     assert not d.routed
     assert d.trace().rules[0].builtin[0].check == "contextTooSmall"
+    assert interpret(d).code == "context_length_exceeded"
+
+
+def test_a_prompt_that_fills_the_window_is_too_long_without_max_tokens() -> None:
+    # the engine then writes until the window is full, but the prompt must leave room for one token
+    small = ws("small", "qwen-2.5", context_window=4096)
+    big = ws("big", "qwen-2.5", context_window=32768)
+    p = pool([small, big], [rule("r", [tier("Local", order=["small", "big"])])])
+    s = snap(p, [ep("small", "s0"), ep("big", "b0")])
+    assert decide(s, req("qwen-2.5", prompt_tokens=4095)).backend == "Local/small"
+    assert decide(s, req("qwen-2.5", prompt_tokens=4096)).backend == "Local/big"
+    d = decide(s, req("qwen-2.5", prompt_tokens=40000))
+    assert not d.routed and d.trace().rules[0].builtin[0].check == "contextTooSmall"
+    out = interpret(d)
+    assert out.code == "context_length_exceeded" and d.code != out.code
+    assert "maximum context length is 32768 tokens" in out.reason and "about 40000 tokens" in out.reason
 
 
 def test_endpoint_context_window_overrides_the_worker_set() -> None:

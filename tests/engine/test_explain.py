@@ -117,8 +117,13 @@ def test_rejections_exit_zero(files, capsys, tmp_path) -> None:
                                                   "queuedPrompts: many}]"))], "queuedPrompts"),
         (lambda f, d: ["--telemetry", str(_write(d / "bad3.yaml", "providers: [{name: p, estimatedTTFT: soon}]"))],
          "estimatedTTFT"),
-        (lambda f, d: ["--request", str(_write(d / "b.json", "[1]"))], "expected a JSON object"),
-        (lambda f, d: ["--request", str(_write(d / "b2.json", "{\"messages\": []}"))], "no \"model\""),
+        # the data port's words for the same bodies (kinference_common.request_body)
+        (lambda f, d: ["--request", str(_write(d / "b.json", "[1]"))], "must be a JSON object"),
+        (lambda f, d: ["--request", str(_write(d / "b2.json", "{\"messages\": []}"))], "lacks `model`"),
+        (lambda f, d: ["--request", str(_write(d / "b4.json", "{\"model\": \"m\", \"messages\": \"hi\"}"))],
+         "`messages` must be a list"),
+        (lambda f, d: ["--request", str(_write(d / "b5.json", "{\"model\": \"m\", \"prompt\": \"x\", "
+                                                       "\"max_tokens\": -5}"))], "`max_tokens` must be an integer"),
         (lambda f, d: ["--request", str(_write(d / "b3.json", "{nope"))], "not JSON"),
         (lambda f, d: ["--header", "novalue"], "expected NAME=VALUE"),
         (lambda f, d: ["-f", str(_write(d / "broken.yaml", "kind: InferencePolicy\napiVersion: "

@@ -29,7 +29,7 @@ from kinference_common.engine.tokens import (
 )
 from kinference_common.engine.ttft import TTFTModel
 from kinference_common.prompt_texts import texts_from_body
-from kinference_router.body import BadRequest, parse
+from kinference_common.request_body import BadRequest, parse
 
 from .helpers import NOW, ep, pool, snap, ws
 

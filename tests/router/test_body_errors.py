@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kinference_router.body import BadRequest, decode, parse
+from kinference_common.request_body import BadRequest, decode, parse
 
 
 @pytest.mark.parametrize("data", [b"", b"  \n\t"])

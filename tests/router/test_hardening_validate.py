@@ -107,6 +107,29 @@ async def test_a_prompt_longer_than_every_context_window_is_context_length_excee
     assert status == 200 and len(env.stub.received) == 1
 
 
+async def test_a_prompt_longer_than_the_window_is_refused_without_max_tokens_too(env: Env) -> None:
+    # before, only a body with max_tokens was checked: this one reached the pod, which refused it
+    long = " ".join(f"word{i}" for i in range(3000))
+    status, body, headers = await env.post(env.url, json=chat(messages=[{"role": "user", "content": long}]))
+    assert status == 400
+    err = envelope(body, 400, "context_length_exceeded", headers)
+    assert "maximum context length is 1000 tokens" in err["message"] and "no room" in err["message"]
+    assert env.stub.received == []
+    # explain says what the data port answered
+    status, trace, _ = await env.post(env.admin, json={"body": chat(messages=[{"role": "user", "content": long}])})
+    assert status == 200 and trace["outcome"]["code"] == "context_length_exceeded", trace["outcome"]
+
+
+async def test_explain_refuses_the_bodies_the_data_port_refuses(env: Env) -> None:
+    for bad, words in ((chat(max_tokens=-5), "`max_tokens` must be an integer"),
+                       ({"model": "m", "messages": "hi"}, "`messages` must be a list")):
+        status, body, _ = await env.post(env.url, json=bad)
+        assert status == 400 and words in body["error"]["message"], body
+        status, body, _ = await env.post(env.admin, json={"body": bad})
+        assert status == 400 and words in body["error"]["message"], body
+    assert env.stub.received == []
+
+
 async def test_max_tokens_over_the_window_alone_is_context_length_exceeded(env: Env) -> None:
     status, body, _ = await env.post(env.url, json=chat(max_tokens=5000))
     assert status == 400
@@ -133,6 +156,8 @@ async def test_an_upstream_4xx_is_wrapped_in_the_envelope_with_its_message(
     assert got == want_status
     err = envelope(body, want_status, code, headers)
     assert message in err["message"]
+    # routed, then refused: the answer names the rule and the backend, as every routed answer does
+    assert headers["x-kinference-backend"] == "Local/stub" and headers["x-kinference-rule"], dict(headers)
 
 
 async def test_an_upstream_429_keeps_its_retry_after(env: Env) -> None:
@@ -161,7 +186,7 @@ async def test_json_nested_a_thousand_deep_is_400_without_an_error_log(env: Env)
     ({"body": chat(), "tags": 5}, "`tags`"),
     ({"body": chat(), "tags": [1]}, "`tags`"),
     ({"body": chat(), "tenant": 7}, "`tenant`"),
-    ({"body": {"model": "m"}}, "prompt"),
+    ({"body": {"model": "m"}}, "messages"),  # read as a chat body, as the data port's chat path refuses it
     ([1, 2], "JSON object"),
 ])
 async def test_malformed_explain_requests_are_400_in_the_envelope(env: Env, payload: Any, words: str) -> None:

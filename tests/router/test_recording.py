@@ -92,6 +92,32 @@ async def test_ties_and_in_flight_sends_replay_exactly(start_pool: Any, tmp_path
             await up.server.close()  # type: ignore[union-attr]
 
 
+async def test_a_prompt_no_window_holds_replays_as_refused_for_its_length(start_pool: Any) -> None:
+    # the router answers context_length_exceeded (not the engine's policy_rejected): replay must say the same
+    up = Upstream("p0")
+    up.server = TestServer(up.app())
+    await up.server.start_server()
+    try:
+        served = await start_pool(TIES.replace("contextWindow: 32768", "contextWindow: 1000"), "ties",
+                                  record=RecordSettings())
+        await served.endpoint("ws", "m", up.address, pod="p0", settle=0.0)
+        await asyncio.sleep(0.15)
+        long = " ".join(f"word{i}" for i in range(3000))
+        async with aiohttp.ClientSession() as s:
+            for extra in ({"max_tokens": 100}, {}):
+                body = {"model": "m", "messages": [{"role": "user", "content": long}], **extra}
+                async with s.post(served.url, json=body) as r:
+                    assert r.status == 400 and (await r.json())["error"]["code"] == "context_length_exceeded"
+        await asyncio.sleep(0.2)
+        got = await asyncio.to_thread(records.from_nats, _args(served), "default", "ties", 600.0)
+        decisions = [r for r in got if isinstance(r, records.DecisionRecord)]
+        assert [r.outcome.code for r in decisions] == ["context_length_exceeded"] * 2
+        rep = replay.replay(got, "default", "ties", None)
+        assert rep["reproduced"] == {"count": 2, "of": 2, "not_reproduced": []}
+    finally:
+        await up.server.close()  # type: ignore[union-attr]
+
+
 def _args(served: Any) -> Any:
     import argparse
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kinference_common import prompt_texts
 from kinference_common.prompt_texts import texts_from_body
 from kinference_router import provider_request
-from kinference_router.body import BadRequest, parse
+from kinference_common.request_body import BadRequest, parse
 
 CARD = "4111 1111 1111 1111"
 

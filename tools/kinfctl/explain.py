@@ -33,7 +33,6 @@ Exit 0 whatever the decision; 1 when the input is invalid.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -46,17 +45,15 @@ import yaml
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS, classifier_for_prefix
 from kinference_common.compiler import compile_documents
 from kinference_common.durations import DurationError, format_duration, parse_duration
-from kinference_common.engine import InFlightLedger, Request, Snapshot, decide
-from kinference_common.engine.request import apply_rewrite
-from kinference_common.engine.tokens import estimate_prompt_tokens, prompt_block_hashes
+from kinference_common.engine import InFlightLedger, Snapshot, decide, interpret
+from kinference_common.engine.request import engine_request
 from kinference_common.engine.trace import ClassifierTrace, DecisionTrace, RuleTrace
 from kinference_common.manifests import Loaded, load_paths, load_text
 from kinference_common.messages import EndpointState, ProviderState
+from kinference_common.request_body import BadRequest, ParsedBody, check_body, decode, parse
 
 from kinfctl.main import EXIT_OK, CommandError
 from kinfctl.output import print_json
-
-OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
 
 
 # ---------------------------------------------------------------- telemetry
@@ -163,40 +160,22 @@ def telemetry_states(
 # ------------------------------------------------------------------ request
 
 
-def load_body(path: str) -> dict[str, Any]:
+def load_body(path: str) -> ParsedBody:
+    """The request body, read and checked as the router's data port reads it
+    (a completions body has a ``prompt`` and no ``messages``; anything else
+    is read as a chat body): CommandError with the data port's words."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
         raise CommandError(f"--request {path}: cannot read: {exc.strerror or exc}") from None
     try:
-        body = json.loads(text)
-    except ValueError as exc:
-        raise CommandError(f"--request {path}: not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise CommandError(f"--request {path}: expected a JSON object (an OpenAI request body)")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise CommandError(f"--request {path}: the body has no \"model\" string")
-    for key in ("max_tokens", "max_completion_tokens"):
-        if key in body and body[key] is not None and (not isinstance(body[key], int) or isinstance(body[key], bool)):
-            raise CommandError(f"--request {path}: {key} must be an integer")
+        raw = decode(data)
+        chat = not isinstance(raw, dict) or "messages" in raw or "prompt" not in raw
+        body = parse(data, chat=chat)
+        check_body(body)
+    except BadRequest as exc:
+        raise CommandError(f"--request {path}: {exc}") from None
     return body
-
-
-def prompt_texts(body: dict[str, Any]) -> list[str]:
-    """Every text of a chat (``messages``) or completions (``prompt``) body."""
-    texts: list[str] = []
-    for m in body.get("messages") or []:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        texts.append(prompt)
-    elif isinstance(prompt, list):
-        texts.extend(p for p in prompt if isinstance(p, str))
-    return texts
 
 
 def parse_headers(items: list[str]) -> dict[str, str]:
@@ -265,22 +244,8 @@ def explain(args: argparse.Namespace, now: float | None = None) -> DecisionTrace
     rng = random.Random(0)  # deterministic offline: same input, same answer
     snapshot = Snapshot(pool, endpoints, providers, now=now, ejected=ejected, rng=rng)
 
-    requested = body["model"]
-    rewritten = apply_rewrite(pool, requested, rng)
-    objective = next((headers[h] for h in OBJECTIVE_HEADERS if h in headers), None)
-    texts = prompt_texts(body)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    request = Request(
-        model=rewritten or requested,
-        requested_model=requested,
-        tenant=args.tenant,
-        objective=objective,
-        priority=pool.objectives.get(objective, 0) if objective else 0,
-        prompt_tokens=estimate_prompt_tokens(texts),
-        max_tokens=max_tokens,
-        headers=headers,
-        block_hashes=prompt_block_hashes(texts),
-    )
+    # the router's own construction: rewrite, objective, prompt estimate, block hashes
+    request = engine_request(snapshot, headers, body, args.tenant, rng)
 
     # classifiers: --tag stands for what they emitted; a needed one without
     # a tag of its own failed, and emits its failure tag
@@ -296,7 +261,7 @@ def explain(args: argparse.Namespace, now: float | None = None) -> DecisionTrace
             classifiers.append(ClassifierTrace(name=cname, ms=0.0, outcome="absent"))
     request = msgspec.structs.replace(request, tags=frozenset(tags))
 
-    decision = decide(snapshot, request, ledger=ledger)
+    decision = interpret(decide(snapshot, request, ledger=ledger))  # as the data port answers
     return decision.trace(decision_id=f"explain-{uuid.uuid4().hex[:12]}", classifiers=classifiers)
 
 

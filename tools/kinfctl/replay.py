@@ -45,7 +45,7 @@ from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_common.compiled import CompiledPolicy, CompiledPool
 from kinference_common.compiler import compile_documents
 from kinference_common.compiler.policy import PoolContext, compile_policy
-from kinference_common.engine import Decision, Request, Snapshot, decide
+from kinference_common.engine import Decision, Request, Snapshot, decide, interpret
 from kinference_common.engine.lazy import outcome_key, tag_classes
 from kinference_common.engine.ledger import EndpointLoad
 from kinference_common.engine.ttft import TTFTModel
@@ -251,7 +251,7 @@ def _decide(snap: Snapshot, r: DecisionRecord, req: Request) -> tuple[Decision, 
     prefix = _Prefix(r.matches, r.held, r.pressure)
     d = decide(snap, req, ledger=_Ledger(r.loads), prefix=prefix,  # type: ignore[arg-type]
                rng=rng, avoid=frozenset(r.avoid))
-    return d, rng
+    return interpret(d), rng  # as the router answered: a prompt no window holds is context_length_exceeded
 
 
 def decide_live(snap: Snapshot, r: DecisionRecord) -> tuple[Decision, ReplayRandom]:

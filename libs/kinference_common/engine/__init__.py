@@ -26,7 +26,7 @@ Typical use by the router::
         prefix_index.record(d.candidate.ledger_key, request.block_hashes)
 """
 
-from .decide import Decision, decide
+from .decide import Decision, decide, interpret
 from .ledger import InFlightLedger
 from .prefix import PrefixIndex
 from .request import Request, required_classifiers
@@ -49,6 +49,7 @@ __all__ = [
     "decide",
     "encode_trace",
     "estimate_tokens",
+    "interpret",
     "prompt_block_hashes",
     "required_classifiers",
 ]

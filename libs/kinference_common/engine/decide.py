@@ -42,6 +42,7 @@ nothing for explainability it does not use.
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Callable
@@ -485,8 +486,8 @@ def _run_rule(
             step.avoided = avoided
             cands = [c for c in cands if c.ledger_key not in avoid]
             live = True
-    if min_window is not None and request.prompt_tokens is not None and request.max_tokens is not None:
-        need = request.prompt_tokens + request.max_tokens
+    need = request.context_need() if min_window is not None else None
+    if need is not None and min_window is not None:
         if need > min_window:
             too_small = [c for c in cands if c.context_window is not None and c.context_window < need]
             if too_small:
@@ -642,3 +643,37 @@ def decide(
                             f"no worker set serves {model!r}")
     d.decide_us = (timer() - start) * 1e6
     return d
+
+
+def interpret(d: Decision) -> Decision:
+    """``d``, or when it rejected the request because every candidate it
+    considered has a context window smaller than the prompt estimate plus
+    ``max_tokens`` (:meth:`.request.Request.context_need`), a copy with code
+    ``context_length_exceeded`` and a reason naming the window: the
+    client's error (a 400), not a policy rejection. Not when something fit,
+    or a candidate was dropped for another reason with a window that would
+    fit or is unknown (not ready, ejected: capacity, not size). The router's
+    answer, ``/debug/explain``, ``kinfctl explain`` and ``kinfctl replay``
+    all read a decision through this."""
+    if d.routed or not d.steps:
+        return d
+    steps = [s for s in d.steps if isinstance(s, RuleStep) and s.matched]
+    if not steps or not any(s.too_small for s in steps) or any(s.candidates for s in steps):
+        return d
+    req = d.request
+    need = req.context_need() or 0
+    windows = [c.context_window for s in steps for c in (*s.too_small, *s.builtin, *s.avoided)]
+    if any(w is None or w >= need for w in windows):
+        return d
+    out = copy.copy(d)
+    out.code = "context_length_exceeded"
+    prompt = req.prompt_tokens or 0
+    if req.max_tokens is not None:
+        out.reason = (f"This model's maximum context length is {max(windows)} tokens. However, you requested "
+                      f"about {need} tokens (about {prompt} in the messages, {req.max_tokens} in the completion). "
+                      "Please reduce the length of the messages or completion.")
+    else:
+        out.reason = (f"This model's maximum context length is {max(windows)} tokens. However, your messages "
+                      f"have about {prompt} tokens, which leaves no room for the completion. Please reduce the "
+                      "length of the messages.")
+    return out

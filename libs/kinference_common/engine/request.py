@@ -1,8 +1,10 @@
 """The request as a policy sees it (POLICY.md section 1), and request tests.
 
-The router builds one :class:`Request` per inference request, after parsing
-the body, the InferenceModelRewrite and the objective lookup; the engine
-never parses bodies. ``tags`` are whatever the classifiers emitted (their
+The router builds one :class:`Request` per inference request
+(:func:`engine_request`, from the body :mod:`kinference_common.request_body`
+parsed), after the InferenceModelRewrite and the objective lookup; the
+engine never parses bodies, and ``kinfctl explain`` builds its request the
+same way. ``tags`` are whatever the classifiers emitted (their
 failure tags when they failed); :func:`required_classifiers` says which
 classifiers to ask before deciding.
 
@@ -14,7 +16,8 @@ decision only calls them.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from msgspec import Struct
 
@@ -26,6 +29,14 @@ from kinference_common.compiled import (
     Range,
     RequestTest,
 )
+
+from .tokens import estimate_prompt_tokens, prompt_block_hashes
+
+if TYPE_CHECKING:
+    from kinference_common.request_body import ParsedBody
+
+#: the headers that name a request's InferenceObjective
+OBJECTIVE_HEADERS = ("x-gateway-inference-objective", "x-llm-d-inference-objective")
 
 
 class Request(Struct, kw_only=True):
@@ -50,6 +61,15 @@ class Request(Struct, kw_only=True):
     tags: frozenset[str] = frozenset()
     #: chained hashes of the prompt's blocks (:func:`.tokens.block_hashes`)
     block_hashes: tuple[int, ...] = ()
+
+    def context_need(self) -> int | None:
+        """Tokens of context the request needs: the prompt estimate plus
+        ``max_tokens``, or plus one token without it (an engine then writes
+        until the window is full, but the prompt must leave room for one
+        token, as vLLM checks); None without a prompt estimate."""
+        if self.prompt_tokens is None:
+            return None
+        return self.prompt_tokens + (self.max_tokens if self.max_tokens is not None else 1)
 
 
 #: ``(request, canonical model) -> bool``
@@ -169,3 +189,26 @@ def apply_rewrite(pool: CompiledPool, model: str, rng: random.Random) -> str | N
         if x < 0:
             return t.model
     return chosen.targets[-1].model
+
+
+def engine_request(snap: Any, headers: Mapping[str, str], body: ParsedBody, tenant: str,
+                   rng: random.Random, prefix_key: bytes | None = None) -> Request:
+    """The engine's view of one request (pure) on ``snap`` (a Snapshot): the
+    model after any InferenceModelRewrite, the objective's priority (0 when
+    the pool has no such objective), the prompt-token estimate, the prompt's
+    block hashes (keyed with ``prefix_key``) and the headers, whose names
+    are lower-cased already (as the router's HTTP server gives them)."""
+    rewritten = apply_rewrite(snap.pool, body.model, rng) or body.model
+    objective = next((headers[h] for h in OBJECTIVE_HEADERS if h in headers), None)
+    priority = snap.pool.objectives.get(objective, 0) if objective is not None else 0
+    return Request(
+        model=rewritten,
+        requested_model=body.model,
+        tenant=tenant,
+        objective=objective,
+        priority=priority,
+        prompt_tokens=estimate_prompt_tokens(body.texts),
+        max_tokens=body.max_tokens,
+        headers=dict(headers),
+        block_hashes=prompt_block_hashes(body.texts, key=prefix_key),
+    )

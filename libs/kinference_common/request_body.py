@@ -1,8 +1,11 @@
-"""The request body, parsed once.
+"""An OpenAI request body, parsed once: what the router's data port, its
+Endpoint Picker, ``/debug/explain`` and ``kinfctl explain`` all read, so
+that each refuses the same bodies with the same words.
 
 The raw JSON is decoded once (msgspec, into plain Python objects, so it can be
 forwarded with only ``model`` changed), then the fields the router needs are
-checked with the types OpenAI's API gives them. Anything else in the body is
+checked with the types OpenAI's API gives them (:func:`parse`, then
+:func:`check_body` for the token limits). Anything else in the body is
 forwarded untouched.
 """
 
@@ -22,6 +25,10 @@ MAX_DEPTH = 64
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+
+
+#: the largest ``max_tokens`` taken (engines count tokens in 32-bit integers)
+MAX_TOKENS = 2**31 - 1
 
 
 class BadRequest(ValueError):
@@ -135,6 +142,14 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
             raise BadRequest(f"body is nested more than {MAX_DEPTH} levels deep")
         texts = texts_from_body(raw).texts
     return ParsedBody(raw, fields, texts)
+
+
+def check_body(body: ParsedBody) -> None:
+    """BadRequest naming the field when a token limit is not a positive integer in range."""
+    f = body.fields
+    for name, value in (("max_tokens", f.max_tokens), ("max_completion_tokens", f.max_completion_tokens)):
+        if value is not None and not 1 <= value <= MAX_TOKENS:
+            raise BadRequest(f"`{name}` must be an integer from 1 to {MAX_TOKENS}, not {value}")
 
 
 def _simple_texts(raw: dict[str, Any], fields: _Fields) -> list[str] | None:
