@@ -6,7 +6,8 @@ code's own types, so they cannot drift from it:
 
 - ``crds.md``: every CRD's fields (from libs/kinference_common/crds.py, itself
   generated from resources.py), printer columns and status;
-- ``metrics.md``: every metric each service exports (from its registry);
+- ``metrics.md``: every metric each service serves (from the registry it serves,
+  built as the service builds it: every part that registers on it);
 - ``warnings.md``: every policy warning code with an example that triggers
   it through the compiler, the message it gives and the fix (the examples
   are in tools/docgen_warnings.yaml; tests/deploy checks each one triggers
@@ -51,41 +52,77 @@ class Metric:
 CUSTOM_LABELS = {"kinference_inflight": ("backend",)}
 
 
-def _registries() -> list[tuple[str, Any]]:
-    from kinference_classifier.service import Metrics as ClassifierMetrics
-    from kinference_collector.metrics import CollectorMetrics
-    from kinference_policy_compiler.service import Metrics as CompilerMetrics
-    from kinference_router.metrics import RouterMetrics
+@dataclass(frozen=True)
+class Served:
+    """One service's ``/metrics``: the registry it serves and a note on
+    metrics served only in one mode (family name -> note)."""
+    service: str
+    registry: Any
+    notes: dict[str, str]
 
-    return [("router", RouterMetrics()), ("policy-compiler", CompilerMetrics()),
-            ("telemetry-collector", CollectorMetrics()), ("classifier", ClassifierMetrics())]
+
+def _served() -> list[Served]:
+    """Every service's registry built the way the service builds the one it
+    serves: not only its metrics class, but every part that registers on it
+    (the router's classification adds its own metrics to the router's
+    registry; the policy-compiler's Kubernetes mode adds a collector)."""
+    from kinference_classifier.service import ClassifierService
+    from kinference_collector.metrics import CollectorMetrics
+    from kinference_policy_compiler.kube_mode import (KubernetesMode, KubernetesSource, KubernetesStatusSink,
+                                                      KubeSettings, _KubeCollector)
+    from kinference_policy_compiler.service import PolicyCompilerService, Settings
+    from kinference_router.app import Router, RouterSettings
+    from kinference_router.tenants import Authenticator
+    from kinference_router.upstream import SecretFiles
+
+    router = Router(RouterSettings(), Authenticator("none"), SecretFiles(None))
+    # the compiler as KubernetesMode.start builds it (its parts made, none started)
+    mode = KubernetesMode(Settings(manifests=REPO), KubeSettings(leader_elect=False, identity="docgen"))
+    mode.source = KubernetesSource(None)  # type: ignore[arg-type]  # never used: nothing starts
+    mode.sink = KubernetesStatusSink(None, mode.source, "docgen")  # type: ignore[arg-type]
+    compiler = PolicyCompilerService(mode.settings, source=mode.source, status_sink=mode.sink)
+    kube = _KubeCollector(mode)
+    compiler.metrics.registry.register(kube)
+    kube_only = {f.name: "Kubernetes mode only" for f in kube.collect()}
+    classifier = ClassifierService(nats_url="nats://127.0.0.1:4222")
+    return [Served("router", router.metrics.registry, {}),
+            Served("policy-compiler", compiler.metrics.registry, kube_only),
+            Served("telemetry-collector", CollectorMetrics().registry, {}),
+            Served("classifier", classifier.metrics.registry, {})]
 
 
 def exported_metrics() -> list[Metric]:
-    """Every metric of every service, read from the services' own metric
-    objects (label names) and registries (what a scrape shows)."""
+    """Every metric of every service, read from the registries the services
+    serve: label names from the metric objects registered on them, types and
+    help from what a scrape shows."""
     from prometheus_client.metrics import MetricWrapperBase
 
     out: list[Metric] = []
-    for service, holder in _registries():
+    for served in _served():
         labels: dict[str, tuple[str, ...]] = {}
-        for value in vars(holder).values():
-            if isinstance(value, MetricWrapperBase):
-                labels[value._name] = tuple(value._labelnames)  # noqa: SLF001 - no public accessor
-        for fam in holder.registry.collect():
+        for collector in list(served.registry._collector_to_names):  # noqa: SLF001 - no public accessor
+            if isinstance(collector, MetricWrapperBase):
+                labels[collector._name] = tuple(collector._labelnames)  # noqa: SLF001
+        for fam in served.registry.collect():
             name = fam.name + ("_total" if fam.type == "counter" else "")
             fam_labels = labels.get(fam.name)
             if fam_labels is None:  # a custom collector (the router's in-flight counts)
                 fam_labels = CUSTOM_LABELS.get(fam.name) or tuple(sorted({k for s in fam.samples for k in s.labels}))
-            out.append(Metric(service, name, fam.type, fam.documentation, fam_labels))
+            doc = fam.documentation
+            if fam.name in served.notes:
+                doc = f"{doc} ({served.notes[fam.name]})"
+            out.append(Metric(served.service, name, fam.type, doc, fam_labels))
     return sorted(out, key=lambda m: (m.service, m.name))
 
 
 def metrics_page() -> str:
     lines = [GENERATED, "# Metrics", "",
              "Every service serves Prometheus metrics on `/metrics` of its health port "
-             "(router: data port 8080 and admin port 8081; policy-compiler 8090; "
-             "telemetry-collector 9090; classifier 8083). The Grafana dashboard and the alert "
+             "(router: the admin port only, 8081 by default; its data port, 8080, answers 404 there "
+             "unless the router runs with `--metrics-on-data-port`; policy-compiler 8090; "
+             "telemetry-collector 9090; classifier 8083: the services' defaults, `make run` moves some, "
+             "see [Failure modes](../failure-modes.md#ports)). Every metric a service serves is listed "
+             "(a test scrapes each service and checks it). The Grafana dashboard and the alert "
              "rules in `deploy/observability/` use only these (a test checks it).", "",
              "Label cardinality is bounded: `pool`, `rule`, `backend` and `worker_set` by the "
              "pools' manifests, `outcome`, `kind`, `state`, `tag` by the code; `pod` by "

@@ -60,7 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--auth", choices=["none", "header", "apiKey"],
                    help="none: tenant 'anonymous' (default with --source files); header: trust "
                         "x-kinference-tenant; apiKey: Bearer keys (default with --source kubernetes)")
-    p.add_argument("--tenants-file", type=Path, help="apiKey mode: YAML {tenants: [{name, apiKeys: [...]}]}")
+    p.add_argument("--tenants-file", type=Path,
+                   help="apiKey mode: YAML {tenants: [{name, apiKeys: [...]}]}, read once at start-up and "
+                        "strictly: an unknown field, a wrong type, a tenant without keys or a key of two "
+                        "tenants stops the router with the file, tenant and field named")
     p.add_argument("--secrets-dir", type=Path,
                    help="provider API keys as files: <dir>/<namespace>/<secret>/<key> (the provider's "
                         "namespace, its spec.auth.secretRef name and key; the file holds the key alone), "

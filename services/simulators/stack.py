@@ -448,6 +448,9 @@ Kinference is running.
 
 {gateway}  Router (OpenAI API)   http://127.0.0.1:{stack.port(8080)}/v1        pool default/inference-all, auth off (tenant anonymous)
   Admin (explain)       http://127.0.0.1:{admin}/debug/explain
+  Manifests (watched)   {stack.run_dir / 'manifests'}/
+                        the policy-compiler's input: edit these to change the running stack; copied
+                        from deploy/examples at each start (an edit there needs a restart)
   Statuses              {stack.run_dir / 'status'}
   Logs                  {stack.run_dir / 'logs'}/
 

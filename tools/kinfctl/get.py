@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if args.namespace:
         items = [i for i in items if _ns(i[0]) == args.namespace]
     items.sort(key=lambda i: (_ns(i[0]), i[0].get("metadata", {}).get("name", "")))
+    if not items and code != EXIT_OK:
+        return code  # the errors (printed) say why: "No resources found." would say the input was read
     if args.output == "json":
         print_json([{**obj, **({"status": st} if st else {})} for obj, st in items])
         return code
