@@ -259,7 +259,10 @@ async def test_bad_input_is_one_clear_line(tmp_path: Path, nats_server: NatsServ
          "no such file"),
         (["replay", str(good), "--pool", "default/inference-all", "--file", str(empty)],
          "no recorded decisions of pool default/inference-all"),
-        (["replay", str(good), "--pool", "inference-all", "--file", str(empty)], "--pool must be NAMESPACE/NAME"),
+        # NAME alone is default/NAME, as in kinfctl explain
+        (["replay", str(good), "--pool", "inference-all", "--file", str(empty)],
+         "no recorded decisions of pool default/inference-all"),
+        (["replay", str(good), "--pool", "a/b/c", "--file", str(empty)], "--pool must be NAMESPACE/NAME"),
         (["replay", str(good), "--pool", "default/inference-all", "--nats-url", nats_server.url],
          "no decision records"),
         (["replay", str(good), "--pool", "default/x", "--file", str(good)], "not a decision record"),

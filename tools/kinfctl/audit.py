@@ -26,7 +26,7 @@ import msgspec
 from kinference_common import recording
 from kinference_common.engine.trace import DecisionTrace, ModelTrace
 from kinference_common.recording import DecisionRecord
-from kinfctl.main import EXIT_OK, CommandError
+from kinfctl.main import EXIT_OK, CommandError, split_pool
 from kinfctl.output import print_json, table
 from kinfctl.records import add_nats_arguments
 
@@ -115,7 +115,7 @@ def from_records(args: argparse.Namespace) -> list[DecisionTrace]:
     since = records.since_seconds(args.since or "1h")
     ns = name = None
     if args.pool:
-        ns, name = records.split_pool(args.pool)
+        ns, name = split_pool(args.pool)
     got = records.from_nats(args, ns, name, since, snapshots=False)
     # a failed send is recorded twice: the decision, then what the client saw (the last counts)
     last = {r.decision_id: r for r in got if isinstance(r, DecisionRecord)}
@@ -125,7 +125,8 @@ def from_records(args: argparse.Namespace) -> list[DecisionTrace]:
 def run(args: argparse.Namespace) -> int:
     if args.file is not None and args.since is not None:
         raise CommandError("give FILE or --since, not both")
-    traces = read(args.file, args.pool) if args.file is not None else from_records(args)
+    pool = "/".join(split_pool(args.pool)) if args.pool else None
+    traces = read(args.file, pool) if args.file is not None else from_records(args)
     result = audit(traces)
     total = result["total"]
     if args.output == "json":

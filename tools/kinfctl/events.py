@@ -21,7 +21,7 @@ import msgspec
 from kinference_common import bus, natsauth, subjects
 from kinference_common.engine.trace import DecisionTrace
 from kinfctl import localstack
-from kinfctl.main import EXIT_OK, CommandError
+from kinfctl.main import EXIT_OK, CommandError, split_pool
 
 _decoder = msgspec.json.Decoder(DecisionTrace)
 
@@ -60,7 +60,7 @@ def format_line(trace: DecisionTrace, now: float | None = None) -> str:
 
 
 async def follow(args: argparse.Namespace) -> int:
-    subject = (subjects.decisions_subject(*args.pool.split("/", 1)) if args.pool
+    subject = (subjects.decisions_subject(*split_pool(args.pool)) if args.pool
                else f"{subjects.DECISIONS_PREFIX}.>")
     nc = await connect(args)
     # ... but once following, ride out NATS restarts
@@ -137,8 +137,8 @@ def default_nats_url(offset: int | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.pool and "/" not in args.pool:
-        raise CommandError("--pool must be NAMESPACE/NAME")
+    if args.pool:
+        split_pool(args.pool)  # a malformed --pool is refused before connecting
     local_nats(args)
     return asyncio.run(follow(args))
 

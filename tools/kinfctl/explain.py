@@ -52,7 +52,7 @@ from kinference_common.manifests import Loaded, load_paths, load_text
 from kinference_common.messages import EndpointState, ProviderState
 from kinference_common.request_body import BadRequest, ParsedBody, check_body, decode, parse
 
-from kinfctl.main import EXIT_OK, CommandError
+from kinfctl.main import EXIT_OK, CommandError, split_pool
 from kinfctl.output import print_json
 
 
@@ -223,10 +223,7 @@ def explain(args: argparse.Namespace, now: float | None = None) -> DecisionTrace
     """The trace for the command line ``args`` (raises CommandError on bad input)."""
     if sum(x == "-" for x in [*args.filename, args.telemetry, args.request]) > 1:
         raise CommandError("only one of -f, --telemetry and --request can read standard input")
-    ns, _, name = args.pool.rpartition("/")
-    ns = ns or "default"
-    if not name:
-        raise CommandError(f"--pool {args.pool!r}: expected NAMESPACE/NAME")
+    ns, name = split_pool(args.pool)
     res = compile_documents(_read_manifests(args.filename))
     if res.errors:
         more = f" (and {len(res.errors) - 1} more; run kinfctl lint)" if len(res.errors) > 1 else ""

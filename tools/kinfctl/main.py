@@ -34,6 +34,16 @@ class CommandError(Exception):
         self.code = code
 
 
+def split_pool(text: str | None) -> tuple[str, str]:
+    """``--pool NS/NAME`` (``NAME`` alone: ``default/NAME``), as every kinfctl command reads it."""
+    ns, sep, name = (text or "").partition("/")
+    if not sep:
+        ns, name = "default", ns
+    if not ns or not name or "/" in name:
+        raise CommandError(f"--pool must be NAMESPACE/NAME (or NAME in namespace default), not {text!r}")
+    return ns, name
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)

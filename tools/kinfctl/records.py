@@ -59,13 +59,6 @@ def since_seconds(text: str) -> float:
     return seconds
 
 
-def split_pool(text: str | None) -> tuple[str, str]:
-    ns, _, name = (text or "").partition("/")
-    if not ns or not name or "/" in name:
-        raise CommandError(f"--pool must be NAMESPACE/NAME, not {text!r}")
-    return ns, name
-
-
 def read_file(path: Path) -> list[Record]:
     """Records from an export file (``-``: standard input)."""
     try:

@@ -60,7 +60,7 @@ from kinference_common.recording import (
 )
 from kinfctl import records as rec_io
 from kinfctl.audit import PII_TAGS
-from kinfctl.main import EXIT_OK, CommandError
+from kinfctl.main import EXIT_OK, CommandError, split_pool
 from kinfctl.output import print_json, table
 
 EXIT_PII_LEAVES = 1
@@ -655,7 +655,7 @@ def print_text(rep: dict[str, Any], out: Any = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    ns, name = rec_io.split_pool(args.pool)
+    ns, name = split_pool(args.pool)
     since = rec_io.since_seconds(args.since)
     if args.export is None and args.policy is None:
         raise CommandError("name the candidate POLICY.yaml (or --export FILE to write the records)")
