@@ -7,7 +7,9 @@ Started, in order, each waited for until it answers:
 process               what                                          port
 ====================  ============================================  ===========
 nats-server           JetStream, the bus                            4222
-policy-compiler       compiles ``deploy/examples`` (status: .run)   8090
+policy-compiler       compiles .run/manifests, a copy of            8090
+                      ``deploy/examples`` made at each start
+                      (status: .run)
 classifier            pii and injection tags                        8083
 vllm sim qwen-0/1     worker set qwen-2-5-32b                       8001, 8002
 vllm sim qwen-spot-0  worker set qwen-2-5-32b-spot                  8003
