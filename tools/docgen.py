@@ -260,8 +260,7 @@ def warnings_page() -> str:
              "`databricks`.", "",
              "| code | when | effect |", "| --- | --- | --- |"]
     for e in entries:
-        anchor = e["code"].lower() + ("_1" if e.get("document") and e["code"] == "UnknownField" else "")
-        lines.append(f"| [`{e['code']}`](#{anchor}) | {e['when']} | {e['effect']} |")
+        lines.append(f"| [`{e['code']}`](#{e['code'].lower()}) | {e['when']} | {e['effect']} |")
     lines.append("")
     policy_done = False
     for e in entries:

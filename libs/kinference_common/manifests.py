@@ -6,11 +6,20 @@ namespace/name when known) and the field path, in the words an operator can
 act on. Documents of kinds Kinference does not read are kept as
 :class:`SkippedDocument` so a caller can say what it ignored.
 
+What a cluster would refuse is an error here too: a key written twice in one
+YAML mapping (kubectl rejects it; PyYAML would keep the last), a kind that
+Kinference's own group does not define (``InferencePolicyy``), a known kind
+in the wrong case, an apiVersion whose version Kinference's own group does not serve
+(:data:`resources.SERVED_VERSIONS`), and an unknown field anywhere in an
+InferencePolicy (:func:`policy_unknown_fields`; in other kinds an unknown
+field is a warning, and the API server prunes it).
+
 Nothing here raises on bad input; the only exceptions are programming errors.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
@@ -130,11 +139,43 @@ def load_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Loaded]:
     return out
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping.
+
+    PyYAML keeps the last value; kubectl (and the API server, for JSON)
+    rejects the manifest, so a file that would not apply must not lint clean.
+    Merge keys (``<<: *anchor``) still work: a key merged in and written
+    again is an override, not a duplicate.
+    """
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: SafeLoader says so below
+                    continue
+                if first is not None:
+                    at = first.start_mark
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"duplicate key `{key}` (first at line {at.line + 1}, column {at.column + 1}); "
+                        "kubectl rejects a manifest that writes a key twice: keep one",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+
 def load_text(text: str, source: str) -> list[Loaded]:
     """Load every document of a YAML (or JSON, which is YAML) text."""
     out: list[Loaded] = []
     try:
-        docs = list(yaml.safe_load_all(text))
+        docs = list(yaml.load_all(text, Loader=_StrictLoader))  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -154,8 +195,8 @@ def load_text(text: str, source: str) -> list[Loaded]:
 def _flatten_lists(doc: Any, source: str, index: int) -> list[Loaded]:
     """A ``kind: List`` (what ``kubectl get -o yaml`` prints) holds items."""
     if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
-        return [decode_document(item, DocumentRef(source, index)) for item in doc["items"]]
-    return [decode_document(doc, DocumentRef(source, index))]
+        return [x for item in doc["items"] for x in _decode(item, DocumentRef(source, index))]
+    return _decode(doc, DocumentRef(source, index))
 
 
 # ------------------------------------------------------------------- decoding
@@ -222,9 +263,15 @@ def _rephrase(message: str, struct_type: type, path: str) -> str:
 
 
 def decode_document(doc: Any, ref: DocumentRef) -> Loaded:
-    """Decode one parsed document into its Struct, or say precisely why not."""
+    """Decode one parsed document into its Struct, or say precisely why not
+    (the first problem, when there are several: :func:`load_text` lists them all)."""
+    return _decode(doc, ref)[0]
+
+
+def _decode(doc: Any, ref: DocumentRef) -> list[Loaded]:
+    """The decoded document, or every error found in it (at least one)."""
     if not isinstance(doc, dict):
-        return ManifestError(ref, "", f"expected a mapping with apiVersion and kind, got {type(doc).__name__}")
+        return [ManifestError(ref, "", f"expected a mapping with apiVersion and kind, got {type(doc).__name__}")]
     kind = doc.get("kind")
     api_version = doc.get("apiVersion")
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
@@ -238,29 +285,88 @@ def decode_document(doc: Any, ref: DocumentRef) -> Loaded:
         name,
     )
     if not isinstance(kind, str) or not kind:
-        return ManifestError(ref, "kind", "missing required field `kind`")
+        return [ManifestError(ref, "kind", "missing required field `kind`")]
     if not isinstance(api_version, str) or not api_version:
-        return ManifestError(ref, "apiVersion", "missing required field `apiVersion`")
-    group = api_version.split("/", 1)[0] if "/" in api_version else ""
+        return [ManifestError(ref, "apiVersion", "missing required field `apiVersion`")]
+    group, version = api_version.split("/", 1) if "/" in api_version else ("", api_version)
     struct_type = r.KINDS.get((group, kind))
     if struct_type is None:
         known = {k for (_, k) in r.KINDS}
-        if kind in known:
+        if kind in known and (group in _READ_GROUPS or kind in _OWN_KINDS):
             expected = sorted(g for (g, k) in r.KINDS if k == kind)
-            return ManifestError(
+            return [ManifestError(
                 ref, "apiVersion", f"{kind} is not served in {group or 'the core group'}; use {' or '.join(expected)}"
-            )
-        return SkippedDocument(ref, f"kind {kind} ({api_version}) is not read by Kinference")
+            )]
+        unknown = _unknown_kind(group, kind)
+        if unknown is not None:
+            return [ManifestError(ref, "kind", unknown)]
+        return [SkippedDocument(ref, f"kind {kind} ({api_version}) is not read by Kinference")]
+    # only Kinference's own versions are judged: another project's CRD may
+    # serve a version this table does not know, and the API server converts
+    served = r.SERVED_VERSIONS.get((group, kind), ())
+    if group in r.OWN_GROUPS and version not in served:
+        use = " or ".join(f"`{group}/{v}`" if group else f"`{v}`" for v in served)
+        return [ManifestError(
+            ref, "apiVersion",
+            f"{group or 'the core group'} serves {kind} in version {' and '.join(served)} only, "
+            f"not {version or '(none)'}; write apiVersion: {use}",
+        )]
     try:
         obj = msgspec.convert(doc, struct_type, strict=True)
     except msgspec.ValidationError as exc:
         m = _AT.match(str(exc))
         assert m is not None
         path = _path_of(m.group("path"))
-        return ManifestError(ref, path, _rephrase(m.group("msg"), struct_type, path))
+        return [ManifestError(ref, path, _rephrase(m.group("msg"), struct_type, path))]
     except (TypeError, ValueError, RecursionError) as exc:  # e.g. unhashable YAML keys
-        return ManifestError(ref, "", f"cannot be read: {exc}")
-    return LoadedObject(ref, obj, doc)
+        return [ManifestError(ref, "", f"cannot be read: {exc}")]
+    if struct_type is r.InferencePolicy:
+        errors: list[Loaded] = [ManifestError(ref, path, message) for path, message in policy_unknown_fields(doc)]
+        if errors:
+            return errors
+    return [LoadedObject(ref, obj, doc)]
+
+
+#: the groups Kinference reads some kind of (a kind of another group, such
+#: as Istio's Gateway, is someone else's: skipped)
+_READ_GROUPS = frozenset(g for (g, _) in r.KINDS)
+#: the kinds Kinference defines: in any other group, a wrong group
+_OWN_KINDS = frozenset(k for (g, k) in r.KINDS if g in r.OWN_GROUPS)
+
+
+def _closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice ``word`` most likely misspells: the same but for case
+    first, then the closest by :func:`difflib.get_close_matches`."""
+    choices = sorted(set(choices))
+    same = [c for c in choices if c.lower() == word.lower()]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _unknown_kind(group: str, kind: str) -> str | None:
+    """Why a document of a group Kinference reads, of a kind it does not
+    read, would not apply; None when it is a kind of that group Kinference
+    merely ignores.
+
+    Kinference defines every kind of its own group, so any other kind there
+    is an error. The other groups it reads (Gateway API, the Inference
+    Extension's, core) have kinds Kinference does not read (GRPCRoute,
+    ConfigMap...): there only a known kind written in the wrong case is an
+    error (kinds are case-sensitive; ``httproute`` matches nothing).
+    """
+    kinds = sorted(k for (g, k) in r.KINDS if g == group)
+    if not kinds:
+        return None
+    if group in r.OWN_GROUPS:
+        guess = _closest(kind, kinds)
+        hint = f"; did you mean `{guess}`?" if guess else ""
+        return f"{group} defines no kind `{kind}` (its kinds: {', '.join(kinds)}){hint}"
+    same = [k for k in kinds if k.lower() == kind.lower()]
+    if same:
+        return f"{group or 'the core group'} defines no kind `{kind}` (kinds are case-sensitive); did you mean `{same[0]}`?"
+    return None
 
 
 # -------------------------------------------------------------- unknown fields
@@ -280,19 +386,25 @@ def unknown_fields(raw: dict[str, Any], struct_type: type) -> list[str]:
 
     ``metadata`` and ``status`` are the API server's business, not ours.
     """
-    found: list[str] = []
+    return [path for path, _ in _unknown_fields(raw, struct_type)]
+
+
+def _unknown_fields(raw: dict[str, Any], struct_type: type) -> list[tuple[str, list[str]]]:
+    """Each unknown field's path, with the fields its mapping does define."""
+    found: list[tuple[str, list[str]]] = []
     info = _type_info(struct_type)
     assert isinstance(info, msgspec.inspect.StructType)
     for f in info.fields:
         if f.encode_name in raw and f.encode_name not in _IGNORED_TOP_LEVEL:
             _walk(raw[f.encode_name], f.type, f.encode_name, found)
+    names = [f.encode_name for f in info.fields]
     for key in raw:
-        if key not in {f.encode_name for f in info.fields} and key not in _IGNORED_TOP_LEVEL:
-            found.append(str(key))
+        if key not in names and key not in _IGNORED_TOP_LEVEL:
+            found.append((str(key), names))
     return found
 
 
-def _walk(value: Any, t: msgspec.inspect.Type, path: str, found: list[str]) -> None:
+def _walk(value: Any, t: msgspec.inspect.Type, path: str, found: list[tuple[str, list[str]]]) -> None:
     inspect = msgspec.inspect
     if isinstance(t, inspect.UnionType):
         for member in t.types:
@@ -308,7 +420,7 @@ def _walk(value: Any, t: msgspec.inspect.Type, path: str, found: list[str]) -> N
         for key, sub in value.items():
             f = names.get(key)
             if f is None:
-                found.append(f"{path}.{key}")
+                found.append((f"{path}.{key}", list(names)))
             else:
                 _walk(sub, f.type, f"{path}.{key}", found)
     elif isinstance(t, inspect.ListType) and isinstance(value, list):
@@ -317,3 +429,48 @@ def _walk(value: Any, t: msgspec.inspect.Type, path: str, found: list[str]) -> N
     elif isinstance(t, inspect.DictType) and isinstance(value, dict):
         for key, item in value.items():
             _walk(item, t.value_type, f"{path}.{key}", found)
+
+
+# ------------------------------------------------------ unknown fields in policies
+
+_RULE = r"spec\.rules\[\d+\]"
+
+#: The predicates of an InferencePolicy: (where one starts, how it is named,
+#: what it is about). Ignoring a field inside one makes it hold for more than
+#: was written (a misspelled ``queuedPrompts`` in a ``drop`` drops every
+#: Local candidate), which the error message says.
+PREDICATES: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (re.compile(rf"^{_RULE}\.matches\[\d+\]\."), "a rule's `matches` entry", "requests"),
+    (re.compile(rf"^{_RULE}\.route\.consider\[\d+\]\."), "a `consider` entry", "candidates"),
+    (re.compile(rf"^{_RULE}\.route\.exclude\[\d+\]\.if\."), "an exclusion's `if`", "requests"),
+    (re.compile(rf"^{_RULE}\.route\.exclude\[\d+\]\.drop\."), "an exclusion's `drop`", "candidates"),
+    (re.compile(rf"^{_RULE}\.route\.select\[\d+\]\.backends\."), "a tier's `backends`", "candidates"),
+)
+
+
+def policy_unknown_fields(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """(path, message) of every unknown field of the InferencePolicy ``raw``:
+    each is an error, not a warning. Every field of a policy decides where a
+    request may go, so one that is ignored changes that silently: in a
+    predicate it widens it; elsewhere it drops what it was meant to be
+    (``exlude`` drops a rule's exclusions, a PII one included; ``matchs``
+    makes a rule match every request; ``onEmtpy`` keeps the default)."""
+    out: list[tuple[str, str]] = []
+    for path, valid in _unknown_fields(raw, r.InferencePolicy):
+        guess = _closest(path.rsplit(".", 1)[-1], valid)
+        hint = f"; did you mean `{guess}`?" if guess else f"; its fields: {', '.join(valid)}"
+        for pattern, what, about in PREDICATES:
+            m = pattern.match(path)
+            if m is None:
+                continue
+            inner, _, key = path[m.end():].rpartition(".")
+            where = f"`{inner}` in {what}" if inner else what
+            out.append((path, f"`{key}` is not a field of {where}: ignoring it would widen the predicate (it "
+                              f"would hold for more {about} than written), so it is an error{hint}"))
+            break
+        else:
+            parent, _, key = path.rpartition(".")
+            where = f"`{parent}`" if parent else "an InferencePolicy"
+            out.append((path, f"`{key}` is not a field of {where}: ignoring it would change where requests "
+                              f"go without a word, so it is an error{hint}"))
+    return out

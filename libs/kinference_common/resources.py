@@ -5,7 +5,9 @@ exactly; Python attribute names are snake_case and the wire names camelCase.
 Decoding is strict about types, enums and required fields (as the API server's
 schema is). Unknown fields are *not* errors here: msgspec ignores them, and
 :func:`kinference_common.manifests.unknown_fields` reports them so that the
-policy compiler can warn (``UnknownField``), as POLICY.md section 7 asks.
+policy compiler can warn (``UnknownField``), as POLICY.md section 7 asks;
+inside a policy's predicate, where ignoring one would widen the predicate,
+:mod:`kinference_common.manifests` makes them errors.
 
 Where the seeds say a missing field is a *resolution* outcome rather than a
 schema error, the field is optional here:
@@ -23,7 +25,7 @@ from typing import Annotated, Literal, Union
 import msgspec
 from msgspec import Meta, Struct, field
 
-from kinference_common import API_GROUP
+from kinference_common import API_GROUP, API_VERSION
 
 GIE_GROUPS = ("inference.networking.x-k8s.io", "llm-d.ai")
 GATEWAY_GROUP = "gateway.networking.k8s.io"
@@ -554,6 +556,25 @@ KINDS: dict[tuple[str, str], type[Resource]] = {
     (GATEWAY_GROUP, "Gateway"): Gateway,
     (GATEWAY_GROUP, "GatewayClass"): GatewayClass,
     ("", "Service"): Service,
+}
+
+#: Groups whose every kind Kinference defines: any other kind there is an error.
+OWN_GROUPS = frozenset({API_GROUP})
+
+#: (group, kind) -> the versions an apiVersion may name (the API server
+#: converts between them; the first is the one Kinference watches). Other
+#: projects' kinds list every version their CRDs have served, so that a
+#: manifest a cluster accepts is never refused here.
+SERVED_VERSIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    **{(API_GROUP, k): (API_VERSION,) for (g, k) in KINDS if g == API_GROUP},
+    (GATEWAY_GROUP, "HTTPRoute"): ("v1", "v1beta1", "v1alpha2"),
+    (GATEWAY_GROUP, "Gateway"): ("v1", "v1beta1", "v1alpha2"),
+    (GATEWAY_GROUP, "GatewayClass"): ("v1", "v1beta1", "v1alpha2"),
+    (GATEWAY_GROUP, "ReferenceGrant"): ("v1beta1", "v1alpha2"),
+    **{(g, "InferenceObjective"): ("v1alpha2",) for g in GIE_GROUPS},
+    **{(g, "InferenceModelRewrite"): ("v1alpha2",) for g in GIE_GROUPS},
+    (GIE_POOL_GROUP, "InferencePool"): (GIE_POOL_VERSION,),
+    ("", "Service"): ("v1",),
 }
 
 #: Printer-column short names (seeds; RESOURCES.md).

@@ -161,15 +161,11 @@ def test_out_of_range_drops_the_term_or_the_whole_exclusion() -> None:
     assert [s.signal for s in pol.rules[0].exclude[0].drop.signals] == ["queuedPrompts"]
 
 
-def test_unknown_field_ignored() -> None:
-    st, pol = compile_policy("rules:\n" + rule("route: {select: [{type: Local, weight: 2}], retries: 3}")
-                             + "unmached: Reject\n")
-    assert sorted((w.code, w.term) for w in st.warnings) == [
-        ("UnknownField", "rules[0].route.retries"),
-        ("UnknownField", "rules[0].route.select[0].weight"),
-        ("UnknownField", "unmached"),
-    ]
-    assert pol.unmatched == "ServeLocal"
+def test_an_unknown_field_of_a_policy_is_an_error_not_a_warning() -> None:
+    # (tests/compiler/test_manifest_strictness.py has the cases and the messages)
+    res = compile_text(FLEET, policy_yaml("p", "rules:\n" + rule("route: {select: [{type: Local}], retries: 3}")),
+                       POOL_ALL.replace("POLICY", "p"))
+    assert [e.path for e in res.errors] == ["spec.rules[0].route.retries"]
 
 
 def test_unknown_model_with_pool_named() -> None:

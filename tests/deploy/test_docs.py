@@ -129,7 +129,7 @@ def test_every_warning_code_of_the_compiler_is_documented() -> None:
     source = "".join(p.read_text() for p in (REPO / "libs" / "kinference_common" / "compiler").glob("*.py"))
     policy_codes = set(re.findall(r'\bwarn\(\s*"([A-Z]\w+)"', source))
     document_codes = set(re.findall(r'_doc_warning\(\s*\w+,\s*"([A-Z]\w+)"', source))
-    assert len(policy_codes) >= 15 and len(document_codes) >= 4
+    assert len(policy_codes) >= 14 and len(document_codes) >= 4  # UnknownField is a document warning only: a policy's is an error
     documented_policy = {e["code"] for e in EXAMPLES if not e.get("document")}
     documented_docs = {e["code"] for e in EXAMPLES if e.get("document")}
     assert policy_codes - documented_policy == set()

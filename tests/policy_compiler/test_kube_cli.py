@@ -57,11 +57,11 @@ async def test_process_writes_statuses_kubectl_shows_them(kube_api, kubeconfig, 
         text = ""
         for _ in range(100):
             text = await described()
-            if "UnknownField" in text.split("Events:")[-1]:
+            if "DuplicateRuleName" in text.split("Events:")[-1]:
                 break
             await asyncio.sleep(0.1)
         events = text.split("Events:")[-1]
-        assert "Warning" in events and "UnknownField" in events and "nonsense" in events
+        assert "Warning" in events and "DuplicateRuleName" in events and "rules[1]" in events
         assert "kinference.buoyant.io/policy-compiler" in events
         assert "Rule Count:  1" in text
     finally:

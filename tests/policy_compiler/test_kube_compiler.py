@@ -65,7 +65,9 @@ spec:
     - name: all
       route:
         select: [{type: Local, minimize: PredictedTTFT}]
-        nonsense: 1
+    - name: all
+      route:
+        select: [{type: Local, minimize: QueuedPrompts}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -230,7 +232,7 @@ async def test_statuses_follow_edits_and_keep_transition_times(kube_api, kube_co
     # warnings became deduplicated Events on the objects they concern
     events = kube_api.list("events.k8s.io", "Event", "team")
     reasons = {(e["regarding"]["kind"], e["reason"]) for e in events}
-    assert ("InferencePolicy", "UnknownField") in reasons
+    assert ("InferencePolicy", "DuplicateRuleName") in reasons
     assert ("InferencePool", "UnknownField") in reasons
     assert ("InferenceModelRewrite", "InvalidWeights") in reasons
     assert ("InferencePool", "PolicyNotFound") in reasons

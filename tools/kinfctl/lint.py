@@ -8,7 +8,10 @@ policy's and pool's computed status and every warning. ``-o json`` prints
 
 Exit codes: 0 every manifest valid (warnings never fail the lint); 1 a
 manifest (or the command line) is invalid; 2 with ``--strict`` when there are
-warnings.
+warnings. An unknown field inside a policy's predicate (a ``matches`` or
+``consider`` entry, an exclusion's ``if`` or ``drop``, a tier's ``backends``)
+is an error: ignored, it would widen the predicate. Elsewhere it is a
+warning (``UnknownField``).
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def read_inputs(paths: list[str]) -> list[Loaded]:
 
 def run(args: argparse.Namespace) -> int:
     res = compile_documents(read_inputs(args.paths), in_process_classifiers=getattr(args, "in_process", ()))
-    if not (res.objects or res.errors):
+    # ``objects`` is a defaultdict the compiler reads every kind of: look inside
+    if not (any(res.objects.values()) or res.errors):
         raise CommandError("no Kinference manifests found in " + ", ".join(args.paths))
     if args.output == "json":
         print_json(lint_json(res))

@@ -22,7 +22,9 @@ UnknownDestination     name removed from ``order``/``names``
 UnreachableTier        an earlier tier covers the same type: never picks
 NoTierForConsidered    a consider entry explicit about a kind no tier selects
 OutOfRange             0..1 signal compared outside 0..1: term dropped
-UnknownField           field ignored
+UnknownField           not in a policy: every unknown field of a policy is a
+                       manifest error (:func:`~kinference_common.manifests.policy_unknown_fields`),
+                       in other kinds a document warning (compiler/__init__.py)
 UnknownModel           (added) a model name no destination of the pool serves
 ProviderOnlyOnOutage   (added) a Provider tier reached only when no Local
                        endpoint is ready (seed: "Providers never picked")
@@ -63,7 +65,6 @@ from kinference_common.compiled import (
 from kinference_common.compiler.status import PolicyWarning, RuleStatus
 from kinference_common.compiler.validate import WIRE_NAMES
 from kinference_common.durations import format_duration, parse_duration
-from kinference_common.manifests import unknown_fields
 
 POOL_DEPENDENT = frozenset({"UnknownDestination", "NoTierForConsidered", "UnknownModel"})
 DEFAULT_TTFT = {"Local": "PredictedTTFT", "Provider": "EstimatedTTFT"}
@@ -115,11 +116,10 @@ def compile_policy(
     policy: r.InferencePolicy, raw: dict[str, Any] | None = None, pool: PoolContext | None = None,
     in_process: Collection[str] = (),
 ) -> PolicyCompilation:
-    """``in_process``: classifiers the router runs in its own process (the
-    status then shows that path and its deadline)."""
+    """``raw``: the document as written, when compiled on its own (which
+    fields it writes); ``in_process``: classifiers the router runs in its
+    own process (the status then shows that path and its deadline)."""
     ctx = _Ctx(pool)
-    if raw is not None and pool is None:
-        _unknown_fields(ctx, policy, raw)
 
     rules: list[CompiledRule] = []
     statuses: list[RuleStatus] = []
@@ -596,19 +596,3 @@ def _rule_status(rule: CompiledRule, in_process: Collection[str] = ()) -> RuleSt
         classifier_failure_mode={i.name: i.failure_mode(path[i.name]) for i in infos},
         emittable_tags=sorted(t for i in infos for t in i.tags),
     )
-
-
-def _unknown_fields(ctx: _Ctx, policy: r.InferencePolicy, raw: dict[str, Any]) -> None:
-    import re
-
-    names = [rule.name for rule in policy.spec.rules]
-    for path in unknown_fields(raw, r.InferencePolicy):
-        term = path[len("spec."):] if path.startswith("spec.") else path
-        m = re.match(r"rules\[(\d+)\]", term)
-        rule = names[int(m.group(1))] if m and int(m.group(1)) < len(names) else ""
-        field_name = path.rsplit(".", 1)[-1]
-        ctx.warn(
-            "UnknownField", rule, term,
-            f"{field_name!r} is not a field of InferencePolicy here; it is ignored. Check its spelling "
-            "against the Policies reference.",
-        )

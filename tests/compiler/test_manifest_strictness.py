@@ -1,0 +1,252 @@
+"""What a cluster refuses, lint refuses too (user trial):
+
+- an unknown field of a policy is an error, not a warning (inside a predicate it widens it):
+  ignored, it widens the predicate (``queuedPrompt`` in a ``drop`` drops every
+  Local pod, so all traffic bursts to a paid provider);
+- a kind Kinference's group does not define, a known kind in the wrong case,
+  a version the group does not serve;
+- a key written twice in one YAML mapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kinference_common.manifests import (
+    DocumentRef,
+    LoadedObject,
+    ManifestError,
+    SkippedDocument,
+    decode_document,
+    load_text,
+)
+
+from .conftest import FLEET, POOL_ALL, compile_text, policy_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "deploy" / "examples"
+
+
+def _rule(body: str) -> str:
+    return "rules:\n  - name: r\n" + "\n".join("    " + line for line in body.strip("\n").splitlines())
+
+
+# ------------------------------------------------------------ predicates
+
+PREDICATE_TYPOS = [
+    # (rule body, path, words the message must hold, suggestion)
+    ("matches: [{tenantt: batch}]\nroute: {select: [{type: Local}]}",
+     "spec.rules[0].matches[0].tenantt", "a rule's `matches` entry", "`tenant`"),
+    ("route:\n  consider: [{models: {names: [qwen-2.5]}, backnd: {type: Local}}]\n  select: [{type: Local}]",
+     "spec.rules[0].route.consider[0].backnd", "a `consider` entry", "`backend`"),
+    ("route:\n  exclude: [{name: pii, if: {tags: [pii-confirmed, pii-unknown]}, drop: {backend: {type: Provider}}}]\n"
+     "  select: [{type: Local}, {type: Provider}]",
+     "spec.rules[0].route.exclude[0].if.tags", "an exclusion's `if`", "`tag`"),
+    ("route:\n  exclude: [{name: busy, drop: {backend: {type: Local}, queuedPrompt: {greaterThan: 4}}}]\n"
+     "  select: [{type: Local}, {type: Provider}]",
+     "spec.rules[0].route.exclude[0].drop.queuedPrompt", "an exclusion's `drop`", "`queuedPrompts`"),
+    ("route:\n  exclude: [{name: busy, drop: {backend: {typ: Local}, queuedPrompts: {greaterThan: 4}}}]\n"
+     "  select: [{type: Local}, {type: Provider}]",
+     "spec.rules[0].route.exclude[0].drop.backend.typ", "`backend` in an exclusion's `drop`", "`type`"),
+    ("route:\n  select: [{type: Local, backends: {backend: {type: Local}, kvCacheUsge: {lessThan: 0.5}}}, "
+     "{type: Provider}]",
+     "spec.rules[0].route.select[0].backends.kvCacheUsge", "a tier's `backends`", "`kvCacheUsage`"),
+    ("route:\n  select: [{type: Local, backends: {PredictedTtft: {lessThan: 800ms}}}]",
+     "spec.rules[0].route.select[0].backends.PredictedTtft", "a tier's `backends`", "`predictedTTFT`"),
+]
+
+
+@pytest.mark.parametrize(("body", "path", "where", "guess"), PREDICATE_TYPOS)
+def test_unknown_field_in_a_predicate_is_an_error(body: str, path: str, where: str, guess: str) -> None:
+    res = compile_text(FLEET, POOL_ALL.replace("POLICY", "p"), policy_yaml("p", _rule(body)))
+    [err] = res.errors
+    assert err.path == path
+    assert err.document.kind == "InferencePolicy" and err.document.name == "p"
+    key = path.rsplit(".", 1)[1]
+    assert f"`{key}` is not a field of {where}" in err.message
+    assert "widen" in err.message
+    assert f"did you mean {guess}?" in err.message
+    # the policy is refused, as a wrong type is: not compiled, never in force
+    assert ("default", "p") not in res.policy_status
+    assert res.pool_status[("default", "inference-all")].state == "Accepted,PolicyNotFound"
+    assert not any(w.code == "UnknownField" for st in res.policy_status.values() for w in st.warnings)
+
+
+def test_no_suggestion_lists_the_fields() -> None:
+    res = compile_text(policy_yaml("p", _rule(
+        "route:\n  exclude: [{name: x, drop: {backend: {type: Local}, zzzz: 1}}]\n  select: [{type: Local}]")))
+    [err] = res.errors
+    assert "did you mean" not in err.message
+    assert "its fields: backend, queuedPrompts" in err.message
+
+
+def test_every_unknown_field_in_predicates_is_listed_by_lint_and_decode_gives_the_first() -> None:
+    text = policy_yaml("p", _rule(
+        "matches: [{tenantt: a}]\n"
+        "route:\n  exclude: [{name: x, drop: {backend: {type: Local}, queuedPrompt: {greaterThan: 1}}}]\n"
+        "  select: [{type: Local}]"))
+    errors = load_text(text, "p.yaml")
+    assert [e.path for e in errors if isinstance(e, ManifestError)] == [
+        "spec.rules[0].matches[0].tenantt", "spec.rules[0].route.exclude[0].drop.queuedPrompt"]
+    # the Kubernetes source decodes one object at a time: it is refused too
+    one = decode_document(yaml.safe_load(text), DocumentRef("kinference.buoyant.io/v1alpha1", 1))
+    assert isinstance(one, ManifestError) and one.path == "spec.rules[0].matches[0].tenantt"
+
+
+def test_unknown_fields_outside_predicates_are_errors_too() -> None:
+    # each would change the policy without a word: a rule's exclusions dropped, a catch-all, ...
+    res = compile_text(policy_yaml("p", "unmached: Reject\n" + _rule(
+        "nonsense: 1\n"
+        "route:\n  retries: 3\n"
+        "  exclude: [{name: x, iff: {tenant: a}, drop: {backend: {type: Local}, queuedPrompts: {greaterThan: 1}}}]\n"
+        "  select: [{type: Local, weight: 2}]")))
+    assert sorted(e.path for e in res.errors) == [
+        "spec.rules[0].nonsense", "spec.rules[0].route.exclude[0].iff", "spec.rules[0].route.retries",
+        "spec.rules[0].route.select[0].weight", "spec.unmached"]
+    iff = next(e for e in res.errors if e.path.endswith(".iff"))
+    assert "did you mean `if`?" in iff.message, iff.message
+    assert ("default", "p") not in res.policy_status or not res.policy_status[("default", "p")].warnings
+
+
+def test_the_trial_typo_in_the_burst_example() -> None:
+    """deploy/examples/10-burst-policy.yaml with ``queuedPrompt``: the
+    exclusion would have dropped every local pod."""
+    texts = [p.read_text() for p in sorted(EXAMPLES.glob("*.yaml"))]
+    assert compile_text(*texts).errors == []
+    typo = [t.replace("queuedPrompts:", "queuedPrompt:") for t in texts]
+    res = compile_text(*typo)
+    [err] = res.errors
+    assert err.path == "spec.rules[0].route.exclude[0].drop.queuedPrompt"
+    assert "did you mean `queuedPrompts`?" in err.message
+    # the default policy (never a provider) is what the pool gets, not a policy that bursts everything
+    pool = res.pools[("default", "inference-all")]
+    assert pool.policy.name == "" and pool.policy.unmatched == "ServeLocal"
+
+
+# ------------------------------------------------------------ kinds and versions
+
+
+def _doc(api_version: str, kind: str) -> str:
+    return f"apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: x}}\nspec: {{}}\n"
+
+
+@pytest.mark.parametrize(
+    ("kind", "guess"),
+    [("InferencePolicyy", "InferencePolicy"), ("inferencepolicy", "InferencePolicy"),
+     ("INFERENCEPOOL", "InferencePool"), ("InferenceWorkerset", "InferenceWorkerSet"), ("Policy", None)],
+)
+def test_a_kind_our_group_does_not_define_is_an_error(kind: str, guess: str | None) -> None:
+    [err] = load_text(_doc("kinference.buoyant.io/v1alpha1", kind), "k.yaml")
+    assert isinstance(err, ManifestError) and err.path == "kind"
+    assert f"kinference.buoyant.io defines no kind `{kind}`" in err.message
+    assert "InferencePolicy, InferencePool, InferenceProvider, InferenceWorkerSet" in err.message
+    if guess:
+        assert err.message.endswith(f"did you mean `{guess}`?")
+    else:
+        assert "did you mean" not in err.message
+    res = compile_text(_doc("kinference.buoyant.io/v1alpha1", kind))
+    assert len(res.errors) == 1 and not res.skipped
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind", "guess"),
+    [("gateway.networking.k8s.io/v1", "httproute", "HTTPRoute"), ("v1", "service", "Service"),
+     ("inference.networking.k8s.io/v1", "Inferencepool", "InferencePool")],
+)
+def test_a_known_kind_in_the_wrong_case_is_an_error(api_version: str, kind: str, guess: str) -> None:
+    [err] = load_text(_doc(api_version, kind), "k.yaml")
+    assert isinstance(err, ManifestError) and err.path == "kind"
+    assert "case-sensitive" in err.message and f"did you mean `{guess}`?" in err.message
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind"),
+    [("networking.istio.io/v1", "Gateway"), ("networking.istio.io/v1beta1", "VirtualService"),
+     ("gateway.networking.k8s.io/v1", "GRPCRoute"), ("gateway.networking.k8s.io/v1alpha2", "TLSRoute"),
+     ("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("inference.networking.x-k8s.io/v1alpha2", "InferenceModel"),
+     ("example.com/v1", "Anything")],
+)
+def test_other_kinds_stay_skipped(api_version: str, kind: str) -> None:
+    [d] = load_text(_doc(api_version, kind), "k.yaml")
+    assert isinstance(d, SkippedDocument)
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind", "served"),
+    [("kinference.buoyant.io/v1", "InferencePolicy", "`kinference.buoyant.io/v1alpha1`"),
+     ("kinference.buoyant.io/v1beta1", "InferencePool", "`kinference.buoyant.io/v1alpha1`"),
+     ("kinference.buoyant.io/", "InferenceProvider", "`kinference.buoyant.io/v1alpha1`")],
+)
+def test_a_version_the_group_does_not_serve_is_an_error(api_version: str, kind: str, served: str) -> None:
+    [err] = load_text(_doc(api_version, kind), "v.yaml")
+    assert isinstance(err, ManifestError) and err.path == "apiVersion"
+    assert "serves" in err.message and served in err.message
+
+
+def test_every_kind_read_has_its_served_versions() -> None:
+    from kinference_common import resources as r
+    from kinference_common.kube import kinds
+
+    assert set(r.SERVED_VERSIONS) == set(r.KINDS)
+    # the version each kind is watched in is one a document may name
+    for k in kinds.COMPILER_INPUTS:
+        assert k.version in r.SERVED_VERSIONS[(k.group, k.kind)], k
+
+
+@pytest.mark.parametrize(
+    ("api_version", "kind"),
+    [("gateway.networking.k8s.io/v1beta1", "HTTPRoute"), ("gateway.networking.k8s.io/v1beta1", "ReferenceGrant"),
+     ("gateway.networking.k8s.io/v1", "Gateway"),
+     # another project's versions are its API server's to judge (a CRD may serve one this table lacks)
+     ("gateway.networking.k8s.io/v2", "HTTPRoute"), ("llm-d.ai/v1", "InferenceObjective")],
+)
+def test_every_served_version_is_accepted(api_version: str, kind: str) -> None:
+    text = {
+        "HTTPRoute": "spec: {}\n",
+        "ReferenceGrant": "spec: {from: [], to: []}\n",
+        "Gateway": "spec: {gatewayClassName: c}\n",
+        "InferenceObjective": "spec: {poolRef: {name: p}}\n",
+    }[kind]
+    [x] = load_text(f"apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: x}}\n" + text, "ok.yaml")
+    assert isinstance(x, LoadedObject)
+
+
+# ------------------------------------------------------------ duplicate keys
+
+
+def test_a_duplicate_key_is_an_error_naming_file_line_and_key() -> None:
+    text = policy_yaml("p", "unmatched: Reject\nrules: []\nunmatched: ServeLocal")
+    [err] = load_text(text, "dup.yaml")
+    assert isinstance(err, ManifestError)
+    assert str(err).startswith("dup.yaml#0: not valid YAML: line 7, column 3: duplicate key `unmatched` "
+                               "(first at line 5, column 3)")
+    # in a flow mapping, and in JSON
+    [err] = load_text(policy_yaml("p", _rule(
+        "route:\n  exclude: [{name: x, drop: {backend: {type: Local}, queuedPrompts: {greaterThan: 4, "
+        "greaterThan: 8}}}]\n  select: [{type: Local}]")), "flow.yaml")
+    assert isinstance(err, ManifestError) and "duplicate key `greaterThan`" in err.message
+    [err] = load_text('{"apiVersion": "v1", "kind": "ConfigMap", "kind": "Secret"}', "d.json")
+    assert isinstance(err, ManifestError) and "line 1" in err.message and "`kind`" in err.message
+
+
+def test_concatenated_examples_no_longer_merge_silently() -> None:
+    """``cat deploy/examples/*.yaml``: a file's last document and the next
+    file's first one become one mapping, every key twice."""
+    text = "".join(p.read_text() for p in sorted(EXAMPLES.glob("*.yaml")))
+    errors = [x for x in load_text(text, "<stdin>") if isinstance(x, ManifestError)]
+    assert errors and "duplicate key `apiVersion`" in errors[0].message
+
+
+def test_merge_keys_still_work() -> None:
+    text = policy_yaml("p", _rule(
+        "route:\n  exclude:\n"
+        "    - {name: a, drop: &busy {backend: {type: Local}, queuedPrompts: {greaterThan: 4}}}\n"
+        "    - {name: b, drop: {<<: *busy, queuedPrompts: {greaterThan: 8}}}\n"
+        "  select: [{type: Local}, {type: Provider}]"))
+    [x] = load_text(text, "merge.yaml")
+    assert isinstance(x, LoadedObject)
+    drops = [e.drop for e in x.obj.spec.rules[0].route.exclude]  # type: ignore[union-attr]
+    assert [d.queued_prompts.greater_than for d in drops] == [4, 8]  # type: ignore[union-attr]
+    assert drops[1].backend is not None and drops[1].backend.type == "Local"

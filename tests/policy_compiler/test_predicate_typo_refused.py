@@ -1,0 +1,66 @@
+"""The policy compiler refuses a policy with an unknown field inside a
+predicate as it refuses any invalid manifest: the last good version stays in
+force and the policy's status says so (``ManifestValid=False``), the same
+verdict ``kinfctl lint`` gives (user trial: ``queuedPrompt`` in a drop would
+otherwise drop every local pod and burst everything to the provider)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from kinference_common.compiler import compile_documents
+from kinference_common.kube import kinds
+from kinference_policy_compiler.kube_source import KubernetesSource
+from kinference_policy_compiler.source import DirectorySource
+from kinference_policy_compiler.statuses import StatusDirectory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pass(source: DirectorySource, statuses: StatusDirectory):  # type: ignore[no-untyped-def]
+    source.poll()
+    res = compile_documents(source.documents())
+    statuses.write(res, [*source.errors(), *res.errors], source.documents())
+    return res
+
+
+def test_a_predicate_typo_keeps_the_last_good_policy(tmp_path: Path) -> None:
+    manifests = tmp_path / "manifests"
+    shutil.copytree(REPO / "deploy" / "examples", manifests)
+    source, statuses = DirectorySource(manifests), StatusDirectory(tmp_path / "status")
+    res = _pass(source, statuses)
+    policy_file = manifests / "10-burst-policy.yaml"
+    status_file = tmp_path / "status" / "InferencePolicy" / "default" / "burst-unless-pii.yaml"
+
+    def conditions() -> dict[str, dict]:
+        return {c["type"]: c for c in yaml.safe_load(status_file.read_text())["status"]["conditions"]}
+
+    def exclusions(res) -> list[str]:  # type: ignore[no-untyped-def]
+        return [e.name for e in res.pools[("default", "inference-all")].policy.rules[0].exclude]
+
+    good = exclusions(res)
+    assert "drop-local-endpoints-with-big-queues" in good and set(conditions()) == {"Accepted"}
+
+    policy_file.write_text(policy_file.read_text().replace("queuedPrompts:", "queuedPrompt:"))
+    res = _pass(source, statuses)
+    [err] = source.errors()
+    assert err.path == "spec.rules[0].route.exclude[0].drop.queuedPrompt"
+    assert exclusions(res) == good  # the last good version is in force, not a widened drop
+    c = conditions()
+    assert c["ManifestValid"]["status"] == "False" and c["ManifestValid"]["reason"] == "InvalidManifest"
+    assert "queuedPrompt" in c["ManifestValid"]["message"]
+
+
+def test_an_object_from_the_api_server_is_refused_the_same_way() -> None:
+    """Kubernetes mode decodes each object as a file's document. (A real API
+    server prunes unknown fields at admission, so the compiler sees one only
+    from a server that keeps them, such as the tests' fake one.)"""
+    doc = yaml.safe_load((REPO / "deploy" / "examples" / "10-burst-policy.yaml").read_text())
+    doc["spec"]["rules"][0]["route"]["exclude"][0]["drop"]["queuedPrompt"] = \
+        doc["spec"]["rules"][0]["route"]["exclude"][0]["drop"].pop("queuedPrompts")
+    decoded = KubernetesSource._decode(kinds.INFERENCE_POLICY, "default", "burst-unless-pii", "1", doc)
+    [err] = decoded.errors
+    assert err.path == "spec.rules[0].route.exclude[0].drop.queuedPrompt"
