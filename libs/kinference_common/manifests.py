@@ -139,7 +139,7 @@ def load_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Loaded]:
     return out
 
 
-class _StrictLoader(yaml.SafeLoader):
+class StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a key written twice in one mapping.
 
     PyYAML keeps the last value; kubectl (and the API server, for JSON)
@@ -175,7 +175,7 @@ def load_text(text: str, source: str) -> list[Loaded]:
     """Load every document of a YAML (or JSON, which is YAML) text."""
     out: list[Loaded] = []
     try:
-        docs = list(yaml.load_all(text, Loader=_StrictLoader))  # noqa: S506 - a SafeLoader
+        docs = list(yaml.load_all(text, Loader=StrictLoader))  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -146,6 +146,7 @@ class RecordedRequest(Struct, kw_only=True, omit_defaults=True):
     priority: int = 0
     prompt_tokens: int | None = None
     max_tokens: int | None = None
+    context_tokens: int | None = None
     headers: dict[str, str] = {}
     tags: list[str] = []
     block_hashes: list[int] = []

@@ -297,6 +297,9 @@ class Routing:
                               observe=dr.metrics.decision.observe, latest=lambda: dr.keeper.snapshot)
         if dr.recorder is not None and d.inputs is None:  # decided lazily, not by dr.decide
             dr.recorder.capture(d)
+        # a prompt no candidate's window holds is the client's error (a 400), never a
+        # wait for capacity: read so before flow control would queue it as no_capacity
+        d = interpret(d)
         req, traces, snap = tags.req, tags.traces, d.snapshot
         flow_control = snap.pool.flow_control
         if flow_control is not None and (
@@ -318,7 +321,7 @@ class Routing:
                 dr.publish_decision(d, self.decision_id, traces, err.amended)
                 err.rule = d.rule or ""
                 raise
-        d = interpret(d)  # every candidate's context window too small: a 400
+        d = interpret(d)  # decided again while it waited: the same reading
         # built and published in a later turn of the event loop: while the
         # upstream works on the request, not before it is sent
         asyncio.get_running_loop().call_soon(dr.publish_decision, d, self.decision_id, traces)

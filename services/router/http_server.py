@@ -143,8 +143,10 @@ def plain_error(status: int, code: str, message: str) -> Response:
 
 
 _NEW, _STREAMING, _DONE = 0, 1, 2
-#: a streamed piece this large is written at once, with the head held before it
+#: what a stream's held head may gather before it is written (then the
+#: client's pace, write_paused, applies as to any write)
 _HOLD_BYTES = 64 * 1024
+_HOLD_PIECES = 16
 
 
 class Request:
@@ -221,9 +223,11 @@ class Request:
             raise ConnectionResetError("the client went away")
         if data and not self._head_only:
             piece = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
-            if self._out is not None:
-                self._out.append(piece)
-                if len(piece) < _HOLD_BYTES:
+            out = self._out
+            if out is not None:
+                out.append(piece)
+                # held only while small: past that, written, and the client's pace applies
+                if len(out) < _HOLD_PIECES and sum(map(len, out)) < _HOLD_BYTES:
                     return
                 self._flush()
             else:

@@ -133,6 +133,7 @@ class Recorder:
             request=RecordedRequest(
                 model=req.model, requested_model=req.requested_model, tenant=req.tenant, objective=req.objective,
                 priority=req.priority, prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
+                context_tokens=req.context_tokens,
                 headers=recording.recordable_headers(req.headers), tags=sorted(req.tags),
                 block_hashes=list(req.block_hashes)),
             classifiers=traces, avoid=avoid,

@@ -37,6 +37,8 @@ from typing import Any, Literal
 
 import yaml
 
+from kinference_common.manifests import StrictLoader
+
 AuthMode = Literal["none", "header", "apiKey"]
 TENANT_HEADER = "x-kinference-tenant"
 ANONYMOUS = "anonymous"
@@ -107,6 +109,8 @@ def parse_tenants(raw: Any, where: str) -> list[tuple[str, list[str]]]:
         for k in entry:
             if k not in _TENANT_FIELDS:
                 raise TenantsFileError(f"{at}: {_unknown(k, _TENANT_FIELDS)}")
+        if isinstance(name, str) and name != name.strip():
+            raise TenantsFileError(f"{at}: field 'name' has leading or trailing whitespace")
         if not isinstance(name, str) or not name.strip():
             what = ("missing" if name is None else "empty" if isinstance(name, str)
                     else f"{_kind(name)}, not a string" + (" (quote it)" if isinstance(name, (int, float)) else ""))
@@ -176,7 +180,7 @@ class Authenticator:
         except UnicodeDecodeError:
             raise TenantsFileError(f"{where}: not UTF-8 text") from None
         try:
-            raw = yaml.safe_load(text)
+            raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader that refuses duplicate keys
         except yaml.YAMLError as exc:
             raise TenantsFileError(f"{where}: not valid YAML: {_yaml_problem(exc)}") from None
         tenants = parse_tenants(raw, where)

@@ -435,19 +435,31 @@ def test_context_too_small_takes_the_prompt_and_max_tokens() -> None:
     assert interpret(d).code == "context_length_exceeded"
 
 
-def test_a_prompt_that_fills_the_window_is_too_long_without_max_tokens() -> None:
-    # the engine then writes until the window is full, but the prompt must leave room for one token
+def test_a_prompt_that_surely_fills_the_window_is_too_long_without_max_tokens() -> None:
+    # the engine then writes until the window is full, but the prompt must leave room for one
+    # token; refused only when it would not fit were its estimate 25% too high (nearer, the pod decides)
     small = ws("small", "qwen-2.5", context_window=4096)
     big = ws("big", "qwen-2.5", context_window=32768)
     p = pool([small, big], [rule("r", [tier("Local", order=["small", "big"])])])
     s = snap(p, [ep("small", "s0"), ep("big", "b0")])
-    assert decide(s, req("qwen-2.5", prompt_tokens=4095)).backend == "Local/small"
-    assert decide(s, req("qwen-2.5", prompt_tokens=4096)).backend == "Local/big"
-    d = decide(s, req("qwen-2.5", prompt_tokens=40000))
+    assert decide(s, req("qwen-2.5", prompt_tokens=4096)).backend == "Local/small"  # within the margin
+    assert decide(s, req("qwen-2.5", prompt_tokens=5119)).backend == "Local/small"  # 5119 / 1.25 + 1 = 4096
+    assert decide(s, req("qwen-2.5", prompt_tokens=5121)).backend == "Local/big"
+    d = decide(s, req("qwen-2.5", prompt_tokens=50000))
     assert not d.routed and d.trace().rules[0].builtin[0].check == "contextTooSmall"
     out = interpret(d)
     assert out.code == "context_length_exceeded" and d.code != out.code
-    assert "maximum context length is 32768 tokens" in out.reason and "about 40000 tokens" in out.reason
+    assert "maximum context length is 32768 tokens" in out.reason and "about 50000 tokens" in out.reason
+
+
+def test_a_batch_of_prompts_needs_room_for_its_longest_not_their_sum() -> None:
+    # vLLM holds each prompt of a completions batch as its own sequence
+    small = ws("small", "qwen-2.5", context_window=4096)
+    p = pool([small], [rule("r", [tier("Local")])])
+    s = snap(p, [ep("small", "s0")])
+    batch = req("qwen-2.5", prompt_tokens=3 * 3000, max_tokens=100, context_tokens=3000)
+    assert decide(s, batch).routed
+    assert not decide(s, req("qwen-2.5", prompt_tokens=3 * 3000, max_tokens=100)).routed
 
 
 def test_endpoint_context_window_overrides_the_worker_set() -> None:

@@ -6,6 +6,7 @@ message kept)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +119,35 @@ async def test_a_prompt_longer_than_the_window_is_refused_without_max_tokens_too
     # explain says what the data port answered
     status, trace, _ = await env.post(env.admin, json={"body": chat(messages=[{"role": "user", "content": long}])})
     assert status == 200 and trace["outcome"]["code"] == "context_length_exceeded", trace["outcome"]
+
+
+async def test_a_prompt_no_window_holds_is_a_400_not_a_wait_under_flow_control(start_pool: Any) -> None:
+    # with flow control and a pod not ready (a rollout), the engine's rejection reads as no capacity:
+    # it was queued until maxQueueWait and answered a retryable 503, for ever
+    import time
+
+    from kinference_common import bus, subjects
+    from kinference_common.messages import EndpointState, encode
+
+    from .manifests import one_worker_set_pool
+
+    manifests = one_worker_set_pool("fc", flow_control="{maxQueueWait: 2s, maxQueued: 10}").replace(
+        "contextWindow: 32768", "contextWindow: 1000")
+    served = await start_pool(manifests, "fc")
+    for pod, ready in (("stub-0", True), ("stub-1", False)):
+        state = EndpointState(namespace="default", worker_set="stub", pod=pod, address="127.0.0.1:9", model="m",
+                              ready=ready, scraped_at=time.time(), queued=0, running=0, kv_cache_usage=0.1,
+                              prefill_tokens_per_second=10000.0)
+        await served.nc.publish(subjects.endpoint_subject("default", "stub", pod), encode(state))
+    await bus.sync(served.nc)
+    await asyncio.sleep(0.3)
+    long = " ".join(f"word{i}" for i in range(3000))
+    async with aiohttp.ClientSession() as s:
+        for extra in ({}, {"max_tokens": 10}):
+            async with s.post(served.url, json=chat(messages=[{"role": "user", "content": long}], **extra)) as r:
+                body = await r.json(content_type=None)
+            assert r.status == 400 and body["error"]["code"] == "context_length_exceeded", body
+            assert "Retry-After" not in r.headers  # a client error: nothing to retry
 
 
 async def test_explain_refuses_the_bodies_the_data_port_refuses(env: Env) -> None:

@@ -79,6 +79,17 @@ def routes(calls: Calls) -> dict[str, Any]:
         await req.write(b"data: late\n\n")
         req.end_stream()
 
+    async def many_small(req: Request) -> None:
+        req.start_stream(200, [("Content-Type", "application/octet-stream")])
+        try:
+            for _ in range(20_000):  # 1 KiB pieces, 20 MiB, nothing awaited but write()
+                await req.write(b"y" * 1024)
+                calls.wrote += 1
+        except asyncio.CancelledError:
+            calls.cancelled.set()
+            raise
+        req.end_stream()
+
     async def boom(req: Request) -> Response:
         raise KeyError("a secret prompt")
 
@@ -106,7 +117,7 @@ def routes(calls: Calls) -> dict[str, Any]:
             raise
 
     return {"/echo": {"POST": echo, "GET": echo}, "/slow": {"POST": slow}, "/stream": {"POST": stream},
-            "/counted": {"POST": counted}, "/late": {"GET": late},
+            "/counted": {"POST": counted}, "/late": {"GET": late}, "/many-small": {"GET": many_small},
             "/big": {"GET": big_stream}, "/boom": {"GET": boom}, "/cut": {"GET": cut},
             "/bad-header": {"GET": bad_header}, "/write-after-reset": {"GET": write_after_reset}}
 
@@ -292,6 +303,28 @@ async def test_slow_reader_holds_the_writer_back(server: HttpServer, calls: Call
         received += len(chunk)
     assert calls.wrote == 400
     writer.close()
+
+
+async def test_small_pieces_after_the_head_are_held_back_by_a_slow_reader_too(server: HttpServer,
+                                                                               calls: Calls) -> None:
+    # the head is held to the end of the turn with what follows it; that must not
+    # let a handler that never waits on anything else pile megabytes in memory
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=65536)
+    writer.write(b"GET /many-small HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    await asyncio.sleep(0.3)
+    assert 0 < calls.wrote < 20_000 // 4  # paused long before the end
+    tail = b""
+    while not tail.endswith(b"\r\n0\r\n\r\n"):  # read to the terminating chunk: the rest follows
+        chunk = await asyncio.wait_for(reader.read(1 << 20), 5)
+        assert chunk
+        tail = (tail + chunk)[-16:]
+    writer.close()
+    assert calls.wrote == 20_000
 
 
 async def test_a_write_to_a_reset_connection_fails_instead_of_dropping_data(server: HttpServer, calls: Calls) -> None:

@@ -96,6 +96,15 @@ def test_a_key_of_two_tenants_is_an_error(tmp_path: Path) -> None:
                    "a key must belong to one tenant")
 
 
+def test_a_key_written_twice_and_a_padded_name_are_errors(tmp_path: Path) -> None:
+    # YAML readers keep the last of a repeated key: alice's keys would vanish
+    got = error(tmp_path, "tenants:\n  - name: alice\n    apiKeys: [sk-a]\ntenants:\n  - name: bob\n    apiKeys: [sk-b]\n")
+    assert "duplicate key `tenants`" in got
+    got = error(tmp_path, "tenants:\n  - name: alice\n    apiKeys: [sk-a]\n    apiKeys: [sk-b]\n")
+    assert "duplicate key `apiKeys`" in got and "sk-" not in got
+    assert "leading or trailing whitespace" in error(tmp_path, "tenants:\n  - name: ' alice '\n    apiKeys: [sk-a]\n")
+
+
 def test_bad_yaml_and_a_missing_file_are_one_line(tmp_path: Path) -> None:
     assert error(tmp_path, "tenants: [\n").startswith("not valid YAML: ")
     with pytest.raises(TenantsFileError, match=r"^tenants file /nonexistent/t.yaml: cannot read it: "):

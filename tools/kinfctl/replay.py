@@ -234,6 +234,7 @@ def engine_request(r: DecisionRecord, extra_tags: Iterable[str] = ()) -> Request
     q = r.request
     return Request(model=q.model, requested_model=q.requested_model, tenant=q.tenant, objective=q.objective,
                    priority=q.priority, prompt_tokens=q.prompt_tokens, max_tokens=q.max_tokens,
+                   context_tokens=q.context_tokens,
                    headers=dict(q.headers), tags=frozenset(q.tags) | frozenset(extra_tags),
                    block_hashes=tuple(q.block_hashes))
 

@@ -667,13 +667,13 @@ def interpret(d: Decision) -> Decision:
         return d
     out = copy.copy(d)
     out.code = "context_length_exceeded"
-    prompt = req.prompt_tokens or 0
+    prompt = req.context_tokens if req.context_tokens is not None else (req.prompt_tokens or 0)
     if req.max_tokens is not None:
         out.reason = (f"This model's maximum context length is {max(windows)} tokens. However, you requested "
-                      f"about {need} tokens (about {prompt} in the messages, {req.max_tokens} in the completion). "
-                      "Please reduce the length of the messages or completion.")
+                      f"about {prompt + req.max_tokens} tokens (about {prompt} in the prompt, {req.max_tokens} in "
+                      "the completion). Please reduce the length of the prompt or completion.")
     else:
-        out.reason = (f"This model's maximum context length is {max(windows)} tokens. However, your messages "
-                      f"have about {prompt} tokens, which leaves no room for the completion. Please reduce the "
-                      "length of the messages.")
+        out.reason = (f"This model's maximum context length is {max(windows)} tokens. However, the prompt is "
+                      f"about {prompt} tokens, which leaves no room for the completion. Please reduce the length "
+                      "of the prompt.")
     return out

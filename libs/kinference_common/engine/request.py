@@ -30,7 +30,7 @@ from kinference_common.compiled import (
     RequestTest,
 )
 
-from .tokens import estimate_prompt_tokens, prompt_block_hashes
+from .tokens import ESTIMATE_MARGIN, estimate_prompt_tokens, prompt_block_hashes
 
 if TYPE_CHECKING:
     from kinference_common.request_body import ParsedBody
@@ -55,6 +55,10 @@ class Request(Struct, kw_only=True):
     prompt_tokens: int | None = None
     #: ``max_tokens`` / ``max_completion_tokens`` when the body gives one
     max_tokens: int | None = None
+    #: the estimate of the longest sequence the engine must hold, when it is
+    #: not ``prompt_tokens``: a completions body with several prompts is a
+    #: batch, each prompt its own sequence
+    context_tokens: int | None = None
     #: request headers, names lower-cased
     headers: dict[str, str] = {}
     #: tags emitted by classifiers (failure tags included)
@@ -63,13 +67,16 @@ class Request(Struct, kw_only=True):
     block_hashes: tuple[int, ...] = ()
 
     def context_need(self) -> int | None:
-        """Tokens of context the request needs: the prompt estimate plus
-        ``max_tokens``, or plus one token without it (an engine then writes
-        until the window is full, but the prompt must leave room for one
-        token, as vLLM checks); None without a prompt estimate."""
-        if self.prompt_tokens is None:
+        """Tokens of context the request surely needs: its longest sequence's
+        estimate, taken :data:`.tokens.ESTIMATE_MARGIN` too high (the router
+        refuses only what surely does not fit), plus ``max_tokens``, or plus
+        one token without it (an engine then writes until the window is
+        full, but the prompt must leave room for one, as vLLM checks); None
+        without a prompt estimate."""
+        tokens = self.context_tokens if self.context_tokens is not None else self.prompt_tokens
+        if tokens is None:
             return None
-        return self.prompt_tokens + (self.max_tokens if self.max_tokens is not None else 1)
+        return int(tokens / (1.0 + ESTIMATE_MARGIN)) + (self.max_tokens if self.max_tokens is not None else 1)
 
 
 #: ``(request, canonical model) -> bool``
@@ -209,6 +216,18 @@ def engine_request(snap: Any, headers: Mapping[str, str], body: ParsedBody, tena
         priority=priority,
         prompt_tokens=estimate_prompt_tokens(body.texts),
         max_tokens=body.max_tokens,
+        context_tokens=_batch_longest(body.fields.prompt),
         headers=dict(headers),
         block_hashes=prompt_block_hashes(body.texts, key=prefix_key),
     )
+
+
+def _batch_longest(prompt: Any) -> int | None:
+    """The longest prompt's estimate of a completions batch (a list of
+    several prompts: texts, or token ids); None for one prompt."""
+    if not isinstance(prompt, list) or len(prompt) < 2:
+        return None
+    if all(isinstance(p, int) for p in prompt):  # one prompt, as token ids
+        return None
+    return max((estimate_prompt_tokens([p], 0) if isinstance(p, str) else len(p) if isinstance(p, list) else 0)
+               for p in prompt)

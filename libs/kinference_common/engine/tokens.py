@@ -121,6 +121,12 @@ COEFFICIENTS = (1.1481, 0.7783, 0.3783, 0.5824, -0.1952, 1.1946, 1.1164, 0.5417,
 #: Measured against cl100k_base on the test corpus (``tests/engine``): median
 #: and 95th percentile of |estimate - exact| / exact over all documents.
 ESTIMATE_ERROR = {"median": 0.039, "p95": 0.118, "max": 0.218}
+#: How much too high an estimate may be when the router refuses a prompt for
+#: its length itself (``context_length_exceeded``): only a prompt that would
+#: not fit were its estimate this much too high (above the corpus's largest
+#: error; open models' tokenizers differ more on CJK); nearer the window the
+#: engine, which counts exactly, decides.
+ESTIMATE_MARGIN = 0.25
 #: Held-out corpus (``build_corpus(seed=11)``; fitted on seed 7), 320
 #: documents of 200-4,000 characters, |estimate - exact| / exact per document,
 #: median / p95 per class: prose 2.4%/11.5%, code 4.9%/15.7%, JSON 4.0%/7.8%,
