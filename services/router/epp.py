@@ -319,8 +319,11 @@ class PickStream:
             self.send = self.director.begin(d, d.snapshot, self.decision_id)
         else:
             if settings.egress is None or settings.egress_address is None:
-                raise ApiError(503, "no_capacity", f"the decision is {cand.backend}, and this Endpoint Picker "
+                err = ApiError(503, "no_capacity", f"the decision is {cand.backend}, and this Endpoint Picker "
                                "has no provider egress (--egress-port)", retry_after=1, rule=d.rule or "")
+                # routed, then not carried out: the answer names the rule and backend (as the router's)
+                err.headers = [("x-kinference-rule", d.rule or "unmatched"), ("x-kinference-backend", cand.backend)]
+                raise err
             data = provider_request.body(body.raw, cand.served_name)
             self.pick = destination = settings.egress_address
             token = settings.egress.mint(decision_id=self.decision_id, pool=self.director.pool_label,

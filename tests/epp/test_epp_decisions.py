@@ -90,6 +90,17 @@ async def test_a_provider_decision_goes_through_the_egress_with_its_token(start_
     assert inflight(env) == 0
 
 
+async def test_a_provider_decision_without_an_egress_is_a_503_naming_rule_and_backend(start_epp: Any,
+                                                                                        classifier: Any) -> None:
+    epp: Epp = await start_epp()  # no --egress-port
+    await epp.env.saturate()
+    rq = await epp.client.exchange(CHAT, {}, chat_body())
+    assert rq.status == 503 and rq.immediate is not None
+    headers = {h.header.key: h.header.raw_value.decode() for h in rq.immediate.headers.set_headers}
+    assert headers["x-kinference-backend"].startswith("Provider/") and headers["x-kinference-rule"], headers
+    assert b"no provider egress" in rq.immediate.body
+
+
 async def post_egress(epp: Epp, body: bytes, token: str | None) -> tuple[int, dict[str, Any]]:
     headers = {"content-type": "application/json"}
     if token is not None:
