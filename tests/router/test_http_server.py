@@ -284,14 +284,18 @@ async def test_an_aborted_stream_has_no_terminating_chunk(server: HttpServer) ->
     assert raw.endswith(b"7\r\npartial\r\n")  # cut: no 0\r\n\r\n
 
 
-async def test_slow_reader_holds_the_writer_back(server: HttpServer, calls: Calls) -> None:
-    # the client's receive buffer is fixed small before it connects, so what
-    # the path holds does not depend on the kernel's autotuning
+async def slow_client(server: HttpServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client whose receive buffer is fixed small before it connects, so what
+    the path holds does not depend on the kernel's autotuning."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=65536)
+    return await asyncio.open_connection(sock=sock, limit=65536)
+
+
+async def test_slow_reader_holds_the_writer_back(server: HttpServer, calls: Calls) -> None:
+    reader, writer = await slow_client(server)
     writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
     await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     await asyncio.sleep(0.3)
@@ -309,11 +313,7 @@ async def test_small_pieces_after_the_head_are_held_back_by_a_slow_reader_too(se
                                                                                calls: Calls) -> None:
     # the head is held to the end of the turn with what follows it; that must not
     # let a handler that never waits on anything else pile megabytes in memory
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=65536)
+    reader, writer = await slow_client(server)
     writer.write(b"GET /many-small HTTP/1.1\r\nHost: x\r\n\r\n")
     await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     await asyncio.sleep(0.3)
