@@ -18,7 +18,8 @@ What the generator emits, per Kubernetes' rules for structural schemas:
 - the status subresource, short names and the seeds' printer columns.
 
 Unknown fields are pruned by the API server (no preserve-unknown-fields on
-objects); ``kinfctl lint`` warns about them (``UnknownField``).
+objects); ``kinfctl lint`` refuses them in a policy and warns about them in
+the other kinds (``UnknownField``).
 """
 
 from __future__ import annotations

@@ -194,7 +194,9 @@ def load_text(text: str, source: str) -> list[Loaded]:
 
 def _flatten_lists(doc: Any, source: str, index: int) -> list[Loaded]:
     """A ``kind: List`` (what ``kubectl get -o yaml`` prints) holds items."""
-    if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+    # kubectl's `kind: List`, or a typed one (`InferencePolicyList`, what the API returns)
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
         return [x for item in doc["items"] for x in _decode(item, DocumentRef(source, index))]
     return _decode(doc, DocumentRef(source, index))
 

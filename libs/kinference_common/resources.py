@@ -5,9 +5,9 @@ exactly; Python attribute names are snake_case and the wire names camelCase.
 Decoding is strict about types, enums and required fields (as the API server's
 schema is). Unknown fields are *not* errors here: msgspec ignores them, and
 :func:`kinference_common.manifests.unknown_fields` reports them so that the
-policy compiler can warn (``UnknownField``), as POLICY.md section 7 asks;
-inside a policy's predicate, where ignoring one would widen the predicate,
-:mod:`kinference_common.manifests` makes them errors.
+policy compiler can warn (``UnknownField``) about them in pools, worker sets
+and providers; in a policy, where an ignored field would change where
+requests go, :mod:`kinference_common.manifests` makes them errors.
 
 Where the seeds say a missing field is a *resolution* outcome rather than a
 schema error, the field is optional here:

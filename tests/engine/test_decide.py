@@ -435,21 +435,49 @@ def test_context_too_small_takes_the_prompt_and_max_tokens() -> None:
     assert interpret(d).code == "context_length_exceeded"
 
 
-def test_a_prompt_that_surely_fills_the_window_is_too_long_without_max_tokens() -> None:
-    # the engine then writes until the window is full, but the prompt must leave room for one
-    # token; refused only when it would not fit were its estimate 25% too high (nearer, the pod decides)
+def test_a_prompt_too_long_for_a_window_goes_where_it_fits_without_max_tokens_too() -> None:
+    # the engine then writes until the window is full, but the prompt must leave room for one token
     small = ws("small", "qwen-2.5", context_window=4096)
     big = ws("big", "qwen-2.5", context_window=32768)
     p = pool([small, big], [rule("r", [tier("Local", order=["small", "big"])])])
     s = snap(p, [ep("small", "s0"), ep("big", "b0")])
-    assert decide(s, req("qwen-2.5", prompt_tokens=4096)).backend == "Local/small"  # within the margin
-    assert decide(s, req("qwen-2.5", prompt_tokens=5119)).backend == "Local/small"  # 5119 / 1.25 + 1 = 4096
-    assert decide(s, req("qwen-2.5", prompt_tokens=5121)).backend == "Local/big"
+    assert decide(s, req("qwen-2.5", prompt_tokens=4095)).backend == "Local/small"
+    # over the small window by the estimate: to the big one, never to one that almost surely refuses it
+    assert decide(s, req("qwen-2.5", prompt_tokens=4096)).backend == "Local/big"
+    assert decide(s, req("qwen-2.5", prompt_tokens=5119)).backend == "Local/big"
     d = decide(s, req("qwen-2.5", prompt_tokens=50000))
     assert not d.routed and d.trace().rules[0].builtin[0].check == "contextTooSmall"
     out = interpret(d)
     assert out.code == "context_length_exceeded" and d.code != out.code
     assert "maximum context length is 32768 tokens" in out.reason and "about 50000 tokens" in out.reason
+
+
+def test_the_router_refuses_for_length_only_what_surely_does_not_fit() -> None:
+    # no window holds the estimate: one that would, were it 25% too high, still gets the request
+    # (its engine counts exactly); past that it is the client's 400
+    small = ws("small", "qwen-2.5", context_window=4096)
+    s = snap(pool([small], [rule("r", [tier("Local")])]), [ep("small", "s0")])
+    assert decide(s, req("qwen-2.5", prompt_tokens=5119)).backend == "Local/small"  # 5119 / 1.25 + 1 = 4096
+    d = decide(s, req("qwen-2.5", prompt_tokens=5121))
+    assert not d.routed and interpret(d).code == "context_length_exceeded"
+
+
+def test_a_batch_is_a_completions_body_s_prompt_list_only() -> None:
+    import json
+    import random
+
+    from kinference_common.engine.request import engine_request
+    from kinference_common.request_body import parse
+
+    s = snap(pool([ws("small", "qwen-2.5", context_window=4096)], [rule("r", [tier("Local")])]), [ep("small", "s0")])
+    long = "The quick brown fox jumps over the lazy dog. " * 200
+    batch = parse(json.dumps({"model": "qwen-2.5", "prompt": [long, "hi"]}).encode(), chat=False)
+    r = engine_request(s, {}, batch, "t", random.Random(0))
+    assert r.context_tokens is not None and r.context_tokens < r.prompt_tokens
+    # a chat body's stray `prompt` (the engine ignores it) says nothing of its sequences
+    chat = parse(json.dumps({"model": "qwen-2.5", "messages": [{"role": "user", "content": "hi"}],
+                             "prompt": [long, long]}).encode(), chat=True)
+    assert engine_request(s, {}, chat, "t", random.Random(0)).context_tokens is None
 
 
 def test_a_batch_of_prompts_needs_room_for_its_longest_not_their_sum() -> None:

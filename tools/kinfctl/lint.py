@@ -8,10 +8,9 @@ policy's and pool's computed status and every warning. ``-o json`` prints
 
 Exit codes: 0 every manifest valid (warnings never fail the lint); 1 a
 manifest (or the command line) is invalid; 2 with ``--strict`` when there are
-warnings. An unknown field inside a policy's predicate (a ``matches`` or
-``consider`` entry, an exclusion's ``if`` or ``drop``, a tier's ``backends``)
-is an error: ignored, it would widen the predicate. Elsewhere it is a
-warning (``UnknownField``).
+warnings. An unknown field of an InferencePolicy is an error (ignored, it
+would change where requests go: in a predicate it widens it); in other
+kinds it is a warning (``UnknownField``).
 """
 
 from __future__ import annotations

@@ -487,12 +487,18 @@ def _run_rule(
             cands = [c for c in cands if c.ledger_key not in avoid]
             live = True
     need = request.context_need() if min_window is not None else None
-    if need is not None and min_window is not None:
-        if need > min_window:
-            too_small = [c for c in cands if c.context_window is not None and c.context_window < need]
-            if too_small:
-                step.too_small = too_small
-                cands = [c for c in cands if not (c.context_window is not None and c.context_window < need)]
+    if need is not None and min_window is not None and need > min_window:
+        too_small = [c for c in cands if c.context_window is not None and c.context_window < need]
+        if too_small:
+            fit = [c for c in cands if not (c.context_window is not None and c.context_window < need)]
+            if not fit:
+                # none holds the estimate: those that would were it ESTIMATE_MARGIN too high
+                # stay (their engine, which counts exactly, decides); the rest surely cannot
+                sure = request.context_need(sure=True) or 0
+                too_small = [c for c in cands if c.context_window is not None and c.context_window < sure]
+                fit = [c for c in cands if not (c.context_window is not None and c.context_window < sure)]
+            step.too_small = too_small
+            cands = fit
     step.candidates = cands
     exclusions = step.exclusions
     for ex in rule.exclusions:
@@ -647,8 +653,8 @@ def decide(
 
 def interpret(d: Decision) -> Decision:
     """``d``, or when it rejected the request because every candidate it
-    considered has a context window smaller than the prompt estimate plus
-    ``max_tokens`` (:meth:`.request.Request.context_need`), a copy with code
+    considered has a context window smaller than what the request surely
+    needs (:meth:`.request.Request.context_need` with ``sure``), a copy with code
     ``context_length_exceeded`` and a reason naming the window: the
     client's error (a 400), not a policy rejection. Not when something fit,
     or a candidate was dropped for another reason with a window that would
@@ -661,7 +667,7 @@ def interpret(d: Decision) -> Decision:
     if not steps or not any(s.too_small for s in steps) or any(s.candidates for s in steps):
         return d
     req = d.request
-    need = req.context_need() or 0
+    need = req.context_need(sure=True) or 0
     windows = [c.context_window for s in steps for c in (*s.too_small, *s.builtin, *s.avoided)]
     if any(w is None or w >= need for w in windows):
         return d

@@ -66,17 +66,20 @@ class Request(Struct, kw_only=True):
     #: chained hashes of the prompt's blocks (:func:`.tokens.block_hashes`)
     block_hashes: tuple[int, ...] = ()
 
-    def context_need(self) -> int | None:
-        """Tokens of context the request surely needs: its longest sequence's
-        estimate, taken :data:`.tokens.ESTIMATE_MARGIN` too high (the router
-        refuses only what surely does not fit), plus ``max_tokens``, or plus
-        one token without it (an engine then writes until the window is
-        full, but the prompt must leave room for one, as vLLM checks); None
-        without a prompt estimate."""
+    def context_need(self, *, sure: bool = False) -> int | None:
+        """Tokens of context the request needs: its longest sequence's
+        estimate plus ``max_tokens``, or plus one token without it (an engine
+        then writes until the window is full, but the prompt must leave room
+        for one, as vLLM checks); None without a prompt estimate. With
+        ``sure``, what it surely needs: the estimate taken
+        :data:`.tokens.ESTIMATE_MARGIN` too high (the router refuses a
+        request for its length only when even that does not fit)."""
         tokens = self.context_tokens if self.context_tokens is not None else self.prompt_tokens
         if tokens is None:
             return None
-        return int(tokens / (1.0 + ESTIMATE_MARGIN)) + (self.max_tokens if self.max_tokens is not None else 1)
+        if sure:
+            tokens = int(tokens / (1.0 + ESTIMATE_MARGIN))
+        return tokens + (self.max_tokens if self.max_tokens is not None else 1)
 
 
 #: ``(request, canonical model) -> bool``
@@ -216,7 +219,7 @@ def engine_request(snap: Any, headers: Mapping[str, str], body: ParsedBody, tena
         priority=priority,
         prompt_tokens=estimate_prompt_tokens(body.texts),
         max_tokens=body.max_tokens,
-        context_tokens=_batch_longest(body.fields.prompt),
+        context_tokens=_batch_longest(body.fields.prompt) if body.fields.messages is None else None,
         headers=dict(headers),
         block_hashes=prompt_block_hashes(body.texts, key=prefix_key),
     )
