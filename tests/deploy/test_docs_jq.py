@@ -65,7 +65,6 @@ def test_the_docs_have_recipes_on_traces() -> None:
 @pytest.mark.parametrize(("where", "jq_filter"), recipes(), ids=[w for w, _ in recipes()])
 def test_each_recipe_runs_on_routed_and_refused_decisions(where: str, jq_filter: str) -> None:
     jq = shutil.which("jq")
-    if jq is None:
-        pytest.skip("jq is not installed")
+    assert jq is not None, "jq is not installed (make install installs it)"
     out = subprocess.run([jq, "-c", jq_filter], input=traces(), capture_output=True, timeout=30)
     assert out.returncode == 0 and not out.stderr, f"{where}: jq '{jq_filter}': {out.stderr.decode().strip()}"
