@@ -336,15 +336,13 @@ _READ_GROUPS = frozenset(g for (g, _) in r.KINDS)
 _OWN_KINDS = frozenset(k for (g, k) in r.KINDS if g in r.OWN_GROUPS)
 
 
-def _closest(word: str, choices: Iterable[str]) -> str | None:
+def closest(word: str, choices: Iterable[str]) -> str | None:
     """The choice ``word`` most likely misspells: the same but for case
-    first, then the closest by :func:`difflib.get_close_matches`."""
-    choices = sorted(set(choices))
-    same = [c for c in choices if c.lower() == word.lower()]
-    if same:
-        return same[0]
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return close[0] if close else None
+    first, then the closest by :func:`difflib.get_close_matches`, case
+    ignored (the "did you mean" of every file Kinference reads)."""
+    by_lower = {c.lower(): c for c in sorted(set(choices), reverse=True)}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
 
 
 def _unknown_kind(group: str, kind: str) -> str | None:
@@ -362,7 +360,7 @@ def _unknown_kind(group: str, kind: str) -> str | None:
     if not kinds:
         return None
     if group in r.OWN_GROUPS:
-        guess = _closest(kind, kinds)
+        guess = closest(kind, kinds)
         hint = f"; did you mean `{guess}`?" if guess else ""
         return f"{group} defines no kind `{kind}` (its kinds: {', '.join(kinds)}){hint}"
     same = [k for k in kinds if k.lower() == kind.lower()]
@@ -459,7 +457,7 @@ def policy_unknown_fields(raw: dict[str, Any]) -> list[tuple[str, str]]:
     makes a rule match every request; ``onEmtpy`` keeps the default)."""
     out: list[tuple[str, str]] = []
     for path, valid in _unknown_fields(raw, r.InferencePolicy):
-        guess = _closest(path.rsplit(".", 1)[-1], valid)
+        guess = closest(path.rsplit(".", 1)[-1], valid)
         hint = f"; did you mean `{guess}`?" if guess else f"; its fields: {', '.join(valid)}"
         for pattern, what, about in PREDICATES:
             m = pattern.match(path)

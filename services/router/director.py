@@ -314,14 +314,14 @@ class Routing:
                 again = self._decide(req, snap, avoid)
                 d = again if (again.routed, again.code) == (d.routed, d.code) else d
             try:
-                d = await dr.wait_for_capacity(req, flow_control, avoid, self._queue_deadline, d, tags,
-                                               decide_fn=self._decide)
+                # decided again while it waited: read the same way
+                d = interpret(await dr.wait_for_capacity(req, flow_control, avoid, self._queue_deadline, d, tags,
+                                                         decide_fn=self._decide))
             except ApiError as err:
                 d = err.decision or d
                 dr.publish_decision(d, self.decision_id, traces, err.amended)
                 err.rule = d.rule or ""
                 raise
-        d = interpret(d)  # decided again while it waited: the same reading
         # built and published in a later turn of the event loop: while the
         # upstream works on the request, not before it is sent
         asyncio.get_running_loop().call_soon(dr.publish_decision, d, self.decision_id, traces)

@@ -27,7 +27,6 @@ logged.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
@@ -37,7 +36,7 @@ from typing import Any, Literal
 
 import yaml
 
-from kinference_common.manifests import StrictLoader
+from kinference_common.manifests import StrictLoader, closest
 
 AuthMode = Literal["none", "header", "apiKey"]
 TENANT_HEADER = "x-kinference-tenant"
@@ -72,9 +71,8 @@ def _kind(value: Any) -> str:
 
 def _unknown(field: Any, valid: tuple[str, ...]) -> str:
     name = str(field)
-    lower = {v.lower(): v for v in valid}
-    close = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.6)
-    hint = f" (did you mean {lower[close[0]]!r}?)" if close else ""
+    guess = closest(name, valid)
+    hint = f" (did you mean {guess!r}?)" if guess else ""
     return f"unknown field {name!r}{hint}; the fields are {', '.join(valid)}"
 
 

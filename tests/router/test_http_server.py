@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kinference_router.http_server import HttpServer, Request, Response
+from kinference_router.http_server import Handler, HttpServer, Request, Response
 
 
 class Calls:
@@ -48,16 +48,21 @@ def routes(calls: Calls) -> dict[str, Any]:
             await req.write(f"data: {i}\n\n".encode())
         req.end_stream()
 
-    async def big_stream(req: Request) -> None:
-        req.start_stream(200, [("Content-Type", "application/octet-stream")])
-        try:
-            for _ in range(400):  # 400 x 64 KiB: far more than the socket buffers hold
-                await req.write(b"x" * 65536)
-                calls.wrote += 1
-        except asyncio.CancelledError:
-            calls.cancelled.set()
-            raise
-        req.end_stream()
+    def bulk(pieces: int, piece: bytes) -> Handler:
+        async def handler(req: Request) -> None:
+            req.start_stream(200, [("Content-Type", "application/octet-stream")])
+            try:
+                for _ in range(pieces):  # nothing awaited but write()
+                    await req.write(piece)
+                    calls.wrote += 1
+            except asyncio.CancelledError:
+                calls.cancelled.set()
+                raise
+            req.end_stream()
+        return handler
+
+    big_stream = bulk(400, b"x" * 65536)  # 400 x 64 KiB: far more than the socket buffers hold
+    many_small = bulk(20_000, b"y" * 1024)  # 1 KiB pieces, 20 MiB
 
     async def counted(req: Request) -> None:
         # every write to the client's socket counted
@@ -77,17 +82,6 @@ def routes(calls: Calls) -> dict[str, Any]:
         req.start_stream(200, [("Content-Type", "text/event-stream")])
         await calls.release.wait()  # the first token takes its time
         await req.write(b"data: late\n\n")
-        req.end_stream()
-
-    async def many_small(req: Request) -> None:
-        req.start_stream(200, [("Content-Type", "application/octet-stream")])
-        try:
-            for _ in range(20_000):  # 1 KiB pieces, 20 MiB, nothing awaited but write()
-                await req.write(b"y" * 1024)
-                calls.wrote += 1
-        except asyncio.CancelledError:
-            calls.cancelled.set()
-            raise
         req.end_stream()
 
     async def boom(req: Request) -> Response:

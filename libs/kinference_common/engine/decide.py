@@ -471,6 +471,15 @@ def _unstuck(v: float, c: Candidate, ctx: DecisionContext, stick: float, m_best:
     return v - _charge(S[c.index], c, loaded, ctx.model) * stick * (m_best - m) * PT[c.index]
 
 
+def _by_window(cands: list[Candidate], need: int) -> tuple[list[Candidate], list[Candidate]]:
+    """``(those whose known context window is under need, the others)``."""
+    small: list[Candidate] = []
+    fit: list[Candidate] = []
+    for c in cands:
+        (small if c.context_window is not None and c.context_window < need else fit).append(c)
+    return small, fit
+
+
 def _run_rule(
     snapshot: Snapshot, rule: RuleRuntime, request: Request, model: str, ctx: DecisionContext,
     rng: random.Random, avoid: frozenset[str] | set[str] = frozenset(),
@@ -488,15 +497,12 @@ def _run_rule(
             live = True
     need = request.context_need() if min_window is not None else None
     if need is not None and min_window is not None and need > min_window:
-        too_small = [c for c in cands if c.context_window is not None and c.context_window < need]
+        too_small, fit = _by_window(cands, need)
+        if too_small and not fit:
+            # none holds the estimate: those that would were it ESTIMATE_MARGIN too high
+            # stay (their engine, which counts exactly, decides); the rest surely cannot
+            too_small, fit = _by_window(cands, request.context_need(sure=True) or 0)
         if too_small:
-            fit = [c for c in cands if not (c.context_window is not None and c.context_window < need)]
-            if not fit:
-                # none holds the estimate: those that would were it ESTIMATE_MARGIN too high
-                # stay (their engine, which counts exactly, decides); the rest surely cannot
-                sure = request.context_need(sure=True) or 0
-                too_small = [c for c in cands if c.context_window is not None and c.context_window < sure]
-                fit = [c for c in cands if not (c.context_window is not None and c.context_window < sure)]
             step.too_small = too_small
             cands = fit
     step.candidates = cands
@@ -673,7 +679,7 @@ def interpret(d: Decision) -> Decision:
         return d
     out = copy.copy(d)
     out.code = "context_length_exceeded"
-    prompt = req.context_tokens if req.context_tokens is not None else (req.prompt_tokens or 0)
+    prompt = req.sequence_tokens or 0
     if req.max_tokens is not None:
         out.reason = (f"This model's maximum context length is {max(windows)} tokens. However, you requested "
                       f"about {prompt + req.max_tokens} tokens (about {prompt} in the prompt, {req.max_tokens} in "

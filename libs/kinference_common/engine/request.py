@@ -66,6 +66,11 @@ class Request(Struct, kw_only=True):
     #: chained hashes of the prompt's blocks (:func:`.tokens.block_hashes`)
     block_hashes: tuple[int, ...] = ()
 
+    @property
+    def sequence_tokens(self) -> int | None:
+        """The estimate of the longest sequence the engine must hold."""
+        return self.context_tokens if self.context_tokens is not None else self.prompt_tokens
+
     def context_need(self, *, sure: bool = False) -> int | None:
         """Tokens of context the request needs: its longest sequence's
         estimate plus ``max_tokens``, or plus one token without it (an engine
@@ -74,7 +79,7 @@ class Request(Struct, kw_only=True):
         ``sure``, what it surely needs: the estimate taken
         :data:`.tokens.ESTIMATE_MARGIN` too high (the router refuses a
         request for its length only when even that does not fit)."""
-        tokens = self.context_tokens if self.context_tokens is not None else self.prompt_tokens
+        tokens = self.sequence_tokens
         if tokens is None:
             return None
         if sure:
