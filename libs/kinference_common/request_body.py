@@ -144,6 +144,12 @@ def parse(data: bytes, *, chat: bool) -> ParsedBody:
     return ParsedBody(raw, fields, texts)
 
 
+def reads_as_chat(raw: Any) -> bool:
+    """Whether a body sent to no endpoint in particular (an explain) is read
+    as a chat body: a completions body has a ``prompt`` and no ``messages``."""
+    return not isinstance(raw, dict) or "messages" in raw or "prompt" not in raw
+
+
 def check_body(body: ParsedBody) -> None:
     """BadRequest naming the field when a token limit is not a positive integer in range."""
     f = body.fields

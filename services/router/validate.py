@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from kinference_common.request_body import BadRequest, decode
+from kinference_common.request_body import BadRequest, decode, reads_as_chat
 from kinference_router.upstream import parse_retry_after
 
 
@@ -102,7 +102,6 @@ def explain_input(data: bytes) -> ExplainInput:
     tenant = raw.get("tenant")
     if tenant is not None and not isinstance(tenant, str):
         raise BadRequest("`tenant` must be a string")
-    # a completions body has a prompt and no messages; anything else is read as a chat body
-    return ExplainInput(body=inner, chat="messages" in inner or "prompt" not in inner, tenant=tenant or "anonymous",
+    return ExplainInput(body=inner, chat=reads_as_chat(inner), tenant=tenant or "anonymous",
                         headers={str(k).lower(): str(v) for k, v in headers.items()},
                         tags=frozenset(tags) if tags is not None else None)

@@ -50,7 +50,7 @@ from kinference_common.engine.request import engine_request
 from kinference_common.engine.trace import ClassifierTrace, DecisionTrace, RuleTrace
 from kinference_common.manifests import Loaded, load_paths, load_text
 from kinference_common.messages import EndpointState, ProviderState
-from kinference_common.request_body import BadRequest, ParsedBody, check_body, decode, parse
+from kinference_common.request_body import BadRequest, ParsedBody, check_body, decode, parse, reads_as_chat
 
 from kinfctl.main import EXIT_OK, CommandError, split_pool
 from kinfctl.output import print_json
@@ -169,9 +169,7 @@ def load_body(path: str) -> ParsedBody:
     except OSError as exc:
         raise CommandError(f"--request {path}: cannot read: {exc.strerror or exc}") from None
     try:
-        raw = decode(data)
-        chat = not isinstance(raw, dict) or "messages" in raw or "prompt" not in raw
-        body = parse(data, chat=chat)
+        body = parse(data, chat=reads_as_chat(decode(data)))
         check_body(body)
     except BadRequest as exc:
         raise CommandError(f"--request {path}: {exc}") from None
