@@ -19,6 +19,7 @@ from kinference_common.engine.tokens import (
     _SPACES_ONLY,
     _WORDS_ONLY,
     COEFFICIENTS,
+    LONG_RUN,
     MEMO_MAX_CHARS,
     MEMO_TEXTS,
     _memo,
@@ -37,11 +38,23 @@ from .helpers import NOW, ep, pool, snap, ws
 
 
 def _plain_features(text: str) -> tuple[int, ...]:
-    """Every fold and count, none skipped."""
-    cls = b"_" + text.encode("utf-8", "replace").translate(_CLASSES)
+    """Every fold and count, none skipped; every long run's chunk looked at."""
+    raw = text.encode("utf-8", "replace")
+    cls = b"_" + raw.translate(_CLASSES)
     digits_only = cls.translate(_DIGITS_ONLY)
+    words = cls.translate(_WORDS_ONLY)
+    chunks, i = [], 0
+    while i < len(words):  # each run of one case, cut into LONG_RUN-letter chunks
+        j = i
+        while j < len(words) and words[j] == words[i]:
+            j += 1
+        if words[i : i + 1] in (b"a", b"A"):
+            chunks += [raw[k - 1 : k - 1 + LONG_RUN] for k in range(i, j - LONG_RUN + 1, LONG_RUN)]
+        i = j
+    long_runs = len(chunks)
+    repeated = sum(c == c[:1] * LONG_RUN for c in chunks)
     return (
-        cls.translate(_WORDS_ONLY).count(b"_a"),
+        words.count(b"_a") + words.count(b"_A"),
         digits_only.count(b"_0"),
         digits_only.count(b"0"),
         cls.count(b"."),
@@ -51,6 +64,9 @@ def _plain_features(text: str) -> tuple[int, ...]:
         cls.count(b"R"),
         cls.count(b"L"),
         cls.count(b"G") + cls.count(b"P") + cls.count(b"U") + cls.count(b"E"),
+        words.count(b"aA"),
+        long_runs - repeated,
+        repeated,
     )
 
 
@@ -61,7 +77,11 @@ def _plain_estimate(text: str) -> int:
     return max(1, round(est))
 
 
-TEXT = st.text(st.sampled_from(list("ab Z09 \t\n\r.,;{}é中ру😀ßΩ\x00")) | st.characters(), max_size=60)
+TEXT = (st.text(st.sampled_from(list("ab Z09 \t\n\r.,;{}é中ру😀ßΩ\x00")) | st.characters(), max_size=60)
+        # runs of letters long enough to count (at most four chunks: all of them sampled)
+        | st.lists(st.text(st.sampled_from(list("acgtACGT")), max_size=50)
+                   | st.tuples(st.sampled_from(list("xXa 1é")), st.integers(1, 60)).map(lambda p: p[0] * p[1]),
+                   max_size=6).map(lambda parts: "".join(parts)[: 4 * LONG_RUN]))
 
 
 @settings(max_examples=500, deadline=None)

