@@ -173,6 +173,8 @@ class Membership:
         self._caught_up = asyncio.Event()
         #: when the watch last brought this replica's own beat back (monotonic)
         self._own_seen = 0.0
+        #: when the watch was last opened (monotonic)
+        self._opened = 0.0
         self._memo: tuple[object, set[tuple[str, ...]]] | None = None
         #: member -> when its newest beat arrived (the event loop's monotonic clock)
         self._beats: dict[str, float] = {}
@@ -225,8 +227,11 @@ class Membership:
             # one watch for the replica's life: every beat is pushed to it (reading the
             # bucket at each beat made a consumer per beat, and its listing missed keys
             # being rewritten)
+            # until the new watch has replayed the bucket, what this replica holds of
+            # the others is what it last heard: no one is aged out meanwhile
+            self._caught_up.clear()
             self._watcher = await kv.watchall()  # type: ignore[attr-defined]
-            self._own_seen = asyncio.get_running_loop().time()
+            self._own_seen = self._opened = asyncio.get_running_loop().time()
             self._follow = asyncio.create_task(self._follow_beats(self._watcher), name="collector-members-watch")
             self._kv = kv
         return self._kv
@@ -238,9 +243,14 @@ class Membership:
         leaving changes the members at once.
 
         When the watch opens it first replays the bucket: a member already
-        known keeps the arrival time of its last beat (a replay says nothing
-        new of it), and one not known is as old as the server's time of its
-        write says (not the writer's clock)."""
+        known keeps the arrival time of its last beat when the replay brings
+        that same beat (it says nothing new of it); a beat this replica had
+        not heard (written while its watch was down), and a member not known,
+        is as old as the server's time of its write says (not the writer's
+        clock). Until the replay is done (at most ``ttl``) :meth:`beat` ages no one out: a
+        watch reopened after NATS was away for longer than ``ttl`` (a
+        bucket's leader elected again) took every other member for dead and
+        led alone for a moment, beside the real leader."""
         caught_up = False
         loop = asyncio.get_running_loop()
         async for entry in watcher:
@@ -253,6 +263,7 @@ class Membership:
                 self._own_seen = loop.time()
                 continue
             known = key in self._beats
+            heard = self._revisions.get(key)
             b: _Beat | None = None
             if entry.operation is None and entry.value:  # not deleted or purged
                 try:
@@ -267,11 +278,11 @@ class Membership:
                 self._beats.pop(key, None)
             elif caught_up:
                 self._beats[key] = loop.time()
-            elif not known:
+            elif not known or (entry.revision and heard is not None and entry.revision > heard):
                 written = entry.created.timestamp() if entry.created is not None else b.at
                 age = max(0.0, self._clock() - written)
                 if age <= self.ttl:  # else it died before this replica listened
-                    self._beats[key] = loop.time() - age
+                    self._beats[key] = max(self._beats.get(key, 0.0), loop.time() - age)
             if known != (key in self._beats):
                 self._update_members()
 
@@ -309,7 +320,10 @@ class Membership:
             self._failing = False
             log.info("membership_recovered")
         now = asyncio.get_running_loop().time()
-        for key in [k for k, at in self._beats.items() if now - at > self.ttl]:
+        # (a replay takes milliseconds; one that never ends ages them after a ttl)
+        replayed = self._caught_up.is_set() or now - self._opened > self.ttl
+        expired = [k for k, at in self._beats.items() if now - at > self.ttl] if replayed else []
+        for key in expired:
             del self._beats[key]
             self._revisions.pop(key, None)
         self._update_members()

@@ -574,3 +574,31 @@ async def test_the_state_follower_acts_when_leadership_changes_and_does_not_poll
     await _until(lambda: follower.since is None and forgotten == [True])
     await follower.unsubscribe()
     await a.stop()
+
+
+async def test_a_watch_opened_after_nats_was_away_longer_than_ttl_drops_no_live_member(nats_server: Any) -> None:
+    """NATS away (a bucket's leader elected again) for longer than ``ttl``:
+    the first beat that worked again aged every other member out before the
+    reopened watch had replayed their beats, and each replica led alone for
+    a moment beside the real leader (seen on a cluster of three: 0.1-0.4 s,
+    both replicas scraping every pod)."""
+    a = await _members(nats_server.url, "collector-a", "test-members-away", 0.1, 0.3)
+    b = await _members(nats_server.url, "collector-b", "test-members-away", 0.1, 0.3)
+    await a.beat()
+    await b.beat()
+    await _until(lambda: a.members == ["collector-a", "collector-b"])
+    changes: list[list[str]] = []
+    a.on_change(lambda: changes.append(list(a.members)))
+    await a._unwatch()  # a's link to the bucket is down: it hears nothing ...
+    a._kv = None
+    for _ in range(6):  # ... for twice the ttl, while b beats on
+        await b.beat()
+        await asyncio.sleep(0.1)
+    await a.beat()  # back: the watch opens again and replays b's newer beats
+    await asyncio.sleep(0.15)
+    await b.beat()
+    await a.beat()
+    assert a.members == ["collector-a", "collector-b"] and changes == []
+    await b.stop()
+    await _until_beating(a, lambda: a.members == ["collector-a"])  # a member gone is still dropped
+    await a.stop()
