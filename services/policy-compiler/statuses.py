@@ -4,6 +4,10 @@ file per object under the status directory,
 ``<dir>/errors.yaml`` listing manifest errors. Files are replaced atomically;
 files of objects that no longer exist are removed. ``lastTransitionTime`` is
 kept for conditions whose status did not change (Kubernetes conventions).
+Level-triggered like the Kubernetes writer: the first write reads what the
+directory holds (a compiler restarted), so that an unchanged status is not
+written again with a new ``lastTransitionTime`` and the file of an object
+removed while the compiler was down goes too.
 In Kubernetes mode the same statuses go to each object's status subresource.
 """
 
@@ -11,8 +15,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -82,11 +87,30 @@ class StatusDirectory:
         self.root = root
         self._last: dict[tuple[str, str, str], Any] = {}
         self._written: dict[tuple[str, str, str], bytes] = {}
+        self._observed = False
+
+    def _observe(self) -> None:
+        """What the directory holds: each object's status file as written (an
+        unreadable one is written again), its conditions for their
+        ``lastTransitionTime``."""
+        self._observed = True
+        for path in sorted(self.root.glob("*/*/*.yaml")):
+            kind, ns, name = path.parent.parent.name, path.parent.name, path.stem
+            try:
+                body = yaml.safe_load(path.read_text(encoding="utf-8"))
+                conditions = msgspec.convert(body["status"].get("conditions") or [], list[Condition])
+            except Exception:  # noqa: BLE001 - not ours to read: replaced by the next write
+                continue
+            key = (kind, ns, name)
+            self._written[key] = msgspec.json.encode(body)
+            self._last[key] = SimpleNamespace(conditions=conditions)
 
     def write(self, res: CompileResult, errors: list[ManifestError], documents: Iterable[Any] = ()) -> int:
         """Write changed statuses; return how many files changed. ``documents``:
         those in force (with where each came from), so that an object whose
         file is broken now, and kept at its last good version, says so."""
+        if not self._observed:
+            self._observe()
         current = {k: _carry(self._last.get(k), v) for k, v in _statuses(res).items()}
         broken = _broken_objects(errors, documents)
         changed = 0

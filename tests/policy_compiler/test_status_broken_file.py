@@ -44,3 +44,30 @@ def test_a_broken_file_is_reported_in_its_objects_status(tmp_path: Path) -> None
     policy_file.write_text(good)  # fixed: the condition goes
     _pass(source, statuses)
     assert set(conditions()) == {"Accepted"}
+
+
+def test_a_restarted_compiler_keeps_the_transition_times_and_removes_what_went_meanwhile(tmp_path: Path) -> None:
+    """A compiler restarted (kill -9) wrote every status again with a new
+    ``lastTransitionTime`` although no condition had changed; it now reads
+    what the directory holds first, as the Kubernetes writer reads the
+    cluster."""
+    manifests = tmp_path / "manifests"
+    shutil.copytree(REPO / "deploy" / "examples", manifests)
+    source = DirectorySource(manifests)
+    source.poll()
+    res = compile_documents(source.documents(), now="2026-01-01T00:00:00Z")
+    StatusDirectory(tmp_path / "status").write(res, res.errors, source.documents())
+    files = sorted((tmp_path / "status").glob("*/*/*.yaml"))
+    assert files
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+    gone = tmp_path / "status" / "InferencePolicy" / "default" / "deleted-while-down.yaml"
+    gone.write_text(yaml.safe_dump({"status": {"conditions": []}}))
+
+    restarted = StatusDirectory(tmp_path / "status")
+    res = compile_documents(source.documents(), now="2026-02-02T00:00:00Z")
+    restarted.write(res, res.errors, source.documents())
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files} == before  # not even rewritten
+    assert not gone.exists()
+    times = {c["lastTransitionTime"] for p in files
+             for c in yaml.safe_load(p.read_text())["status"].get("conditions", [])}
+    assert times == {"2026-01-01T00:00:00Z"}
