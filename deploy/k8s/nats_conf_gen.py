@@ -1,8 +1,11 @@
 """Write deploy/k8s/base/nats.conf, the NATS server's configuration in the
 cluster (kustomize turns it into the ConfigMap `nats-config`):
 
-    python deploy/k8s/nats_conf_gen.py            # rewrite base/nats.conf
-    python deploy/k8s/nats_conf_gen.py --check    # exit 1 when it differs
+    .venv/bin/python deploy/k8s/nats_conf_gen.py            # rewrite base/nats.conf
+    .venv/bin/python deploy/k8s/nats_conf_gen.py --check    # exit 1 when it differs
+
+(the project's venv: the users come from ``kinference_common``, installed
+there by ``make install``; another Python says so in one line).
 
 The users and their permissions are those of
 ``kinference_common.natsauth.permissions`` (the generator every service and
@@ -13,10 +16,11 @@ which the StatefulSet fills from the Secret ``kinference-nats-auth``
 
 The servers form a JetStream cluster of three (``cluster {}``): routes to
 ``nats-0..2.nats-headless`` on port 6222, given as ``$NATS_ROUTE_0..2`` (the
-StatefulSet builds each URL with the route password of the Secret
-``kinference-nats-routes``), authenticated twice: that password, and mutual
-TLS with certificates of a CA of the routes' own (no client certificate can
-open a route).
+StatefulSet builds each URL with the route password, ``$ROUTE_PASSWORD``
+from key ``route`` of the Secret ``kinference-nats-auth``), authenticated
+twice: that password, and mutual TLS with certificates of a CA of the
+routes' own (Secret ``kinference-nats-routes-tls``: no client certificate
+can open a route).
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is out of date: run python deploy/k8s/nats_conf_gen.py", file=sys.stderr)
+            print(f"{OUT} is out of date: run .venv/bin/python deploy/k8s/nats_conf_gen.py", file=sys.stderr)
             return 1
         return 0
     OUT.write_text(text)
@@ -109,4 +113,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    try:
+        import kinference_common.natsauth  # noqa: F401 - what render() reads the users from
+    except ModuleNotFoundError as exc:
+        sys.exit(f"nats_conf_gen.py: {exc.name} is not importable by {sys.executable}: run it with the "
+                 "project's venv (make install): .venv/bin/python deploy/k8s/nats_conf_gen.py")
     sys.exit(main(sys.argv[1:]))

@@ -1,8 +1,11 @@
 """Write deploy/k8s/base/rbac.yaml from SERVICE_RULES
 (libs/kinference_common/kube/rbac.py), the rules each service's code needs.
 
-    python deploy/k8s/rbac_gen.py            # rewrite base/rbac.yaml
-    python deploy/k8s/rbac_gen.py --check    # exit 1 when it differs
+    .venv/bin/python deploy/k8s/rbac_gen.py            # rewrite base/rbac.yaml
+    .venv/bin/python deploy/k8s/rbac_gen.py --check    # exit 1 when it differs
+
+(the project's venv: the rules come from ``kinference_common``, installed
+there by ``make install``; another Python says so in one line).
 
 Per service: a ClusterRole (+ binding) with every rule, except
 - rules on resources in ``NAMESPACED_RESOURCES`` (leases), which go in a Role
@@ -21,9 +24,15 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-import yaml
+try:
+    import yaml
 
-from kinference_common.kube import rbac
+    from kinference_common.kube import rbac
+except ModuleNotFoundError as _missing:
+    if __name__ != "__main__":
+        raise
+    sys.exit(f"rbac_gen.py: {_missing.name} is not importable by {sys.executable}: run it with the "
+             "project's venv (make install): .venv/bin/python deploy/k8s/rbac_gen.py")
 
 OUT = Path(__file__).resolve().parent / "base" / "rbac.yaml"
 #: the classifier has no API use: it gets no role at all
@@ -135,7 +144,7 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if OUT.read_text() != text:
-            print(f"{OUT} is out of date: run python deploy/k8s/rbac_gen.py", file=sys.stderr)
+            print(f"{OUT} is out of date: run .venv/bin/python deploy/k8s/rbac_gen.py", file=sys.stderr)
             return 1
         return 0
     OUT.write_text(text)

@@ -67,14 +67,91 @@ def _guard_pongs() -> None:
 _guard_pongs()
 
 
+#: the schemes the NATS client connects with: plain, TLS, WebSocket
+SCHEMES = ("nats", "tls", "ws", "wss")
+_WEBSOCKET = ("ws", "wss")
+
+
+class NatsUrlError(ValueError):
+    """``--nats-url`` names no usable server. The message is one line:
+    ``--nats-url '<entry>': <what is wrong>``, the entry at fault with any
+    password in it masked."""
+
+
 def servers(url: str | Sequence[str]) -> list[str]:
     """The servers of ``--nats-url``: one URL, or several separated by commas
-    (every server of a cluster; the client connects and reconnects to any)."""
+    (every server of a cluster; the client connects and reconnects to any).
+
+    Each is checked, so that a typo stops a service at start-up with one
+    line (:class:`NatsUrlError`) instead of a retry loop or a traceback:
+    ``scheme://host:port`` with a scheme of :data:`SCHEMES` (``host:port``
+    alone is ``nats://host:port``, and without a port the client uses
+    4222), a host, a port in 1-65535, nothing after the port but a
+    WebSocket path, servers separated by commas only, and not WebSocket
+    servers mixed with others (the client refuses that)."""
+    from urllib.parse import urlsplit
+
     parts = [url] if isinstance(url, str) else list(url)
-    found = [u.strip() for part in parts for u in part.split(",") if u.strip()]
+    found = [_server(u.strip()) for part in parts for u in part.split(",") if u.strip()]
     if not found:
-        raise ValueError("no NATS server URL given")
+        given = ",".join(parts)
+        raise NatsUrlError(f"--nats-url {_masked(given)!r}: no NATS server given "
+                           "(nats://HOST:PORT, or a cluster's servers comma-separated)")
+    websocket = {urlsplit(u).scheme.lower() in _WEBSOCKET for u in found}
+    if len(websocket) > 1:
+        raise NatsUrlError(f"--nats-url {_masked(','.join(found))!r}: WebSocket servers (ws://, wss://) "
+                           "cannot be mixed with nats:// or tls:// ones")
     return found
+
+
+def check_url(url: str | Sequence[str]) -> str:
+    """``--nats-url`` checked (:func:`servers`) and written out in full:
+    what a service's or kinfctl's ``main`` keeps, at argument time."""
+    return ",".join(servers(url))
+
+
+def _server(entry: str) -> str:
+    """One server of ``--nats-url``, checked; ``host:port`` made ``nats://host:port``."""
+    from urllib.parse import urlsplit
+
+    def bad(what: str) -> NatsUrlError:
+        return NatsUrlError(f"--nats-url {_masked(entry)!r}: {what}")
+
+    for sep, name in ((";", "';'"), ("|", "'|'")):
+        if sep in entry:
+            raise bad(f"separate servers with commas, not {name}")
+    if any(c.isspace() for c in entry):
+        raise bad("separate servers with commas, not spaces")
+    full = entry if "://" in entry else f"nats://{entry}"
+    try:
+        parts = urlsplit(full)
+    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
+        raise bad(f"not a URL ({exc})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise bad(f"scheme {parts.scheme + '://'!r} is not one of " + ", ".join(f"{s}://" for s in SCHEMES))
+    if not parts.hostname:
+        raise bad("no host (scheme://HOST:PORT)")
+    try:
+        port = parts.port
+    except ValueError:
+        raw = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+        if raw.isdigit():
+            raise bad(f"port {int(raw)} is outside 1-65535") from None
+        raise bad(f"port {raw!r} is not a number in 1-65535") from None
+    if port == 0:
+        raise bad("port 0 is outside 1-65535")
+    if scheme not in _WEBSOCKET and (parts.path not in ("", "/") or parts.query or parts.fragment):
+        rest = full[len(parts.scheme) + 3 + len(parts.netloc):]
+        raise bad(f"unexpected {rest!r} after the port (a NATS server is scheme://HOST:PORT)")
+    return scheme + full[len(scheme):]  # the client knows its schemes in lower case only
+
+
+def _masked(url: str) -> str:
+    """``url`` with the password of every ``user:password@`` replaced by ``***``."""
+    import re
+
+    return re.sub(r"(://[^/@,:]*):[^/@,]*@", r"\1:***@", url)
 
 
 async def connect(
@@ -200,11 +277,11 @@ _INSUFFICIENT = 10023  # insufficient resources (fewer servers up than replicas)
 
 
 def add_kv_replicas_argument(parser: Any) -> None:
-    """``--kv-replicas``: the replicas of the KV buckets a service creates."""
+    """``--kv-replicas``: the replicas of the KV buckets and streams a service creates."""
     parser.add_argument(
         "--kv-replicas", type=int, choices=range(1, 6), metavar="N",
         default=int(os.environ.get("KINFERENCE_KV_REPLICAS", "1")),
-        help="replicas of the KV buckets this service creates, and heals a bucket found with fewer to "
+        help="replicas of the KV buckets and streams this service creates, and heals one found with fewer to "
              "(env KINFERENCE_KV_REPLICAS; default 1; 3 on a cluster of three NATS servers; "
              "one server: 1 whatever is asked)")
 
@@ -285,17 +362,26 @@ async def wait_current(js: Any, stream: str, timeout: float = 10.0) -> bool:
 
 
 async def _create_kv(js: Any, config: Any) -> Any:
+    return await _at_replicas(lambda r: js.create_key_value(config.evolve(replicas=r)), config.replicas,
+                              "kv_bucket", bucket=config.bucket)
+
+
+async def _at_replicas(create: Callable[[int], Awaitable[Any]], wanted: int, kind: str, **name: str) -> Any:
+    """``create(replicas)`` at ``wanted`` replicas; at 1 on a single server
+    (said once: ``<kind>_single_replica``), at fewer when fewer servers are
+    up (said: ``<kind>_created_with_fewer_replicas``; a later open heals it)."""
     from nats.js.errors import APIError
 
-    replicas = config.replicas
+    replicas = wanted
     single = False
+    key = " ".join(name.values())
     while True:
         try:
-            kv = await js.create_key_value(config.evolve(replicas=replicas))
+            made = await create(replicas)
         except APIError as exc:
             if exc.err_code == _NOT_CLUSTERED and replicas > 1:
-                _once(f"single {config.bucket}", "kv_bucket_single_replica", bucket=config.bucket,
-                      wanted=replicas, reason="NATS is a single server")
+                _once(f"single {key}", f"{kind}_single_replica", **name, wanted=replicas,
+                      reason="NATS is a single server")
                 replicas, single = 1, True
                 continue
             if exc.err_code == _INSUFFICIENT and replicas > 1:
@@ -303,10 +389,59 @@ async def _create_kv(js: Any, config: Any) -> Any:
                 replicas -= 1
                 continue
             raise
-        if replicas < config.replicas and not single:
-            log.warning("kv_bucket_created_with_fewer_replicas", bucket=config.bucket, replicas=replicas,
-                        wanted=config.replicas)
-        return kv
+        if replicas < wanted and not single:
+            log.warning(f"{kind}_created_with_fewer_replicas", **name, replicas=replicas, wanted=wanted)
+        return made
+
+
+async def ensure_stream(js: Any, config: Any) -> Any:
+    """Create the stream ``config`` (a ``nats.js.api.StreamConfig``)
+    describes at ``config.num_replicas``, as :func:`open_kv` creates a
+    bucket (one copy on a single server, fewer when fewer servers are up);
+    or bring an existing one to its subjects, limits and replicas: never
+    fewer replicas than it has, more when it has fewer than asked (healed:
+    JetStream copies its messages to the new replicas). A heal refused
+    (fewer servers up than replicas, no permission) is said once
+    (``stream_not_healed``) and the limits are still set. Returns the
+    stream's configuration."""
+    from nats.js.errors import NotFoundError
+
+    name = config.name
+    wanted = config.num_replicas or 1
+    try:
+        info = await js.stream_info(name)
+    except NotFoundError:
+        made = await _at_replicas(lambda r: js.add_stream(config.evolve(num_replicas=r)), wanted, "stream",
+                                  stream=name)
+        return made.config
+    found = info.config
+    have = found.num_replicas or 1
+    clustered = info.cluster is not None and bool(info.cluster.name)
+    target = config.evolve(num_replicas=max(have, wanted) if clustered else have)
+    if _stream_same(found, target):
+        return found
+    try:
+        updated = await js.update_stream(config=target)
+    except Exception as exc:
+        if target.num_replicas == have:
+            raise
+        _once(f"heal {name}", "stream_not_healed", stream=name, replicas=have, wanted=wanted,
+              error=describe(exc))
+        return (await js.update_stream(config=config.evolve(num_replicas=have))).config
+    if updated.config.num_replicas != have:
+        log.info("stream_healed", stream=name, replicas_before=have, replicas=updated.config.num_replicas)
+        _said.discard(f"heal {name}")
+        await wait_current(js, name)
+    return updated.config
+
+
+def _stream_same(found: Any, target: Any) -> bool:
+    """Nothing :func:`ensure_stream` sets differs (ages to the millisecond)."""
+    return (list(found.subjects or []) == list(target.subjects or [])
+            and (found.max_bytes or -1) == (target.max_bytes or -1)
+            and abs((found.max_age or 0) - (target.max_age or 0)) < 1e-3
+            and (found.num_replicas or 1) == (target.num_replicas or 1)
+            and found.discard == target.discard)
 
 
 #: what :func:`_once` has said in this process (a heal that keeps failing is said once, not every open)

@@ -10,11 +10,12 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Sequence
 
 import structlog
 from kinference_common.classifiers import DEFAULT_MAX_CHARS
-from kinference_common import logs, natsauth
+from kinference_common import bus, logs, natsauth
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_common.tasks import cancel_and_wait
 
@@ -97,6 +98,11 @@ async def serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        args.nats_url = bus.check_url(args.nats_url)
+    except bus.NatsUrlError as exc:  # a configuration error: one line, exit 1, never retried
+        print(f"kinference-classifier: {exc}", file=sys.stderr)
+        return 1
     logs.configure(args.log_level, args.log_format)
     try:
         import uvloop

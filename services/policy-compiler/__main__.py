@@ -154,6 +154,11 @@ async def run_kubernetes(args: argparse.Namespace, settings: Settings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        args.nats_url = bus.check_url(args.nats_url)
+    except bus.NatsUrlError as exc:  # a configuration error: one line, exit 1, never retried
+        print(f"kinference-policy-compiler: {exc}", file=sys.stderr)
+        return 1
     logs.configure(args.log_level, args.log_format)
     return asyncio.run(run(args))
 

@@ -131,6 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "records go first (default 1GiB)")
     p.add_argument("--record-max-age", type=_duration, default=recording.DEFAULT_MAX_AGE_SECONDS, metavar="AGE",
                    help="how long records are kept, seconds or a duration such as 90m, 24h (default 24h)")
+    bus.add_kv_replicas_argument(p)
     p.add_argument("--record-keyframe-interval", type=_duration, default=recording.DEFAULT_KEYFRAME_SECONDS,
                    metavar="AGE", help="a complete snapshot record at least this often, deltas in between; "
                                        "a replay from any time finds one within this; at most 5m (default 60s)")
@@ -304,7 +305,8 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
                               replica_sync=args.replica_sync,
                               record=RecordSettings(max_bytes=args.record_max_bytes,
                                                     max_age_seconds=args.record_max_age,
-                                                    keyframe_seconds=args.record_keyframe_interval)
+                                                    keyframe_seconds=args.record_keyframe_interval,
+                                                    replicas=args.kv_replicas)
                               if args.record else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -314,8 +316,8 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
     router: Any = None
 
     async def reconnected() -> None:
-        if router is not None:
-            await router.keeper.resync()
+        if router is not None:  # until the buckets answer (a cluster may be electing their leaders)
+            router.keeper.resync_soon()
 
     try:
         nats_options = natsauth.connect_options(args)
@@ -428,6 +430,11 @@ async def gateway_servers(args: argparse.Namespace, router: Any, nats_password: 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        args.nats_url = bus.check_url(args.nats_url)
+    except bus.NatsUrlError as exc:  # a configuration error: one line, exit 1, never retried
+        print(f"kinference-router: {exc}", file=sys.stderr)
+        return 1
     logs.configure(args.log_level, args.log_format)
     if not args.no_uvloop:
         try:

@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from kinference_common import recording
+from kinference_common import bus, recording
 from kinference_common.engine import Decision, PrefixIndex, Snapshot
 from kinference_common.engine.trace import ClassifierTrace, OutcomeTrace
 from kinference_common.messages import Observation
@@ -50,6 +50,9 @@ class RecordSettings:
     max_age_seconds: float = recording.DEFAULT_MAX_AGE_SECONDS
     #: a complete snapshot at least this often (a delta otherwise)
     keyframe_seconds: float = recording.DEFAULT_KEYFRAME_SECONDS
+    #: the stream's replicas (``--kv-replicas``: 3 on a cluster of three NATS
+    #: servers, so that a server's death loses no record)
+    replicas: int = 1
 
 
 class Inputs:
@@ -192,24 +195,22 @@ def _held(prefix: PrefixIndex, by_key: dict[str, Any]) -> dict[str, int]:
 
 
 async def ensure_stream(nc: Any, settings: RecordSettings, *, attempts: int = 30, wait: float = 1.0) -> bool:
-    """Create the records' stream with the operator's limits, or update an
-    existing one's; retried while JetStream is not ready. False (and a
-    warning) when it cannot be done: the router routes on, unrecorded."""
+    """Create the records' stream with the operator's limits and replicas, or
+    bring an existing one to them (:func:`kinference_common.bus.ensure_stream`:
+    one copy on a single server, a stream found with fewer replicas healed);
+    retried while JetStream is not ready. False (and a warning) when it
+    cannot be done: the router routes on, unrecorded."""
     from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-    from nats.js.errors import BadRequestError
 
     config = StreamConfig(
         name=recording.STREAM, subjects=[f"{recording.PREFIX}.>"], retention=RetentionPolicy.LIMITS,
         max_bytes=settings.max_bytes, max_age=settings.max_age_seconds, storage=StorageType.FILE,
-        discard=DiscardPolicy.OLD, description="Kinference decision records for kinfctl replay")
+        discard=DiscardPolicy.OLD, num_replicas=settings.replicas,
+        description="Kinference decision records for kinfctl replay")
     last: Exception | None = None
     for _ in range(attempts):
         try:
-            js = nc.jetstream()
-            try:
-                await js.add_stream(config)
-            except BadRequestError:  # exists with other limits: the operator changed them
-                await js.update_stream(config)
+            await bus.ensure_stream(nc.jetstream(), config)
             return True
         except Exception as exc:  # JetStream not up yet, NATS away: try again
             last = exc

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -77,6 +77,7 @@ class SnapshotKeeper:
         self._built_at = 0.0
         self._nc: nats.NATS | None = None
         self._task: asyncio.Task[None] | None = None
+        self._resyncing: asyncio.Task[bool] | None = None
         self._subs: list[object] = []
         self.updates = 0
         #: keep each snapshot's inputs for the decision records (recording.py)
@@ -152,12 +153,16 @@ class SnapshotKeeper:
     async def start(self, nc: nats.NATS) -> None:
         self._nc = nc
         await self._subscribe()
-        await self.resync()
+        failed = await self.resync()
+        if failed is not None:  # the periodic configuration read and the subscriptions catch up
+            log.warning("resync_failed", error=failed)
         self._task = asyncio.create_task(self._rebuild_loop(), name="snapshot-rebuild")
 
     async def stop(self) -> None:
         if self._task is not None:
             await cancel_and_wait(self._task)
+        if self._resyncing is not None:
+            await cancel_and_wait(self._resyncing)
 
     async def _subscribe(self) -> None:
         assert self._nc is not None
@@ -196,11 +201,13 @@ class SnapshotKeeper:
         except msgspec.DecodeError:
             log.warning("unreadable telemetry message ignored")
 
-    async def resync(self) -> None:
-        """Read the current state from the KV buckets (start, reconnect)."""
+    async def resync(self) -> str | None:
+        """Read the current state from the KV buckets (start, reconnect);
+        what could not be read (None: all of it)."""
         if self._nc is None or not self._nc.is_connected:
-            return
+            return "not connected"
         js = self._nc.jetstream()
+        failed = None
         try:
             kv = await js.key_value(subjects.CONFIG_BUCKET)
             entry = await kv.get(subjects.config_key(self.namespace, self.pool_name))
@@ -208,10 +215,15 @@ class SnapshotKeeper:
                 self._apply_config(entry.value)
         except (BucketNotFoundError, KeyNotFoundError):
             log.info("no configuration yet", pool=f"{self.namespace}/{self.pool_name}")
-        except Exception as exc:  # NATS went away mid-resync: the next reconnect retries
-            log.warning("configuration resync failed", error=str(exc))
-        await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
+        except Exception as exc:  # NATS went away mid-resync: resync_soon tries again
+            failed = f"configuration: {bus.describe(exc)}"
+        failed = failed or await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
         self.rebuild()
+        return failed
+
+    def resync_soon(self) -> None:
+        """After a reconnect: :meth:`resync` until it reads (see :func:`resync_until_read`)."""
+        self._resyncing = resync_again(self._resyncing, self.resync)
 
     async def resync_config(self) -> None:
         """Read the compiled pool from the KV bucket (level-triggered: a
@@ -289,8 +301,9 @@ class FedKeeper(SnapshotKeeper):
         self.rebuild()
         self._task = asyncio.create_task(self._rebuild_loop(), name=f"snapshot-rebuild {self.namespace}/{self.pool_name}")
 
-    async def resync(self) -> None:  # the follower resyncs for everyone
+    async def resync(self) -> str | None:  # the follower resyncs for everyone
         self.rebuild()
+        return None
 
     async def resync_config(self) -> None:  # the follower owns the configuration
         return
@@ -320,6 +333,7 @@ class PoolsFollower:
         self.healthy: Callable[[str, float], None] | None = None
         #: True once the buckets were read at least once
         self.synced = False
+        self._resyncing: asyncio.Task[bool] | None = None
         self._nc: nats.NATS | None = None
         self._subs: list[object] = []
         self.updates = 0
@@ -409,9 +423,13 @@ class PoolsFollower:
             await nc.subscribe(f"{subjects.TELEMETRY_ENDPOINT_PREFIX}.>", cb=on_endpoint),
             await nc.subscribe(f"{subjects.TELEMETRY_PROVIDER_PREFIX}.>", cb=on_provider),
         ]
-        await self.resync()
+        failed = await self.resync()
+        if failed is not None:  # the subscriptions catch up
+            log.warning("resync_failed", error=failed)
 
     async def stop(self) -> None:
+        if self._resyncing is not None:
+            await cancel_and_wait(self._resyncing)
         for sub in self._subs:
             try:
                 await sub.unsubscribe()  # type: ignore[attr-defined]
@@ -426,11 +444,13 @@ class PoolsFollower:
                 return key
         return (ns_token, pool_token)
 
-    async def resync(self) -> None:
-        """Read every pool and all telemetry from the KV buckets (start, reconnect)."""
+    async def resync(self) -> str | None:
+        """Read every pool and all telemetry from the KV buckets (start,
+        reconnect); what could not be read (None: all of it)."""
         if self._nc is None or not self._nc.is_connected:
-            return
+            return "not connected"
         js = self._nc.jetstream()
+        failed = None
         try:
             kv = await js.key_value(subjects.CONFIG_BUCKET)
             seen: set[PoolKey] = set()
@@ -449,20 +469,61 @@ class PoolsFollower:
         except BucketNotFoundError:
             self.synced = True
             log.info("no configuration yet")
-        except Exception as exc:  # NATS went away mid-resync: the next reconnect retries
-            log.warning("configuration resync failed", error=str(exc))
-        await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
+        except Exception as exc:  # NATS went away mid-resync: resync_soon tries again
+            failed = f"configuration: {bus.describe(exc)}"
+        failed = failed or await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
         for k in self.keepers.values():
             k.rebuild()
+        return failed
+
+    def resync_soon(self) -> None:
+        """After a reconnect: :meth:`resync` until it reads (see :func:`resync_until_read`)."""
+        self._resyncing = resync_again(self._resyncing, self.resync)
+
+
+def resync_again(running: asyncio.Task[bool] | None,
+                 resync: Callable[[], Awaitable[str | None]]) -> asyncio.Task[bool]:
+    """A new :func:`resync_until_read` task in place of ``running`` (a
+    reconnect while one runs starts over)."""
+    if running is not None and not running.done():
+        running.cancel()
+    return asyncio.create_task(resync_until_read(resync), name="resync")
+
+
+async def resync_until_read(resync: Callable[[], Awaitable[str | None]], *, first_wait: float = 0.5,
+                            longest_wait: float = 5.0, give_up_after: float = 120.0) -> bool:
+    """``resync()`` until it reads everything: right after a reconnect a
+    cluster may still be electing the buckets' leaders (reads time out for a
+    few seconds). Said once each way, as every change of state is: one
+    ``resync_failed`` warning with the first error, one ``resynced`` with
+    the attempts and seconds it took, or one ``resync_given_up`` after
+    ``give_up_after`` (the subscriptions and the periodic configuration read
+    keep the state current meanwhile; the next reconnect tries again)."""
+    start = time.monotonic()
+    wait = first_wait
+    attempts = 0
+    while True:
+        attempts += 1
+        failed = await resync()
+        if failed is None:
+            if attempts > 1:
+                log.info("resynced", attempts=attempts, after_s=round(time.monotonic() - start, 1))
+            return True
+        if attempts == 1:
+            log.warning("resync_failed", error=failed, retrying=True)
+        if time.monotonic() - start >= give_up_after:
+            log.warning("resync_given_up", attempts=attempts, error=failed)
+            return False
+        await asyncio.sleep(wait)
+        wait = min(longest_wait, wait * 2)
 
 
 async def resync_telemetry(js: Any, set_endpoint: Callable[[object], None],
                            set_provider: Callable[[object], None],
-                           held: Mapping[str, EndpointState] | None = None) -> None:
+                           held: Mapping[str, EndpointState] | None = None) -> str | None:
     """Read every endpoint and provider state in the telemetry bucket into
     ``set_endpoint`` / ``set_provider`` (what a (re)connecting router does;
-    a missing bucket is no telemetry yet, a failure is logged and left to the
-    next reconnect or resync). An endpoint state older than the one ``held``
+    a missing bucket is no telemetry yet); what failed, None when read. An endpoint state older than the one ``held``
     (the subscription, open first, brought a newer one: the collector writes
     a key at most once a second, but every change on its subject) is not
     taken."""
@@ -481,7 +542,8 @@ async def resync_telemetry(js: Any, set_endpoint: Callable[[object], None],
     except BucketNotFoundError:
         pass
     except Exception as exc:
-        log.warning("telemetry resync failed", error=str(exc))
+        return f"telemetry: {bus.describe(exc)}"
+    return None
 
 
 def record_endpoint(endpoints: dict[str, EndpointState], ledger: Any,

@@ -181,7 +181,7 @@ class Stack:
         # NATS with a user per service and subject permissions (natsauth.py): the
         # classify subjects carry prompts, only routers and classifiers touch them
         auth = LocalAuth(self.run_dir / "nats-auth")
-        # the buckets at three replicas on a cluster of three
+        # the buckets and the records stream at three replicas on a cluster of three
         replicas = ["--kv-replicas", str(len(NATS_CLUSTER))] if self.nats_cluster else []
         procs = [
             *self._nats_procs(nats_bin, auth),
@@ -225,7 +225,7 @@ class Stack:
             ], ready_url=f"http://127.0.0.1:{self.port(http_port)}/healthz"))
         procs.append(Proc("router", [
             py, "-m", "kinference_router", "--pool", "default/inference-all", "--nats-url", nats_url,
-            *auth.flags("router"),
+            *auth.flags("router"), *replicas,
             "--port", str(self.port(8080)), "--admin-port", str(self.port(8081)), "--auth", "none",
             "--secrets-dir", str(secrets), "--log-format", "json", *self._gateway_flags(), *self.router_args,
         ], ready_url=f"http://127.0.0.1:{self.port(8080)}/readyz"))

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import structlog
 
-from kinference_common import logs, natsauth
+from kinference_common import bus, logs, natsauth
 
 from .derive import DeriveConfig
 from .discovery import StaticDiscovery
@@ -132,6 +132,11 @@ async def run_kubernetes(config: ServiceConfig, args: argparse.Namespace) -> int
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:
+        args.nats_url = bus.check_url(args.nats_url)
+    except bus.NatsUrlError as exc:  # a configuration error: one line, exit 1, never retried
+        print(f"kinference-telemetry-collector: {exc}", file=sys.stderr)
+        return 1
     logs.configure(args.log_level, args.log_format)
     if args.source == "files" and not args.endpoints_file and not args.dcgm:
         structlog.get_logger("kinference.collector").warning("no_targets",

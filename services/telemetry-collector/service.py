@@ -723,9 +723,16 @@ class NatsLog:
 
 async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = None,
                        on_reconnect: Callable[[], None] | None = None) -> object | None:
-    """Connect (retrying until ``stop``); reconnects forever once connected."""
+    """Connect (retrying until ``stop``); reconnects forever once connected.
+
+    A NATS that cannot be reached (or refuses for now) is retried; a
+    malformed ``url`` (:class:`~kinference_common.bus.NatsUrlError`) or
+    options the client refuses (``TypeError``, ``ValueError``) raise at
+    once, so that the process exits and a pod crash-loops visibly instead
+    of serving /healthz without ever connecting."""
     import nats
 
+    pool = nats_servers(url)  # raises NatsUrlError, naming the entry at fault
     state = NatsLog(url)
 
     async def on_error(exc: Exception) -> None:
@@ -744,11 +751,13 @@ async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = Non
     while not stop.is_set():
         try:
             return await nats.connect(
-                nats_servers(url), name="kinference-telemetry-collector", max_reconnect_attempts=-1,
+                pool, name="kinference-telemetry-collector", max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5, connect_timeout=2, error_cb=on_error,
                 disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, **(options or {}),
             )
-        except Exception as exc:
+        except (TypeError, ValueError):  # options the client refuses: no retry makes them right
+            raise
+        except Exception as exc:  # unreachable, restarting, refusing for now: retried
             failures += 1
             if failures == 1 or failures % 10 == 0:  # once, then a summary every ~50 s
                 log.warning("nats_connect_failed", url=url, error=describe(exc), attempts=failures)

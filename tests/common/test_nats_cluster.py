@@ -12,6 +12,7 @@ from nats.js.api import KeyValueConfig, StreamConfig
 from structlog.testing import capture_logs
 
 from kinference_common import bus, natsserver
+from kinference_router.recording import RecordSettings, ensure_stream
 
 pytestmark = pytest.mark.nats
 
@@ -110,6 +111,64 @@ async def test_kill_any_one_server_and_the_bucket_stays_writable(nats_cluster: n
         info = await js.stream_info("KV_chaos")
         assert info.cluster.leader and all(r.current for r in info.cluster.replicas or [])
         assert {info.cluster.leader, *(r.name for r in info.cluster.replicas)} == {"nats-0", "nats-1", "nats-2"}
+    finally:
+        await bus.close(nc)
+
+
+async def test_the_records_stream_gets_three_replicas_and_loses_nothing_with_its_leader(
+        nats_cluster: natsserver.NatsCluster) -> None:
+    """The router's decision records (kinfctl replay, audit) were one copy on
+    one server of the three: killing that server lost every record published
+    until it was back. Created at three replicas (a stream found with one is
+    healed, its records kept), a record published while the stream's leader
+    is dead is stored."""
+    nc = await bus.connect(nats_cluster.url, name="test")
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="KINFERENCE_RECORDS", subjects=["kinference.record.>"],
+                                         num_replicas=1, max_bytes=1 << 20))
+        await js.publish("kinference.record.old", b"kept")
+        settings = RecordSettings(max_bytes=2 << 20, max_age_seconds=3600, replicas=3)
+        with capture_logs() as logs:
+            assert await ensure_stream(nc, settings, attempts=3, wait=0.2)
+            assert await ensure_stream(nc, settings, attempts=3, wait=0.2)  # nothing to change: no update
+        info = await js.stream_info("KINFERENCE_RECORDS")
+        assert info.config.num_replicas == 3 and info.config.max_bytes == 2 << 20 and info.state.messages == 1
+        assert [e["event"] for e in logs] == ["stream_healed"]
+        # asking for fewer never shrinks it
+        assert await ensure_stream(nc, RecordSettings(max_bytes=2 << 20, max_age_seconds=3600), attempts=3, wait=0.2)
+        assert (await js.stream_info("KINFERENCE_RECORDS")).config.num_replicas == 3
+        leader = (await js.stream_info("KINFERENCE_RECORDS")).cluster.leader
+        nats_cluster.kill(int(leader.rsplit("-", 1)[1]))
+        for _ in range(300):  # two of three elect a new leader
+            try:
+                if (await js.stream_info("KINFERENCE_RECORDS", )).cluster.leader not in (None, leader):
+                    break
+            except Exception:
+                pass
+            await asyncio.sleep(0.1)
+        for i in range(20):  # published as the router does: plain publishes the stream captures
+            await nc.publish(f"kinference.record.new.{i}", b"r")
+        await nc.flush()
+        stored = 0
+        for _ in range(100):
+            stored = (await js.stream_info("KINFERENCE_RECORDS")).state.messages
+            if stored == 21:
+                break
+            await asyncio.sleep(0.1)
+        assert stored == 21
+    finally:
+        await bus.close(nc)
+
+
+async def test_a_single_server_keeps_one_copy_of_the_records(nats_server: natsserver.NatsServer) -> None:
+    nc = await bus.connect(nats_server.url, name="test")
+    try:
+        with capture_logs() as logs:
+            assert await ensure_stream(nc, RecordSettings(replicas=3), attempts=3, wait=0.2)
+            assert await ensure_stream(nc, RecordSettings(replicas=3), attempts=3, wait=0.2)
+        assert (await nc.jetstream().stream_info("KINFERENCE_RECORDS")).config.num_replicas == 1
+        assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == ["stream_single_replica"]
     finally:
         await bus.close(nc)
 

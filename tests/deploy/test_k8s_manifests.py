@@ -359,8 +359,8 @@ def test_nats_is_a_cluster_of_three_that_loses_one_at_most() -> None:
     volumes = {v["name"]: v for v in pod["volumes"]}
     route_tls = re.search(r"cert_file: (/etc/[^/]+)/tls.crt", block).group(1)
     assert volumes[mounts[route_tls]]["secret"]["secretName"] == "kinference-nats-routes-tls"
-    # the services that create buckets create them at three replicas
-    for service in ("policy-compiler", "telemetry-collector"):
+    # the services that create buckets or streams create them at three replicas
+    for service in ("policy-compiler", "telemetry-collector", "router"):
         args = container(of_kind(docs, "Deployment")[service])["args"]
         assert flag(args, "--kv-replicas") == str(spec["replicas"])
 

@@ -291,7 +291,7 @@ def test_the_committed_config_is_generated_from_the_permissions() -> None:
     gen = importlib.util.module_from_spec(spec)
     sys.modules["nats_conf_gen"] = gen
     spec.loader.exec_module(gen)
-    assert gen.main(["--check"]) == 0, "regenerate: python deploy/k8s/nats_conf_gen.py"
+    assert gen.main(["--check"]) == 0, "regenerate: .venv/bin/python deploy/k8s/nats_conf_gen.py"
     users, permissions = gen.users_and_permissions()
     assert set(users) >= {"router", "policy-compiler", "telemetry-collector", "classifier"}
     # the classifier may publish nothing but replies

@@ -37,7 +37,7 @@ def granted(service: str) -> set[tuple[str, str, str]]:
 
 
 def test_the_committed_rbac_is_generated_from_the_rules() -> None:
-    assert rbac_gen.main(["--check"]) == 0, "regenerate: python deploy/k8s/rbac_gen.py"
+    assert rbac_gen.main(["--check"]) == 0, "regenerate: .venv/bin/python deploy/k8s/rbac_gen.py"
 
 
 @pytest.mark.parametrize("service", API_USERS)

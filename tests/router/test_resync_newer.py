@@ -1,6 +1,7 @@
 """A router's resync from the telemetry bucket keeps what its subscription
 already brought when that is newer (the collector writes a key at most once a
-second, every change goes on the subject)."""
+second, every change goes on the subject); after a reconnect it is tried
+until it reads, and said once each way."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from typing import Any
 import nats
 import pytest
 from nats.js.api import KeyValueConfig
+from structlog.testing import capture_logs
 
 from kinference_common import subjects
 from kinference_common.engine import InFlightLedger
 from kinference_common.messages import EndpointState, encode
-from kinference_router.state import SnapshotKeeper
+from kinference_router.state import SnapshotKeeper, resync_until_read
 
 pytestmark = pytest.mark.nats
 
@@ -39,3 +41,44 @@ async def test_resync_keeps_the_newer_of_the_bucket_and_the_subscription(nats_se
         assert k.endpoints["default/ws-a/p2"].queued == 3
     finally:
         await nc.close()
+
+
+async def test_a_resync_after_a_reconnect_is_tried_until_it_reads_and_said_once_each_way() -> None:
+    """After a NATS server's death the router reconnects at once, but the
+    buckets' leaders may still be in election: its one resync failed, logged
+    "configuration resync failed" / "telemetry resync failed" after the store
+    was said available again, and never said it had read them."""
+    answers = iter(["configuration: nats: timeout", "telemetry: nats: timeout", "telemetry: nats: timeout", None])
+    calls = 0
+
+    async def resync() -> str | None:
+        nonlocal calls
+        calls += 1
+        return next(answers)
+
+    with capture_logs() as logs:
+        assert await resync_until_read(resync, first_wait=0.01, longest_wait=0.02)
+    assert calls == 4
+    assert [(e["event"], e["log_level"]) for e in logs] == [("resync_failed", "warning"), ("resynced", "info")]
+    assert logs[0]["error"] == "configuration: nats: timeout" and logs[1]["attempts"] == 4
+
+    async def never() -> str | None:
+        return "telemetry: nats: timeout"
+
+    with capture_logs() as logs:
+        assert not await resync_until_read(never, first_wait=0.01, longest_wait=0.01, give_up_after=0.05)
+    assert [e["event"] for e in logs] == ["resync_failed", "resync_given_up"]
+
+
+async def test_a_resync_that_cannot_read_says_what(nats_server: Any) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        await nc.jetstream().create_key_value(KeyValueConfig(bucket=subjects.TELEMETRY_BUCKET, history=1))
+        k = SnapshotKeeper("default", "pool", InFlightLedger())
+        k._nc = nc
+        assert await k.resync() is None  # no configuration yet is an answer
+        await nc.close()
+        assert await k.resync() == "not connected"
+    finally:
+        if not nc.is_closed:
+            await nc.close()

@@ -144,9 +144,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def local_nats(args: argparse.Namespace) -> None:
-    """Without ``--nats-url``: the local stack's NATS, and its credentials
-    for ``--nats-user`` found by themselves (:mod:`kinfctl.localstack`)."""
-    args.resolved_offset = port_offset(args.port_offset)
+    """Without ``--nats-url``: the local stack's NATS, every server of it
+    (three for ``make run-ha``), else the default address of the port
+    offset. ``--nats-url`` is checked as the services check it (one line
+    naming the entry at fault). When NATS is the local stack's, its
+    credentials for ``--nats-user`` are found by themselves
+    (:mod:`kinfctl.localstack`)."""
+    offset = args.resolved_offset = port_offset(args.port_offset)
     if args.nats_url is None:
-        args.nats_url = default_nats_url(args.resolved_offset)
-        localstack.fill_credentials(args, args.resolved_offset)
+        run = localstack.find_run_dir(offset)
+        servers = localstack.stack_servers(run) if run is not None else []
+        args.nats_url = ",".join(servers) if servers else default_nats_url(offset)
+    else:
+        try:
+            args.nats_url = bus.check_url(args.nats_url)
+        except bus.NatsUrlError as exc:
+            raise CommandError(str(exc)) from None
+        run = localstack.stack_of(bus.servers(args.nats_url), offset)
+    localstack.fill_credentials(args, run)

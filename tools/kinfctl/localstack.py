@@ -1,17 +1,24 @@
-"""The local stack's NATS credentials, found by kinfctl itself.
+"""The local stack's NATS servers and credentials, found by kinfctl itself.
 
 ``make run`` (``services/simulators/stack.py``) writes one password file per
 NATS user into ``.run/nats-auth/`` (``.run-<offset>/nats-auth/`` under
-``KINFERENCE_PORT_OFFSET``). When no password is given (neither
-``--nats-password-file`` nor the environment's) and NATS is the local stack's
-default address, kinfctl reads the user's file from there: from the current
-directory or any directory above it.
+``KINFERENCE_PORT_OFFSET``), next to the configuration of each NATS server
+it runs: ``nats-server.conf``, or ``nats-0.conf`` to ``nats-2.conf`` for
+the cluster of three of ``make run-ha``. Without ``--nats-url`` kinfctl
+connects to every server those name (:func:`stack_servers`; the stack's
+directory is looked for in the current directory or any directory above
+it). When no password is given (neither ``--nats-password-file`` nor the
+environment's) and NATS is the local stack's (by default, or ``--nats-url``
+naming servers of a stack found there, :func:`stack_of`), kinfctl reads the
+user's file from that stack's ``nats-auth/``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,27 +30,90 @@ def run_dir_name(offset: int) -> str:
     return f".run-{offset}" if offset else ".run"
 
 
-def find_password_file(user: str, offset: int, start: Path | None = None) -> Path | None:
-    """``<dir>/.run[-offset]/nats-auth/<user>`` in ``start`` or above it."""
+def find_run_dir(offset: int, start: Path | None = None) -> Path | None:
+    """``<dir>/.run[-offset]`` holding ``nats-auth/``, in ``start`` (the
+    current directory) or above it."""
     here = (start or Path.cwd()).resolve()
     for d in (here, *here.parents):
-        candidate = d / run_dir_name(offset) / "nats-auth" / user
-        if candidate.is_file():
+        candidate = d / run_dir_name(offset)
+        if (candidate / "nats-auth").is_dir():
             return candidate
     return None
 
 
-def fill_credentials(args: argparse.Namespace, offset: int) -> Path | None:
-    """Sets ``args.nats_password_file`` to the local stack's file for
-    ``args.nats_user`` when no password was given; returns the file used."""
+def stack_servers(run_dir: Path) -> list[str]:
+    """The client URLs of the NATS servers the stack of ``run_dir`` runs, in
+    order: the ``listen`` address of ``nats-auth/nats-<n>.conf`` (a cluster,
+    ``make run-ha``), else of ``nats-auth/nats-server.conf``; none when
+    neither is there or readable."""
+    auth = run_dir / "nats-auth"
+    members = sorted((int(m.group(1)), p) for p in auth.glob("nats-*.conf")
+                     if (m := re.fullmatch(r"nats-(\d+)\.conf", p.name)))
+    confs = [p for _, p in members] or [auth / "nats-server.conf"]
+    urls = []
+    for conf in confs:
+        listen = _listen(conf)
+        if listen is not None:
+            urls.append(f"nats://{listen}")
+    return urls
+
+
+def _listen(conf: Path) -> str | None:
+    """``host:port`` of a configuration make run wrote (JSON after a comment
+    line); a wildcard host as 127.0.0.1. Only ``listen`` is read."""
+    try:
+        text = "\n".join(line for line in conf.read_text().splitlines() if not line.lstrip().startswith("#"))
+        listen = json.loads(text).get("listen")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(listen, str) or ":" not in listen:
+        return None
+    host, _, port = listen.rpartition(":")
+    return f"{'127.0.0.1' if host in ('', '0.0.0.0', '[::]') else host}:{port}"
+
+
+def stack_of(urls: list[str], offset: int, start: Path | None = None) -> Path | None:
+    """The local stack whose NATS servers include every one of ``urls``: that
+    of the port offset first, else any ``.run*`` directory (in ``start`` or
+    above) holding ``nats-auth/``; None when they are no local stack's."""
+    want = {_address(u) for u in urls}
+    first = find_run_dir(offset, start)
+    here = (start or Path.cwd()).resolve()
+    candidates = [first] if first is not None else []
+    for d in (here, *here.parents):
+        candidates += sorted(p for p in d.glob(".run*") if (p / "nats-auth").is_dir())
+    for run in candidates:
+        if want <= {_address(u) for u in stack_servers(run)}:
+            return run
+    return None
+
+
+def _address(url: str) -> tuple[str, int]:
+    """(host, port) of a server URL, ``localhost`` as the stack's 127.0.0.1."""
+    parsed = urlsplit(url if "://" in url else f"nats://{url}")
+    host = (parsed.hostname or "").lower()
+    try:
+        port = parsed.port or 4222
+    except ValueError:
+        port = -1
+    return ("127.0.0.1" if host == "localhost" else host), port
+
+
+def fill_credentials(args: argparse.Namespace, run_dir: Path | None) -> Path | None:
+    """Sets ``args.nats_password_file`` to the file of ``args.nats_user`` in
+    the stack ``run_dir``'s ``nats-auth/`` when no password was given;
+    returns the file used."""
+    if run_dir is None:
+        return None
     if getattr(args, "nats_password_file", None) is not None or os.environ.get(natsauth.PASSWORD_ENV):
         return None
     user = getattr(args, "nats_user", None)
     if not user:
         return None
-    found = find_password_file(user, offset)
-    if found is not None:
-        args.nats_password_file = found
+    found = run_dir / "nats-auth" / user
+    if not found.is_file():
+        return None
+    args.nats_password_file = found
     return found
 
 
