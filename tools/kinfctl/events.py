@@ -35,7 +35,8 @@ def register(sub: Any) -> None:
                         "(default: $KINFERENCE_PORT_OFFSET, else 0)")
     p.add_argument("--nats-url", default=None,
                    help="NATS to follow, or every server of a cluster comma-separated "
-                        "(default: nats://127.0.0.1:4222 plus the port offset)")
+                        "(default: the local stack's servers, all three of make run-ha, "
+                        "else nats://127.0.0.1:4222 plus the port offset)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text",
                    help="output format: one line per decision, or its JSON event (default text)")
     p.add_argument("--count", type=int, default=0, metavar="N", help="exit after N events (default: follow)")

@@ -44,7 +44,9 @@ def add_nats_arguments(p: Any) -> None:
                    help="the local stack's port offset, as in `KINFERENCE_PORT_OFFSET=N make run` "
                         "(default: $KINFERENCE_PORT_OFFSET, else 0)")
     p.add_argument("--nats-url", default=None,
-                   help="NATS holding the records (default: nats://127.0.0.1:4222 plus the port offset)")
+                   help="NATS holding the records, or every server of a cluster comma-separated (default: the "
+                        "local stack's servers, all three of make run-ha, else nats://127.0.0.1:4222 plus "
+                        "the port offset)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for NATS to answer (default 5)")
     natsauth.add_arguments(p, default_user=natsauth.OBSERVER)
 
