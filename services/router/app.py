@@ -45,6 +45,7 @@ from kinference_router.events import EventPublisher
 from kinference_router.recording import Recorder, RecordSettings, ensure_stream
 from kinference_router.flow import FlowQueue
 from kinference_router.metrics import RouterMetrics
+from kinference_router.model_name import Restorer
 from kinference_router.http_server import HttpLimits, HttpServer, Request as HttpRequest, Response
 from kinference_router.state import SnapshotKeeper
 from kinference_router.tenants import Authenticator
@@ -190,15 +191,21 @@ class Router:
 
     # -------------------------------------------------------------- routes
 
-    def data_server(self) -> HttpServer:
-        """The data port's server (not started): the OpenAI API and health (metrics
-        are on the admin port only)."""
-        return self._server({
+    def api_routes(self) -> dict[str, dict[str, Any]]:
+        """The OpenAI API's paths and methods, with their handlers: the data
+        port's, and what the Endpoint Picker serves (a path or method not here
+        is refused alike at both: ``http_server.refusal``)."""
+        return {
             "/v1/chat/completions": {"POST": self.chat},
             "/v1/completions": {"POST": self.completions},
             "/v1/models": {"GET": self.models},
             "/v1/models/*": {"GET": self.model},
-        })
+        }
+
+    def data_server(self) -> HttpServer:
+        """The data port's server (not started): the OpenAI API and health (metrics
+        are on the admin port only)."""
+        return self._server(self.api_routes())
 
     def admin_server(self) -> HttpServer:
         """The admin port's server (not started): explain, health and metrics."""
@@ -387,16 +394,18 @@ class Router:
                     self.keeper.mark_dirty()
                     outcome = "rate_limited"
                     raise ApiError(429, "rate_limited", f"provider {dest.name} is rate limiting", retry_after=seconds)
-                if upstream.status >= 500:
-                    raise ApiError(502, "upstream_error", f"{cand.backend} answered {upstream.status}")
-                if upstream.status >= 400:  # in the envelope, with the decision id and the upstream's message
-                    try:
-                        payload = await upstream.read()
-                    except UpstreamError:
-                        payload = b""
+                if upstream.status >= 400:  # in the envelope, with the decision id and a 4xx's message
+                    payload = b""
+                    if upstream.status < 500:
+                        try:
+                            payload = await upstream.read()
+                        except UpstreamError:
+                            pass
                     raise ApiError(*validate.upstream_refusal(upstream.status, payload, cand.backend,
                                                               upstream.header("Retry-After")))
                 ctype = upstream.header("Content-Type", "application/json")
+                # the client's model name back, as the Endpoint Picker puts it back (None: the same name)
+                restore = Restorer.of(cand.served_name, body.model)
                 if body.stream and upstream.status == 200:
                     request.start_stream(200, [("Content-Type", ctype), ("Cache-Control", "no-cache"),
                                                *route_headers])
@@ -411,9 +420,14 @@ class Router:
                             tail = (tail + chunk)[-4096:]
                             if strip is not None:
                                 chunk = strip.feed(chunk)
+                            if restore is not None:
+                                chunk = restore.feed(chunk)
                             await request.write(chunk)
-                        if strip is not None:
-                            await request.write(strip.flush())
+                        rest = strip.flush() if strip is not None else b""
+                        if restore is not None:
+                            rest = restore.feed(rest) + restore.flush()
+                        if rest:
+                            await request.write(rest)
                     except UpstreamError as exc:
                         # headers are sent: the only way left to tell the client
                         # is to end its stream abruptly (no terminating chunk),
@@ -439,6 +453,8 @@ class Router:
                     # a whole answer's first byte comes after its last token: not a TTFT to learn from
                     send.first_token(streamed=False)
                     Director.usage(payload, obs)
+                    if restore is not None:
+                        payload = restore.whole(payload)
                     resp = Response(upstream.status, payload, route_headers, content_type=ctype)
                 outcome = "ok" if upstream.status < 400 else "error"
                 self.director.count(d.rule or "unmatched", "routed", backend_type)

@@ -123,15 +123,21 @@ class Director:
         """Authenticate, read the body, the engine's request, classification
         started: the request's tags (``tags.body``, ``tags.req``). ``headers``
         have lower-cased names. ApiError 401, 413, 400, 503."""
-        tenant = self._auth().tenant(headers)
-        if tenant is None:
-            raise ApiError(401, "unauthorized", "missing or unknown API key")
+        tenant = self.authenticate(headers)
         parsed = self.read(body, too_large, chat)
         if self.keeper.snapshot is None:
             raise ApiError(503, "no_capacity", "the router has no configuration yet", retry_after=1)
         req = self.engine_request(headers, parsed, tenant)
         # classified lazily: only when a classifier's answer can change the decision
         return self.classification.start(req, parsed, decision_id)
+
+    def authenticate(self, headers: Mapping[str, str]) -> str:
+        """The tenant of the request's API key; ApiError 401 without a valid
+        one (every answer of the API checks this first, /v1/models too)."""
+        tenant = self._auth().tenant(headers)
+        if tenant is None:
+            raise ApiError(401, "unauthorized", "missing or unknown API key")
+        return tenant
 
     def read(self, body: bytes, too_large: bool, chat: bool) -> ParsedBody:
         if too_large:

@@ -10,9 +10,14 @@ body the egress will receive, the rule, and an expiry (60 s). The egress
 forwards a request only with a valid, unexpired, unused token whose body
 hash matches, to that provider alone, with the provider's key, through the
 router's own provider send path (``Router._send``: limiter, ledger, metrics,
-observation). Anything else is 403 ``egress_forbidden`` and nothing is sent:
-the listener is not an open proxy, and a client cannot forge or replay a
-token, change the prompt it covers, or pick another provider.
+observation). The body is the one the send path would build, but without
+its request for a stream's usage (``provider_request.body(..., usage=False)``):
+the send path adds that request, and reads the client's own wish from the
+body the token covers, so the client gets the usage event only when it
+asked for it, as on the data port. Anything else is 403
+``egress_forbidden`` and nothing is sent: the listener is not an open
+proxy, and a client cannot forge or replay a token, change the prompt it
+covers, or pick another provider.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ A gateway that implements the Gateway API Inference Extension calls
 (modes: headers SEND, bodies FULL_DUPLEX_STREAMED, trailers SEND) and sends
 the request where the answer says. One stream, in order (:class:`PickStream`):
 
-1. request headers: kept, not answered yet;
+1. request headers: a completion's (a POST to one of :data:`COMPLETIONS`)
+   kept, not answered yet; any other request answered at once as the data
+   port answers it (``GET /v1/models`` from the snapshot, a path or method
+   it does not serve 404 or 405);
 2. request body chunks: gathered; at its end the request goes through the
    router's own decision path (:mod:`kinference_router.director`: tenant,
    body, classification, decision with flow control, decision event), then
@@ -18,7 +21,10 @@ the request where the answer says. One stream, in order (:class:`PickStream`):
 3. response headers and body: the endpoint that served (``envoy.lb`` /
    ``x-gateway-destination-endpoint-served``) takes the in-flight accounting,
    the first body chunk is the time to first token, usage is read as the
-   router reads it, the client's model name is put back;
+   router reads it, the client's model name is put back
+   (:mod:`kinference_router.model_name`); a pod's error status is answered
+   as the data port answers it (``validate.upstream_refusal``: the router's
+   envelope, an ImmediateResponse);
 4. the end of the response, or of the stream however it ends, finishes the
    send in the in-flight ledger.
 """
@@ -43,10 +49,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kinference_common.engine import Decision, Snapshot
 from kinference_common.tasks import cancel_and_wait
-from kinference_router import models_api, provider_request
+from kinference_router import http_server, models_api, provider_request, validate
 from kinference_router.app import ApiError, Router, error_response, new_decision_id
 from kinference_router.director import Director, Send
 from kinference_router.egress import TOKEN_HEADER, EgressTokens
+from kinference_router.model_name import Restorer
 
 log = structlog.get_logger("epp")
 
@@ -65,6 +72,8 @@ HOOK_SERVED = "x-conformance-test-served-endpoint"
 MAX_HELD_RESPONSE = 16 * 1024 * 1024
 #: the health services
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+#: the paths whose POST goes through the decision path (the others are answered at once)
+COMPLETIONS = ("/v1/chat/completions", "/v1/completions")
 #: client request headers never passed to a pod (as the router's own proxy drops them)
 _REMOVE_LOCAL = ("authorization", "x-kinference-tenant", TOKEN_HEADER)
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -172,8 +181,13 @@ class PickStream:
         self.snapshot: Snapshot | None = None
         self.send: Send | None = None
         self.pick = ""
-        #: the served name in the response and the client's name to restore (JSON-encoded, quoted)
-        self.restore: tuple[bytes, bytes] | None = None
+        #: puts the client's model name back in the response (None: the pick serves that name)
+        self.restore: Restorer | None = None
+        #: a Local pick: a pod's error status is answered in the router's envelope (the egress does so itself)
+        self.local = False
+        #: the response is a pod's error status, held to be answered as the data port answers it
+        self.refused = False
+        self.resp_retry_after: str | None = None
         self.resp_status = 0
         self.resp_streaming = False
         self.resp_first = True
@@ -192,8 +206,10 @@ class PickStream:
         if kind == "request_headers":
             self.headers = _headers_of(msg.request_headers)
             self.subset = _metadata_value(msg, SUBSET_NAMESPACE, SUBSET_KEY)
-            if msg.request_headers.end_of_stream:
-                return [self._no_body()]
+            if not self._completion():
+                return [self._at_once()]
+            if msg.request_headers.end_of_stream:  # no body: refused as the data port refuses an empty one
+                return await self._decide()
             return []  # answered once the body has ended
         if kind == "request_body":
             if self.subset is None:
@@ -219,7 +235,8 @@ class PickStream:
             return self._response_body(msg.response_body.body, msg.response_body.end_of_stream)
         if kind == "response_trailers":
             out = self._response_body(b"", True) if not self.finished else []
-            out.append(pb.ProcessingResponse(response_trailers=pb.TrailersResponse()))
+            if not self.closed:
+                out.append(pb.ProcessingResponse(response_trailers=pb.TrailersResponse()))
             return out
         return []
 
@@ -227,25 +244,40 @@ class PickStream:
         self.closed = True
         return [resp]
 
-    def _no_body(self) -> pb.ProcessingResponse:
-        """A request without a body (GET /v1/models): answered from the
-        snapshot, as the router's data port does; anything else is what the
-        router would say of it."""
+    def _path(self) -> str:
+        return self.headers.get(":path", "").split("?", 1)[0]
+
+    def _completion(self) -> bool:
+        """A POST to a completion path: what goes through the decision path."""
+        return self.headers.get(":method") == "POST" and self._path() in COMPLETIONS
+
+    def _at_once(self) -> pb.ProcessingResponse:
+        """Any request but a completion, answered at once, as the router's
+        data port answers it: a path or method it does not serve (404, 405
+        with ``Allow``: ``http_server.refusal``), GET /v1/models (from the
+        snapshot, with a valid API key; a body, if any, is not read)."""
         self.closed = True
-        path = self.headers.get(":path", "").split("?", 1)[0]
+        path, method = self._path(), self.headers.get(":method", "")
+        methods = http_server.route_methods(self.picker.routes, path)
+        if methods is None or http_server.handler_for(methods, method) is None:
+            status, code, message, headers = http_server.refusal(path or "(none)", method, methods)
+            err = ApiError(status, code, message)
+            err.headers = headers
+            return _error(err, new_decision_id())
+        try:  # the model list is the API's too: a key first, as on the data port
+            self.director.authenticate(self.headers)
+        except ApiError as err:
+            self.director.count("", err.code, "")
+            return _error(err, new_decision_id())
         snap = self.director.keeper.snapshot
         models = snap.pool.models if snap else []
         if path == models_api.PREFIX.rstrip("/"):
             return immediate(200, msgspec.json.encode(models_api.model_list(models)))
-        if path.startswith(models_api.PREFIX):
-            found = models_api.find(models, path)
-            if found is not None:
-                return immediate(200, msgspec.json.encode(models_api.model_object(found)))
-            return _error(ApiError(404, "model_not_found", "no destination of the pool serves "
-                                   f"{path[len(models_api.PREFIX):]!r}"), new_decision_id())
-        if path in ("/v1/chat/completions", "/v1/completions"):
-            return _error(ApiError(400, "bad_request", "the request has no body"), new_decision_id())
-        return _error(ApiError(404, "not_found", f"no such path: {path or '(none)'}"), new_decision_id())
+        found = models_api.find(models, path)
+        if found is not None:
+            return immediate(200, msgspec.json.encode(models_api.model_object(found)))
+        return _error(ApiError(404, "model_not_found", "no destination of the pool serves "
+                               f"{path[len(models_api.PREFIX):]!r}"), new_decision_id())
 
     def _restriction(self) -> list[str] | None:
         """The endpoints the gateway (subset hint) or a conformance test
@@ -259,12 +291,11 @@ class PickStream:
     async def _decide(self) -> list[pb.ProcessingResponse]:
         self.decided = True
         dr = self.director
+        if not self._completion():  # a body without request headers: never a completion
+            return [self._at_once()]
         self.decision_id = decision_id = new_decision_id()
-        path = self.headers.get(":path", "").split("?", 1)[0]
         try:
-            if path not in ("/v1/chat/completions", "/v1/completions"):
-                raise ApiError(404, "not_found", f"no such path: {path or '(none)'}")
-            tags = dr.admit(self.headers, bytes(self.body), self.too_large, path == "/v1/chat/completions",
+            tags = dr.admit(self.headers, bytes(self.body), self.too_large, self._path() == COMPLETIONS[0],
                             decision_id)
             snap = dr.keeper.snapshot
             assert snap is not None  # admit said 503 otherwise
@@ -324,15 +355,15 @@ class PickStream:
                 # routed, then not carried out: the answer names the rule and backend (as the router's)
                 err.headers = [("x-kinference-rule", d.rule or "unmatched"), ("x-kinference-backend", cand.backend)]
                 raise err
-            data = provider_request.body(body.raw, cand.served_name)
+            # the client's stream_options kept: the egress asks for usage and strips what the client did not ask
+            data = provider_request.body(body.raw, cand.served_name, usage=False)
             self.pick = destination = settings.egress_address
             token = settings.egress.mint(decision_id=self.decision_id, pool=self.director.pool_label,
                                          provider=cand.ledger_key, model=cand.served_name,
                                          address=settings.egress_address, body=data, rule=d.rule or "unmatched")
             set_headers.append(_header(TOKEN_HEADER, token))
-        self.decision, self.snapshot = d, d.snapshot
-        if cand.served_name != body.model:
-            self.restore = (msgspec.json.encode(cand.served_name), msgspec.json.encode(body.model))
+        self.decision, self.snapshot, self.local = d, d.snapshot, cand.is_local
+        self.restore = Restorer.of(cand.served_name, body.model)
         set_headers += [_header(DESTINATION, destination), _header("content-length", str(len(data))),
                         _header("x-kinference-decision-id", self.decision_id)]
         if settings.conformance_hooks:
@@ -358,6 +389,9 @@ class PickStream:
         if self.send is not None:
             self.send.obs.status = self.resp_status
         self.resp_streaming = h.get("content-type", "").startswith("text/event-stream")
+        if self.local and self.resp_status >= 400:  # held whole, then answered as the data port answers it
+            self.refused, self.resp_streaming = True, False
+            self.resp_retry_after = h.get("retry-after")
         served = _metadata_value(msg, LB_NAMESPACE, SERVED)
         served_ep = served[0] if served else None
         if served_ep and served_ep != self.pick and self.send is not None and self.snapshot is not None:
@@ -368,6 +402,8 @@ class PickStream:
         if self.picker.settings.conformance_hooks:
             self.resp_headers.append(_header(HOOK_SERVED, served_ep or self.pick))
         end = msg.response_headers.end_of_stream
+        if self.refused:
+            return self._refusal() if end else []
         if self.restore is not None and not self.resp_streaming and not end:
             self.resp_held = bytearray()  # answered with the body: its length changes
             return []
@@ -383,15 +419,22 @@ class PickStream:
         return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=pb.CommonResponse(
             header_mutation=pb.HeaderMutation(set_headers=set_headers))))
 
-    def _restored(self, chunk: bytes) -> bytes:
-        if self.restore is None:
-            return chunk
-        served, client = self.restore
-        return chunk.replace(b'"model":' + served, b'"model":' + client).replace(
-            b'"model": ' + served, b'"model": ' + client)
+    def _refusal(self) -> list[pb.ProcessingResponse]:
+        """A pod's error status, answered as the data port answers it
+        (``validate.upstream_refusal``): the router's envelope with the
+        decision id, a 4xx's message and code, 401/403/404 and 5xx as 502."""
+        d, send = self.decision, self.send
+        assert d is not None and send is not None
+        backend = send.candidate.backend
+        err = ApiError(*validate.upstream_refusal(self.resp_status, bytes(self.resp_held or b""), backend,
+                                                  self.resp_retry_after))
+        err.headers = [("x-kinference-rule", d.rule or "unmatched"), ("x-kinference-backend", backend)]
+        self.director.count(err.rule, err.code, "")  # as the data port counts it
+        self._finish("error")
+        return self._close(_error(err, self.decision_id))
 
     def _response_body(self, chunk: bytes, end: bool) -> list[pb.ProcessingResponse]:
-        if self.resp_first and (chunk or end):
+        if self.resp_first and (chunk or end) and not self.refused:  # a refusal has no first token (data port)
             self.resp_first = False
             if self.send is not None:
                 self.send.first_token(streamed=self.resp_streaming and self.resp_status == 200)
@@ -402,10 +445,12 @@ class PickStream:
                 self.resp_held = bytearray()  # kept for its usage
             self.resp_held += chunk
         self.resp_len += len(chunk)
+        if self.refused:
+            return self._refusal() if end else []
         if self.restore is not None and not self.resp_streaming:
             if self.resp_len <= MAX_HELD_RESPONSE and not end:
                 return []
-            held = self._restored(bytes(self.resp_held or b""))
+            held = self.restore.whole(bytes(self.resp_held or b""))
             out = []
             if self.resp_len <= MAX_HELD_RESPONSE:  # whole: with its new length
                 out.append(self._response_headers_reply(len(held)))
@@ -417,7 +462,11 @@ class PickStream:
             if end:
                 self._finish()
             return out
-        out = _streamed(self._restored(chunk), request=False, end=end)
+        if self.restore is not None:  # streamed: each whole line as it comes
+            chunk = self.restore.feed(chunk) + (self.restore.flush() if end else b"")
+            if not chunk and not end:
+                return []
+        out = _streamed(chunk, request=False, end=end)
         if end:
             self._finish()
         return out
@@ -454,6 +503,8 @@ class Picker(pb_grpc.ExternalProcessorServicer):
 
     def __init__(self, router: Router, settings: EppSettings) -> None:
         self.router, self.settings = router, settings
+        #: the data port's API paths and methods: the others are refused as it refuses them
+        self.routes = router.api_routes()
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest],  # noqa: N802 - gRPC's name
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProcessingResponse]:

@@ -142,6 +142,38 @@ def plain_error(status: int, code: str, message: str) -> Response:
     return Response(status, f"{message}\n".encode(), content_type="text/plain; charset=utf-8")
 
 
+def route_methods(routes: Mapping[str, Mapping[str, Handler]], path: str) -> Mapping[str, Handler] | None:
+    """The methods of ``path`` in ``routes``: its exact route, else the
+    ``/prefix/*`` route it is under; None when no route has it."""
+    found = routes.get(path)
+    return found if found is not None else prefix_methods(routes, path)
+
+
+def prefix_methods(routes: Mapping[str, Mapping[str, Handler]], path: str) -> Mapping[str, Handler] | None:
+    """The methods of the ``/prefix/*`` route ``path`` is under, if any."""
+    for route, methods in routes.items():
+        if route.endswith("/*") and path.startswith(route[:-1]) and len(path) > len(route) - 1:
+            return methods
+    return None
+
+
+def handler_for(methods: Mapping[str, Handler], method: str) -> Handler | None:
+    """The handler of ``method`` (``HEAD`` is served by ``GET``'s), if any."""
+    return methods.get(method) or (methods.get("GET") if method == "HEAD" else None)
+
+
+def refusal(path: str, method: str, methods: Iterable[str] | None) -> tuple[int, str, str, list[tuple[str, str]]]:
+    """``(status, code, message, headers)`` of the answer to ``method`` on
+    ``path`` when no handler takes it (``methods``: the path's, None when no
+    route has it): 404 ``not_found``, or 405 ``method_not_allowed`` with
+    ``Allow``. The router's data port and its Endpoint Picker both answer so."""
+    if methods is None:
+        return 404, "not_found", f"no route for {path}", []
+    allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
+    return (405, "method_not_allowed", f"{path} takes {', '.join(allowed)}, not {method}",
+            [("Allow", ", ".join(allowed))])
+
+
 _NEW, _STREAMING, _DONE = 0, 1, 2
 #: what a stream's held head may gather before it is written (then the
 #: client's pace, write_paused, applies as to any write)
@@ -587,15 +619,12 @@ class _Connection(asyncio.Protocol):
         """The handler for ``req``; None once the server answered it itself (404, 405)."""
         methods = self.server.routes.get(req.path) or self.server.prefix_route(req.path)
         if methods is not None:
-            handler = methods.get(req.method) or (methods.get("GET") if req.method == "HEAD" else None)
+            handler = handler_for(methods, req.method)
             if handler is not None:
                 return handler
-            allowed = sorted({*methods, *(["HEAD"] if "GET" in methods else [])})
-            resp = self.server.on_error(405, "method_not_allowed",
-                                        f"{req.path} takes {', '.join(allowed)}, not {req.method}")
-            resp.headers.append(("Allow", ", ".join(allowed)))
-        else:
-            resp = self.server.on_error(404, "not_found", f"no route for {req.path}")
+        status, code, message, headers = refusal(req.path, req.method, methods)
+        resp = self.server.on_error(status, code, message)
+        resp.headers += headers
         self._answer(req, resp)
         return None
 
@@ -737,14 +766,11 @@ class HttpServer:
         self._date = ""
         self._port = 0
 
-    def prefix_route(self, path: str) -> dict[str, Handler] | None:
+    def prefix_route(self, path: str) -> Mapping[str, Handler] | None:
         """The methods of the ``/prefix/*`` route ``path`` is under, if any
         (looked up only when no exact route matched; routes may be added after
         construction)."""
-        for route, methods in self.routes.items():
-            if route.endswith("/*") and path.startswith(route[:-1]) and len(path) > len(route) - 1:
-                return methods
-        return None
+        return prefix_methods(self.routes, path)
 
     @property
     def port(self) -> int:

@@ -89,8 +89,13 @@ def headers(client_headers: Mapping[str, str], *, stream: bool, request_id: str,
     return out
 
 
-def body(raw: Mapping[str, Any], model: str) -> bytes:
+def body(raw: Mapping[str, Any], model: str, *, usage: bool = True) -> bytes:
     """The body of a provider request: ``raw`` without its private fields,
     ``model`` replaced; a stream asks for its usage (``stream_usage``: the
-    router counts a provider's tokens, the client gets only what it asked for)."""
-    return _encoder.encode({**{k: v for k, v in ask_usage(raw).items() if k not in PRIVATE_FIELDS}, "model": model})
+    router counts a provider's tokens, the client gets only what it asked for).
+    ``usage=False``: the Endpoint Picker's body for the egress, whose send
+    path (this one) asks for the usage itself: the body the egress token
+    covers keeps the client's own ``stream_options``, which then decide
+    whether the client gets the usage event."""
+    src = ask_usage(raw) if usage else raw
+    return _encoder.encode({**{k: v for k, v in src.items() if k not in PRIVATE_FIELDS}, "model": model})

@@ -4,8 +4,8 @@ codes"), and the shape of an explain request. What is wrong with a body is
 candidate's context window is the engine's
 (:func:`kinference_common.engine.interpret`).
 
-- :func:`upstream_refusal`: an upstream's 4xx becomes the router's error
-  envelope (with the decision id), keeping the upstream's message.
+- :func:`upstream_refusal`: an upstream's 4xx or 5xx becomes the router's
+  error envelope (with the decision id), keeping a 4xx's message.
 - :func:`explain_input`: the shape of a ``POST /debug/explain`` body.
 """
 
@@ -41,11 +41,15 @@ _CODES = {400: "bad_request", 404: "not_found", 409: "conflict", 413: "payload_t
 def upstream_refusal(status: int, payload: bytes, backend: str, retry_after: str | None = None,
                      ) -> tuple[int, str, str, float | None]:
     """``(status, code, message, retry_after)`` of the router's answer to an
-    upstream's 4xx: the upstream's message kept, its string ``code`` kept
-    (``context_length_exceeded`` recognised in vLLM's wording). A 401, 403 or
-    404 is the router's configuration (a wrong key, a wrong served name),
-    not the client's fault: 502 ``upstream_error`` naming the backend. A
+    upstream's error status, at both front doors (the data port's send, the
+    Endpoint Picker's response phase): a 4xx's message kept, its string
+    ``code`` kept (``context_length_exceeded`` recognised in vLLM's wording).
+    A 401, 403 or 404 is the router's configuration (a wrong key, a wrong
+    served name), not the client's fault: 502 ``upstream_error`` naming the
+    backend, as is a 5xx (its body not read: ``payload`` may be empty). A
     429 keeps its ``Retry-After``."""
+    if status >= 500:
+        return 502, "upstream_error", f"{backend} answered {status}", None
     message, code = _upstream_message(payload)
     if status in (401, 403, 404):
         what = f"answered {status}" + (f": {message}" if message else "")

@@ -38,6 +38,10 @@ def metadata(values: dict[str, dict[str, Any]]) -> base_pb2.Metadata:
     return md
 
 
+def immediate_headers(msg: pb.ImmediateResponse) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode() for h in msg.headers.set_headers}
+
+
 @dataclass
 class RequestPhase:
     """What the EPP answered to the request: an ImmediateResponse, or a
@@ -67,6 +71,8 @@ class ResponsePhase:
     set_headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
     kinds: list[str] = field(default_factory=list)
+    #: the EPP answered the response itself (a pod's refusal, in the router's envelope)
+    immediate: pb.ImmediateResponse | None = None
 
 
 def _mutation(m: pb.HeaderMutation) -> tuple[dict[str, str], list[str]]:
@@ -153,6 +159,9 @@ class Stream:
             msg = await self.recv()
             kind = msg.WhichOneof("response")
             out.kinds.append(kind)
+            if kind == "immediate_response":
+                out.immediate = msg.immediate_response
+                return out
             if kind == "response_headers":
                 out.set_headers, _ = _mutation(msg.response_headers.response.header_mutation)
                 if not chunks:
@@ -206,8 +215,7 @@ class EppClient:
         try:
             rq = await s.request("POST", path, dict(headers or {}), body, **kw)
             if rq.immediate is not None:
-                return RoundTrip(rq, rq.status, {h.header.key: h.header.raw_value.decode()
-                                                 for h in rq.immediate.headers.set_headers}, rq.immediate.body)
+                return RoundTrip(rq, rq.status, immediate_headers(rq.immediate), rq.immediate.body)
             target = served or rq.destination.split(",")[0]  # type: ignore[union-attr]
             up_headers = {k: v for k, v in {**(headers or {}), **rq.set_headers}.items()
                           if k not in rq.remove_headers and not k.startswith(":")}
@@ -218,6 +226,9 @@ class EppClient:
                 status = r.status
             chunks = [data[i:i + 4096] for i in range(0, len(data), 4096)] or [b""]
             rp = await s.response(status, rh, chunks, served=target)
+            if rp.immediate is not None:
+                return RoundTrip(rq, rp.immediate.status.code, immediate_headers(rp.immediate),
+                                 rp.immediate.body, rp)
             return RoundTrip(rq, status, {**rh, **rp.set_headers}, rp.body, rp)
         finally:
             await s.close()

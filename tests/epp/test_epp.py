@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from tests.epp.client import headers_message
+from tests.epp.client import headers_message, immediate_headers
 from tests.epp.conftest import Epp
 from tests.router.test_router import CLEAN_PROMPT, Env
 
@@ -135,6 +135,12 @@ async def test_immediate_answers_in_the_router_envelope(start_epp: Any, classifi
     assert rq.immediate is None and rq.destination
     assert "authorization" in rq.remove_headers  # the tenant's key never reaches a pod
     assert sum(len(p.received) for p in env.pods.values()) == 0
+    # the model list asks for a key too, as the data port's does
+    for path in ("/v1/models", "/v1/models/qwen-2.5"):
+        rq = await epp.client.exchange(path, {}, None)
+        assert rq.status == 401 and msgspec.json.decode(rq.immediate.body)["error"]["code"] == "unauthorized"
+        rq = await epp.client.exchange(path, {"authorization": "Bearer sk-alice"}, None)
+        assert rq.status == 200, path
     # saturated, a PII prompt has nowhere to go: 503 with Retry-After
     await env.saturate()
     rq = await epp.client.exchange(CHAT, {"authorization": "Bearer sk-alice"},
@@ -234,3 +240,76 @@ async def test_a_stream_cut_mid_way_leaks_no_in_flight_work(start_epp: Any, clas
         await asyncio.sleep(0.02)
     assert inflight(env) == 0
     assert not any(load.in_flight for load in env.router.ledger.loads.values())
+
+
+CONTEXT_REFUSAL = {"error": {"message": "This model's maximum context length is 32768 tokens. However, you requested "
+                             "32790 tokens (30 in the messages, 32760 in the completion).",
+                             "type": "BadRequestError", "param": None, "code": 400}}
+
+
+async def test_a_pods_refusal_is_answered_in_the_routers_envelope(start_epp: Any, classifier: Any) -> None:
+    """A pod's own 4xx (vLLM's envelope) comes back as the data port answers
+    it: the router's envelope with the decision id, the pod's message, the
+    code mapped (context_length_exceeded), rule and backend headers."""
+    epp: Epp = await start_epp()
+    env = epp.env
+    s = epp.client.stream()
+    rq = await s.request("POST", CHAT, {}, chat_body())
+    rp = await s.response(400, {"content-type": "application/json"}, [json.dumps(CONTEXT_REFUSAL).encode()],
+                          served=rq.destination)
+    await s.close()
+    assert rp.immediate is not None and rp.immediate.status.code == 400, rp
+    assert msgspec.json.decode(rp.immediate.body) == {"error": {
+        "message": CONTEXT_REFUSAL["error"]["message"], "type": "invalid_request_error",
+        "code": "context_length_exceeded", "decision_id": rq.set_headers["x-kinference-decision-id"]}}
+    headers = immediate_headers(rp.immediate)
+    assert headers["x-kinference-decision-id"] == rq.set_headers["x-kinference-decision-id"]
+    assert headers["x-kinference-backend"].startswith("Local/") and headers["x-kinference-rule"]
+    assert headers["content-type"] == "application/json"
+    assert inflight(env) == 0
+
+
+async def test_pods_refusals_are_answered_alike_at_both_doors(start_epp: Any, classifier: Any) -> None:
+    """The same pod answer, through the data port and through the EPP: the
+    same status, code, type and message (a 401, 403 or 404 is the router's
+    configuration: 502 naming the backend; a 5xx is 502)."""
+    epp: Epp = await start_epp()
+    env = epp.env
+    for status, want in ((400, 400), (422, 422), (401, 502), (404, 502), (500, 502)):
+        for pod in env.pods.values():
+            pod.status = status
+        r = await env.chat(CLEAN_PROMPT)
+        via_router = msgspec.json.decode(await r.read())["error"]
+        rt = await epp.client.roundtrip(CHAT, chat_body(), session=epp.session)
+        via_epp = msgspec.json.decode(rt.body)["error"]
+        assert (rt.status, r.status) == (want, want), (status, rt.body)
+        assert len(via_epp.pop("decision_id")) == len(via_router.pop("decision_id")) == 32
+        # the backend named may differ (either worker set may serve)
+        via_epp["message"] = via_epp["message"].replace(rt.headers["x-kinference-backend"], "B")
+        via_router["message"] = via_router["message"].replace(r.headers["x-kinference-backend"], "B")
+        assert via_epp == via_router, status
+        assert rt.headers["x-kinference-rule"] == r.headers["x-kinference-rule"]
+    assert inflight(env) == 0
+
+
+async def test_a_wrong_method_or_path_is_answered_as_on_the_data_port(start_epp: Any) -> None:
+    """405 with the data port's message and ``Allow`` (404 for a path it does
+    not serve), at once, with or without a body."""
+    epp: Epp = await start_epp()
+    env = epp.env
+    assert env.client.session is not None
+    cases = [("POST", "/v1/models", b"{}"), ("POST", "/v1/models", None), ("GET", CHAT, None),
+             ("GET", "/v1/completions", chat_body()), ("DELETE", "/v1/models/qwen-2.5", None),
+             ("POST", "/v2/chat/completions", chat_body())]
+    for method, path, body in cases:
+        s = epp.client.stream()
+        try:
+            rq = await s.request(method, path, {}, body)
+        finally:
+            await s.close()
+        async with env.client.session.request(method, path, data=body) as r:
+            want_status, want, allow = r.status, msgspec.json.decode(await r.read())["error"], r.headers.get("Allow")
+        assert rq.status == want_status == (404 if path.startswith("/v2") else 405), (method, path, rq)
+        got = msgspec.json.decode(rq.immediate.body)["error"]
+        assert (got["code"], got["message"], got["type"]) == (want["code"], want["message"], want["type"])
+        assert immediate_headers(rq.immediate).get("allow") == allow, (method, path)

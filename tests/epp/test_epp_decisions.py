@@ -236,3 +236,25 @@ async def test_flow_control_sheds_with_429_as_the_router_does(start_pool: Any) -
         await client.close()
         await server.close()
         await upstream.close()
+
+
+async def test_a_streamed_provider_answer_has_usage_only_when_the_client_asked(start_epp: Any,
+                                                                               classifier: Any) -> None:
+    """As on the data port (tests/router/test_stream_usage.py): the egress asks
+    the provider for usage, and the client gets the usage event only when its
+    own body asked for it (the body the egress token covers says so)."""
+    epp: Epp = await start_epp(egress=True)
+    env = epp.env
+    env.provider.usage_only_when_asked = True
+    await env.saturate()
+    rt = await epp.client.roundtrip(CHAT, chat_body(stream=True), session=epp.session)
+    assert rt.status == 200 and rt.headers["x-kinference-backend"] == "Provider/databricks", rt.body
+    text = rt.body.decode()
+    assert env.provider.received[-1]["body"]["stream_options"] == {"include_usage": True}
+    assert '"usage"' not in text and text.count("data: ") == 4 and text.rstrip().endswith("data: [DONE]"), text
+    rt = await epp.client.roundtrip(CHAT, chat_body(stream=True, stream_options={"include_usage": True}),
+                                    session=epp.session)
+    text = rt.body.decode()
+    assert '"usage"' in text and text.count("data: ") == 5, text
+    await asyncio.sleep(0.05)
+    assert inflight(env) == 0

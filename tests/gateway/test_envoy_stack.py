@@ -70,6 +70,24 @@ spec:
     - { kind: InferenceWorkerSet, name: qwen-2-5-32b }
   policyRef: {name: never-capacity}
   flowControl: {maxQueued: 1, maxQueueWait: 400ms}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {name: to-the-provider, namespace: default}
+spec:
+  rules:
+    - name: provider-only
+      route:
+        select:
+          - { type: Provider, order: [databricks] }
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePool
+metadata: {name: provider-only, namespace: default}
+spec:
+  destinations:
+    - { kind: InferenceProvider, name: databricks }
+  policyRef: {name: to-the-provider}
 """
 
 
@@ -81,11 +99,18 @@ class Rig:
         self.pods = {pod: f"127.0.0.1:{stack.port(port)}" for _ws, pod, port in PODS}
         self.events: dict[str, dict[str, Any]] = {}
         self.extra: dict[str, int] = {}  # extra router pools -> EPP port
+        self.extra_data: dict[str, int] = {}  # extra router pools -> data port
+        self.extra_egress: dict[str, int] = {}  # extra router pools -> egress port (0: none)
         self.envoys: list[envoy.EnvoyProcess] = []
 
     @property
     def envoy_url(self) -> str:
         return f"http://127.0.0.1:{self.stack.port(ENVOY_PORTS['envoy'])}"
+
+    @property
+    def data_url(self) -> str:
+        """The router's own data port (the other front door)."""
+        return f"http://127.0.0.1:{self.stack.port(8080)}"
 
     def port(self) -> int:
         """A free port for an extra Envoy or router."""
@@ -141,8 +166,9 @@ class Rig:
                              "egress": f"127.0.0.1:{self.stack.port(ENVOY_PORTS['egress'])}", **kw})
 
 
-async def _extra_router(stack: Stack, pool: str) -> int:
-    """Another router (another pool's EPP) with the stack's NATS credentials."""
+async def _extra_router(stack: Stack, pool: str, *, egress: bool = False) -> tuple[int, int, int]:
+    """Another router (another pool's EPP, and with ``egress`` its provider
+    egress) with the stack's NATS credentials: its EPP, data and egress ports."""
     base = stack.proc("router").argv
     argv, skip = [], False
     drop = {"--pool", "--port", "--admin-port", "--epp-port", "--egress-port"}
@@ -154,14 +180,15 @@ async def _extra_router(stack: Stack, pool: str) -> int:
             skip = True
             continue
         argv.append(a)
-    port, admin, epp = (natsserver.free_port() for _ in range(3))
+    port, admin, epp, egress_port = (natsserver.free_port() for _ in range(4))
     proc = Proc(f"router-{pool}", [*argv, "--pool", f"default/{pool}", "--port", str(port), "--admin-port",
-                                  str(admin), "--epp-port", str(epp), "--epp-fallbacks", "0"],
+                                  str(admin), "--epp-port", str(epp), "--epp-fallbacks", "0",
+                                  *(["--egress-port", str(egress_port)] if egress else [])],
                 ready_url=f"http://127.0.0.1:{port}/readyz")
     await stack.spawn(proc)
     stack.procs.insert(len(stack.procs) - 1, proc)
     await stack._wait_ready(proc, 60)
-    return epp
+    return epp, port, egress_port if egress else 0
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -183,8 +210,9 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
 
     await nc.subscribe("kinference.decisions.>", cb=on_event)
     try:
-        for pool in ("spot-only", "no-pods"):
-            rig.extra[pool] = await _extra_router(s, pool)
+        for pool in ("spot-only", "no-pods", "provider-only"):
+            rig.extra[pool], rig.extra_data[pool], rig.extra_egress[pool] = await _extra_router(
+                s, pool, egress=pool == "provider-only")
         await _wait_local(rig)
         yield rig
     finally:
@@ -197,9 +225,9 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
 
 
 async def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None,
-               timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
+               timeout: float = 60, path: str = "/v1/chat/completions") -> tuple[int, dict[str, str], bytes]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http, \
-            http.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}) as r:
+            http.post(f"{url}{path}", json=body, headers=headers or {}) as r:
         return r.status, {k.lower(): v for k, v in r.headers.items()}, await r.read()
 
 
@@ -328,6 +356,76 @@ async def test_conformance_two_pools_on_two_route_rules(rig: Rig) -> None:
     assert status == 200 and (await rig.event(h["x-kinference-decision-id"]))["pool"] == "default/spot-only"
     status, h, _ = await post(e.url, chat(), {HOOK: rig.pods["qwen-0"]})
     assert status == 200 and (await rig.event(h["x-kinference-decision-id"]))["pool"] == "default/inference-all"
+
+
+# ------------------------------------- the two front doors answer alike
+
+
+def stream_models(body: bytes) -> set[str]:
+    """The ``model`` of every event of a streamed answer that has one."""
+    return {e["model"] for e in (json.loads(line[6:]) for line in body.decode().splitlines()
+                                 if line.startswith("data: {")) if "model" in e}
+
+
+async def test_both_doors_give_back_the_clients_model_name(rig: Rig) -> None:
+    for url in (rig.envoy_url, rig.data_url):
+        status, h, body = await post(url, chat())
+        assert status == 200 and h["x-kinference-backend"].startswith("Local/"), body
+        assert json.loads(body)["model"] == "qwen-2.5", url
+        status, h, body = await post(url, chat(stream=True))
+        assert status == 200 and stream_models(body) == {"qwen-2.5"}, (url, body)
+
+
+async def test_a_provider_stream_has_usage_only_when_asked_at_both_doors(rig: Rig) -> None:
+    """A pool whose only rule routes to the provider: through Envoy (EPP,
+    then the router's egress) as through the data port, a stream carries the
+    usage event only when the client asked, and the client's model name."""
+    e = rig.extra_envoy(envoy.EnvoyConfig(port=rig.port(), admin_port=rig.port(), fallback=True, pools=[
+        envoy.Pool(epp=f"127.0.0.1:{rig.extra['provider-only']}", endpoints=[rig.pods["qwen-0"]],
+                   egress=f"127.0.0.1:{rig.extra_egress['provider-only']}")]), "envoy-provider-only")
+    completion = {"model": "qwen-2.5", "max_tokens": 3, "stream": True, "prompt": "hi there"}
+    for url in (e.url, f"http://127.0.0.1:{rig.extra_data['provider-only']}"):
+        for path, body in (("/v1/completions", completion), ("/v1/chat/completions", chat(stream=True))):
+            status, h, got = await post(url, body, path=path)
+            assert status == 200 and h["x-kinference-backend"] == "Provider/databricks", (url, got)
+            assert b'"usage"' not in got and got.rstrip().endswith(b"data: [DONE]"), (url, path, got)
+            assert stream_models(got) == {"qwen-2.5"}, (url, path, got)
+        status, _, got = await post(url, chat(stream=True, stream_options={"include_usage": True}))
+        assert status == 200 and b'"usage"' in got, (url, got)
+        status, _, got = await post(url, chat())
+        assert status == 200 and json.loads(got)["model"] == "qwen-2.5", (url, got)
+
+
+async def test_a_pods_refusal_is_the_routers_envelope_at_both_doors(rig: Rig) -> None:
+    """A pod refuses (a prompt plus max_tokens over its window; a prompt list
+    it does not take): through Envoy as through the data port, the router's
+    envelope with the decision id and the mapped code, never the pod's own."""
+    cases = [("/v1/chat/completions", chat("hi", max_tokens=32760), "context_length_exceeded"),
+             ("/v1/completions", {"model": "qwen-2.5", "max_tokens": 3, "prompt": ["hi there", "and you"]}, None)]
+    for path, body, code in cases:
+        answers = [await post(url, body, path=path) for url in (rig.envoy_url, rig.data_url)]
+        errors = []
+        for status, h, got in answers:
+            err = json.loads(got)["error"]
+            assert 400 <= status < 500 and err["type"] == "invalid_request_error", (path, status, got)
+            assert err["decision_id"] == h["x-kinference-decision-id"] and h["x-kinference-backend"], (path, h)
+            assert "param" not in err and err["code"] != 400, got  # not the pod's envelope
+            errors.append((status, err["code"], err["message"]))
+        assert errors[0] == errors[1], (path, errors)
+        if code is not None:
+            assert errors[0][1] == code, errors
+
+
+async def test_a_wrong_method_is_405_at_both_doors(rig: Rig) -> None:
+    async with aiohttp.ClientSession() as http:
+        for method, path in (("POST", "/v1/models"), ("GET", "/v1/chat/completions"), ("GET", "/v1/completions"),
+                             ("DELETE", "/v1/models/qwen-2.5")):
+            answers = []
+            for url in (rig.envoy_url, rig.data_url):
+                async with http.request(method, f"{url}{path}", json={} if method == "POST" else None) as r:
+                    err = (await r.json())["error"]
+                    answers.append((r.status, r.headers.get("Allow"), err["code"], err["message"]))
+            assert answers[0] == answers[1] and answers[0][0] == 405, (method, path, answers)
 
 
 # ------------------------------------------------------ the gateway side

@@ -192,6 +192,29 @@ async def test_streaming_passes_chunks_through(env: Env, classifier: ClassifierS
     assert text.count("data: ") == 5 and text.rstrip().endswith("data: [DONE]")
 
 
+def _models(text: str) -> set[str]:
+    """The ``model`` of every event of a stream that has one."""
+    return {e["model"] for e in (json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {"))
+            if "model" in e}
+
+
+async def test_the_client_gets_back_the_model_name_it_asked_for(env: Env, classifier: ClassifierService) -> None:
+    """As through the Endpoint Picker: the pod's served name and the
+    provider's upstream name never reach the client, whole or streamed."""
+    r = await env.chat(CLEAN_PROMPT)
+    assert r.headers["x-kinference-backend"].startswith("Local/")
+    assert (await r.json())["model"] == "qwen-2.5"
+    r = await env.chat(CLEAN_PROMPT, stream=True)
+    assert _models((await r.read()).decode()) == {"qwen-2.5"}
+    await env.saturate()
+    r = await env.chat(CLEAN_PROMPT)
+    assert r.headers["x-kinference-backend"] == "Provider/databricks"
+    assert env.provider.received[-1]["body"]["model"] == "databricks-qwen25-32b"
+    assert (await r.json())["model"] == "qwen-2.5"
+    r = await env.chat(CLEAN_PROMPT, stream=True)
+    assert _models((await r.read()).decode()) == {"qwen-2.5"}
+
+
 async def test_bursts_only_clean_traffic_when_local_is_saturated(env: Env, classifier: ClassifierService) -> None:
     await env.saturate()
     r = await env.chat(CLEAN_PROMPT)
