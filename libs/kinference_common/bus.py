@@ -92,15 +92,18 @@ def servers(url: str | Sequence[str]) -> list[str]:
     from urllib.parse import urlsplit
 
     parts = [url] if isinstance(url, str) else list(url)
-    found = [_server(u.strip()) for part in parts for u in part.split(",") if u.strip()]
+    given = ",".join(parts)
+    # a password may hold a comma, which then cuts its URL in two: with any
+    # "@" in the value no entry is shown beyond its scheme and host
+    secret = "@" in given
+    found = [_server(u.strip(), secret) for part in parts for u in part.split(",") if u.strip()]
     if not found:
-        given = ",".join(parts)
-        raise NatsUrlError(f"--nats-url {_masked(given)!r}: no NATS server given "
+        raise NatsUrlError(f"--nats-url {_masked(given, secret)!r}: no NATS server given "
                            "(nats://HOST:PORT, or a cluster's servers comma-separated)")
     websocket = {urlsplit(u).scheme.lower() in _WEBSOCKET for u in found}
     if len(websocket) > 1:
-        raise NatsUrlError(f"--nats-url {_masked(','.join(found))!r}: WebSocket servers (ws://, wss://) "
-                           "cannot be mixed with nats:// or tls:// ones")
+        raise NatsUrlError(f"--nats-url {_masked(','.join(found), secret)!r}: WebSocket servers (ws://, "
+                           "wss://) cannot be mixed with nats:// or tls:// ones")
     return found
 
 
@@ -110,48 +113,68 @@ def check_url(url: str | Sequence[str]) -> str:
     return ",".join(servers(url))
 
 
-def _server(entry: str) -> str:
-    """One server of ``--nats-url``, checked; ``host:port`` made ``nats://host:port``."""
+def _server(entry: str, secret: bool = False) -> str:
+    """One server of ``--nats-url``, checked; ``host:port`` made
+    ``nats://host:port``. The host and port are read after the last ``@``
+    (a password may hold ``/``, ``:`` or ``#``), and no message shows what
+    comes before it."""
     from urllib.parse import urlsplit
 
     def bad(what: str) -> NatsUrlError:
-        return NatsUrlError(f"--nats-url {_masked(entry)!r}: {what}")
+        if secret and "@" not in entry:  # maybe a piece of a password: nothing of it in the message
+            what = "not a server (a password cut by a comma? servers are separated by commas)"
+        return NatsUrlError(f"--nats-url {_masked(entry, secret)!r}: {what}")
 
     for sep, name in ((";", "';'"), ("|", "'|'")):
-        if sep in entry:
+        if sep in entry.rpartition("@")[2] or (sep in entry and entry.count("://") > 1):
             raise bad(f"separate servers with commas, not {name}")
     if any(c.isspace() for c in entry):
         raise bad("separate servers with commas, not spaces")
+    if entry.count("://") > 1:
+        raise bad("separate servers with commas")
     full = entry if "://" in entry else f"nats://{entry}"
+    scheme_text, _, rest = full.partition("://")
+    userinfo, at, location = rest.rpartition("@")
+    scheme = scheme_text.lower()
+    if scheme not in SCHEMES:
+        raise bad(f"scheme {scheme_text + '://'!r} is not one of " + ", ".join(f"{s}://" for s in SCHEMES))
     try:
-        parts = urlsplit(full)
+        parts = urlsplit(f"{scheme}://{location}")
     except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
         raise bad(f"not a URL ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in SCHEMES:
-        raise bad(f"scheme {parts.scheme + '://'!r} is not one of " + ", ".join(f"{s}://" for s in SCHEMES))
     if not parts.hostname:
         raise bad("no host (scheme://HOST:PORT)")
     try:
         port = parts.port
     except ValueError:
-        raw = parts.netloc.rpartition("@")[2].rpartition("]")[2].partition(":")[2]
+        raw = parts.netloc.rpartition("]")[2].partition(":")[2]
         if raw.isdigit():
             raise bad(f"port {int(raw)} is outside 1-65535") from None
         raise bad(f"port {raw!r} is not a number in 1-65535") from None
     if port == 0:
         raise bad("port 0 is outside 1-65535")
     if scheme not in _WEBSOCKET and (parts.path not in ("", "/") or parts.query or parts.fragment):
-        rest = full[len(parts.scheme) + 3 + len(parts.netloc):]
-        raise bad(f"unexpected {rest!r} after the port (a NATS server is scheme://HOST:PORT)")
-    return scheme + full[len(scheme):]  # the client knows its schemes in lower case only
+        rest_after = location[len(parts.netloc):]
+        raise bad(f"unexpected {rest_after!r} after the port (a NATS server is scheme://HOST:PORT)")
+    return f"{scheme}://{userinfo}{at}{location}"  # the client knows its schemes in lower case only
 
 
-def _masked(url: str) -> str:
-    """``url`` with the password of every ``user:password@`` replaced by ``***``."""
-    import re
-
-    return re.sub(r"(://[^/@,:]*):[^/@,]*@", r"\1:***@", url)
+def _masked(url: str, secret: bool = False) -> str:
+    """``url`` (one entry or a list) as a message may show it: what comes
+    before each entry's last ``@`` (a user and password, which may hold
+    ``/``, ``:`` or ``,``) as ``***``; with ``secret`` (an ``@`` somewhere
+    in the whole value) an entry without one is shown as its scheme only."""
+    out = []
+    for entry in url.split(","):
+        scheme, sep, rest = entry.partition("://")
+        if "@" in (rest if sep else entry):
+            host = (rest if sep else entry).rpartition("@")[2]
+            out.append(f"{scheme}{sep}***@{host}" if sep else f"***@{host}")
+        elif secret:
+            out.append(f"{scheme}://***" if sep else "***")
+        else:
+            out.append(entry)
+    return ",".join(out)
 
 
 async def connect(

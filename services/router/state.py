@@ -217,7 +217,9 @@ class SnapshotKeeper:
             log.info("no configuration yet", pool=f"{self.namespace}/{self.pool_name}")
         except Exception as exc:  # NATS went away mid-resync: resync_soon tries again
             failed = f"configuration: {bus.describe(exc)}"
-        failed = failed or await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
+        # telemetry is read whatever became of the configuration
+        telemetry = await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
+        failed = failed or telemetry
         self.rebuild()
         return failed
 
@@ -471,7 +473,9 @@ class PoolsFollower:
             log.info("no configuration yet")
         except Exception as exc:  # NATS went away mid-resync: resync_soon tries again
             failed = f"configuration: {bus.describe(exc)}"
-        failed = failed or await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
+        # telemetry is read whatever became of the configuration
+        telemetry = await resync_telemetry(js, self.set_endpoint, self.set_provider, self.endpoints)
+        failed = failed or telemetry
         for k in self.keepers.values():
             k.rebuild()
         return failed

@@ -173,8 +173,6 @@ class Membership:
         self._caught_up = asyncio.Event()
         #: when the watch last brought this replica's own beat back (monotonic)
         self._own_seen = 0.0
-        #: when the watch was last opened (monotonic)
-        self._opened = 0.0
         self._memo: tuple[object, set[tuple[str, ...]]] | None = None
         #: member -> when its newest beat arrived (the event loop's monotonic clock)
         self._beats: dict[str, float] = {}
@@ -227,11 +225,15 @@ class Membership:
             # one watch for the replica's life: every beat is pushed to it (reading the
             # bucket at each beat made a consumer per beat, and its listing missed keys
             # being rewritten)
-            # until the new watch has replayed the bucket, what this replica holds of
-            # the others is what it last heard: no one is aged out meanwhile
+            # the members known before the watch went down get a ttl from now to be
+            # heard again: while it was down this replica heard no one, which says
+            # nothing of them (NATS was away for everyone, or for this replica)
             self._caught_up.clear()
+            now = asyncio.get_running_loop().time()
+            for key, at in self._beats.items():
+                self._beats[key] = max(at, now)
             self._watcher = await kv.watchall()  # type: ignore[attr-defined]
-            self._own_seen = self._opened = asyncio.get_running_loop().time()
+            self._own_seen = asyncio.get_running_loop().time()
             self._follow = asyncio.create_task(self._follow_beats(self._watcher), name="collector-members-watch")
             self._kv = kv
         return self._kv
@@ -247,10 +249,12 @@ class Membership:
         that same beat (it says nothing new of it); a beat this replica had
         not heard (written while its watch was down), and a member not known,
         is as old as the server's time of its write says (not the writer's
-        clock). Until the replay is done (at most ``ttl``) :meth:`beat` ages no one out: a
-        watch reopened after NATS was away for longer than ``ttl`` (a
-        bucket's leader elected again) took every other member for dead and
-        led alone for a moment, beside the real leader."""
+        clock). A watch opened again (after NATS was away, for this replica or
+        for all: a bucket's leader elected again) gives every member it knew a
+        ``ttl`` from then to be heard: aged by the last beat heard before,
+        every other member was taken for dead and this replica led alone for
+        a moment, beside the real leader. A member that died meanwhile goes a
+        ``ttl`` later (a killed one at once, by the probes)."""
         caught_up = False
         loop = asyncio.get_running_loop()
         async for entry in watcher:
@@ -320,10 +324,7 @@ class Membership:
             self._failing = False
             log.info("membership_recovered")
         now = asyncio.get_running_loop().time()
-        # (a replay takes milliseconds; one that never ends ages them after a ttl)
-        replayed = self._caught_up.is_set() or now - self._opened > self.ttl
-        expired = [k for k, at in self._beats.items() if now - at > self.ttl] if replayed else []
-        for key in expired:
+        for key in [k for k, at in self._beats.items() if now - at > self.ttl]:
             del self._beats[key]
             self._revisions.pop(key, None)
         self._update_members()

@@ -602,3 +602,32 @@ async def test_a_watch_opened_after_nats_was_away_longer_than_ttl_drops_no_live_
     await b.stop()
     await _until_beating(a, lambda: a.members == ["collector-a"])  # a member gone is still dropped
     await a.stop()
+
+
+async def test_after_an_outage_of_everyone_the_first_back_keeps_the_others(nats_server: Any) -> None:
+    """NATS away for both replicas (a bucket's leader elected again): the
+    first back replayed the other's last beat, older than the ttl, and
+    dropped it at once: two leaders until its next beat."""
+    a = await _members(nats_server.url, "collector-a", "test-members-all-away", 0.1, 0.3)
+    b = await _members(nats_server.url, "collector-b", "test-members-all-away", 0.1, 0.3)
+    await a.beat()
+    await b.beat()
+    await _until(lambda: a.members == b.members == ["collector-a", "collector-b"])
+    changes: list[list[str]] = []
+    a.on_change(lambda: changes.append(list(a.members)))
+    b.on_change(lambda: changes.append(list(b.members)))
+    for m in (a, b):  # both lose the bucket: no beat written, none heard
+        await m._unwatch()
+        m._kv = None
+    await asyncio.sleep(0.7)  # over twice the ttl
+    await b.beat()  # b first, then a
+    await asyncio.sleep(0.05)
+    await a.beat()
+    await asyncio.sleep(0.15)
+    await b.beat()
+    await a.beat()
+    assert a.members == b.members == ["collector-a", "collector-b"] and changes == []
+    assert [m.leader for m in (a, b)] == [True, False]
+    await a.stop()
+    await _until_beating(b, lambda: b.members == ["collector-b"])  # one that left still goes
+    await b.stop()

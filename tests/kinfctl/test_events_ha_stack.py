@@ -13,6 +13,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,12 +62,31 @@ def ha_stack(tmp_path: Path) -> Iterator[tuple[Path, int, list[str]]]:
     try:
         for proc, (client, _route, _monitor) in zip(running, NATS_CLUSTER[1:], strict=True):
             _wait_port("127.0.0.1", stack.port(client), 10, proc)
+        # two of three elect JetStream's meta leader in a few seconds: until then every
+        # stream request times out (kinfctl audit then rightly says it cannot read)
+        for _client, _route, monitor in NATS_CLUSTER[1:]:
+            _wait_healthy(stack.port(monitor), 30)
         yield tmp_path, offset, stack.nats_url.split(",")
     finally:
         for proc in running:
             proc.terminate()
         for proc in running:
             proc.wait(5)
+
+
+def _wait_healthy(monitor_port: int, timeout: float) -> None:
+    """Until the server's /healthz says its JetStream is current."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/healthz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nats-server on monitor port {monitor_port} not healthy within {timeout} s")
+        time.sleep(0.2)
 
 
 async def kinfctl(cwd: Path, offset: int | None, *argv: str, first_line: bool = False) -> tuple[int | None, str]:

@@ -82,3 +82,29 @@ async def test_a_resync_that_cannot_read_says_what(nats_server: Any) -> None:
     finally:
         if not nc.is_closed:
             await nc.close()
+
+
+async def test_a_configuration_read_that_fails_does_not_skip_the_telemetry(nats_server: Any) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket=subjects.TELEMETRY_BUCKET, history=1))
+        st = state("p0", 4, 100.0)
+        await kv.put(subjects.endpoint_key(st.namespace, st.worker_set, st.pod), encode(st))
+
+        class ConfigTimesOut:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(js, name)
+
+            async def key_value(self, bucket: str) -> Any:
+                if bucket == subjects.CONFIG_BUCKET:
+                    raise TimeoutError("nats: timeout")
+                return await js.key_value(bucket)
+
+        k = SnapshotKeeper("default", "pool", InFlightLedger())
+        k._nc = nc
+        nc.jetstream = lambda **kw: ConfigTimesOut()  # type: ignore[method-assign]
+        assert (await k.resync() or "").startswith("configuration:")
+        assert k.endpoints["default/ws-a/p0"].queued == 4  # read all the same
+    finally:
+        await nc.close()
