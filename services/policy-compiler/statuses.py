@@ -24,7 +24,7 @@ import msgspec
 import yaml
 
 from kinference_common.compiler import CompileResult
-from kinference_common.compiler.status import Condition, carry_transition_times
+from kinference_common.compiler.status import Condition, GieParentStatus, carry_transition_times
 from kinference_common.manifests import ManifestError
 
 
@@ -46,13 +46,38 @@ def _statuses(res: CompileResult) -> dict[tuple[str, str, str], Any]:
 
 
 def _carry(old: Any, new: Any) -> Any:
-    if old is None or not hasattr(new, "conditions"):
+    """``new`` with the ``lastTransitionTime`` of ``old``'s conditions that did
+    not change: the object's own (copied to each of its parents, as the
+    pool's status has them), or, for an Inference Extension pool (parents
+    only), each parent's from the same parent's."""
+    if old is None:
         return new
-    conditions = carry_transition_times(old.conditions, new.conditions)
-    changes: dict[str, Any] = {"conditions": conditions}
-    if hasattr(new, "parents") and new.parents:
-        changes["parents"] = [msgspec.structs.replace(p, conditions=conditions) for p in new.parents]
-    return msgspec.structs.replace(new, **changes)
+    if hasattr(new, "conditions"):
+        conditions = carry_transition_times(old.conditions, new.conditions)
+        changes: dict[str, Any] = {"conditions": conditions}
+        if getattr(new, "parents", None):
+            changes["parents"] = [msgspec.structs.replace(p, conditions=conditions) for p in new.parents]
+        return msgspec.structs.replace(new, **changes)
+    if getattr(new, "parents", None):
+        before = {_ref(p.parent_ref): p.conditions for p in getattr(old, "parents", [])}
+        return msgspec.structs.replace(new, parents=[
+            msgspec.structs.replace(p, conditions=carry_transition_times(before.get(_ref(p.parent_ref), []),
+                                                                          p.conditions))
+            for p in new.parents])
+    return new
+
+
+def _ref(ref: Any) -> tuple[Any, ...]:
+    return (ref.group, ref.kind, ref.name, ref.namespace)
+
+
+#: the kinds (status directories) the compiler writes: only their files are read back
+_OWN_KINDS = ("InferencePolicy", "InferencePool", "InferencePool.inference.networking.k8s.io", "InferenceProvider")
+_OWN_KIND_PREFIXES = ("InferenceObjective.", "InferenceModelRewrite.")
+
+
+def _own_kind(name: str) -> bool:
+    return name in _OWN_KINDS or name.startswith(_OWN_KIND_PREFIXES)
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -90,20 +115,28 @@ class StatusDirectory:
         self._observed = False
 
     def _observe(self) -> None:
-        """What the directory holds: each object's status file as written (an
-        unreadable one is written again), its conditions for their
-        ``lastTransitionTime``."""
+        """What the directory holds of the kinds the compiler writes: each
+        object's status file as written, its conditions (and an Inference
+        Extension pool's parents') for their ``lastTransitionTime``. A file
+        that cannot be read is written again, or removed when its object is
+        gone; a file of another kind is left alone."""
         self._observed = True
         for path in sorted(self.root.glob("*/*/*.yaml")):
             kind, ns, name = path.parent.parent.name, path.parent.name, path.stem
-            try:
-                body = yaml.safe_load(path.read_text(encoding="utf-8"))
-                conditions = msgspec.convert(body["status"].get("conditions") or [], list[Condition])
-            except Exception:  # noqa: BLE001 - not ours to read: replaced by the next write
+            if not _own_kind(kind):
                 continue
             key = (kind, ns, name)
+            try:
+                body = yaml.safe_load(path.read_text(encoding="utf-8"))
+                status = body["status"]
+                conditions = msgspec.convert(status.get("conditions") or [], list[Condition])
+                parents = (msgspec.convert(status.get("parents") or [], list[GieParentStatus])
+                           if kind == "InferencePool.inference.networking.k8s.io" else [])
+            except Exception:  # noqa: BLE001 - not readable: written again (or removed) by this write
+                self._written[key] = b""
+                continue
             self._written[key] = msgspec.json.encode(body)
-            self._last[key] = SimpleNamespace(conditions=conditions)
+            self._last[key] = SimpleNamespace(conditions=conditions, parents=parents)
 
     def write(self, res: CompileResult, errors: list[ManifestError], documents: Iterable[Any] = ()) -> int:
         """Write changed statuses; return how many files changed. ``documents``:

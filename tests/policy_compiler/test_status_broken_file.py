@@ -71,3 +71,46 @@ def test_a_restarted_compiler_keeps_the_transition_times_and_removes_what_went_m
     times = {c["lastTransitionTime"] for p in files
              for c in yaml.safe_load(p.read_text())["status"].get("conditions", [])}
     assert times == {"2026-01-01T00:00:00Z"}
+
+
+def test_the_directory_read_leaves_other_files_alone_and_gie_pools_keep_their_times(tmp_path: Path) -> None:
+    """Only the kinds the compiler writes are read back: a file of another
+    kind saved there stays; an unreadable status file of an object gone is
+    removed. An Inference Extension pool's parents (its only conditions)
+    keep their ``lastTransitionTime`` across compiles and restarts."""
+    manifests = tmp_path / "manifests"
+    shutil.copytree(REPO / "deploy" / "examples", manifests)
+    for name in ("pool.yaml", "httproute.yaml"):
+        shutil.copy(REPO / "deploy" / "k8s" / "overlays" / "gateway" / name, manifests / f"30-gateway-{name}")
+    (manifests / "30-gateway.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "inference-gateway", "namespace": "default"}, "spec": {"gatewayClassName": "eg"}}))
+    status = tmp_path / "status"
+    foreign = status / "exports" / "prod" / "deployment.yaml"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text(yaml.safe_dump({"kind": "Deployment", "status": {"replicas": 3}}))
+    broken = status / "InferencePolicy" / "default" / "gone.yaml"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("status: [unclosed")
+    source = DirectorySource(manifests)
+    source.poll()
+
+    def compile_at(now: str) -> None:
+        res = compile_documents(source.documents(), now=now)
+        statuses.write(res, res.errors, source.documents())
+
+    def gie_times() -> set[str]:
+        body = yaml.safe_load((status / "InferencePool.inference.networking.k8s.io" / "default" / "qwen.yaml")
+                              .read_text())
+        return {c["lastTransitionTime"] for p in body["status"]["parents"] for c in p["conditions"]}
+
+    statuses = StatusDirectory(status)
+    compile_at("2026-01-01T00:00:00Z")
+    assert foreign.exists() and not broken.exists()
+    assert gie_times() == {"2026-01-01T00:00:00Z"}
+    compile_at("2026-01-02T00:00:00Z")  # the same process
+    assert gie_times() == {"2026-01-01T00:00:00Z"}
+    statuses = StatusDirectory(status)  # restarted
+    compile_at("2026-01-03T00:00:00Z")
+    assert gie_times() == {"2026-01-01T00:00:00Z"}
+    assert foreign.exists()
