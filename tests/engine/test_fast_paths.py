@@ -20,6 +20,7 @@ from kinference_common.engine.tokens import (
     _WORDS_ONLY,
     COEFFICIENTS,
     LONG_RUN,
+    SEQUENCE_LINE,
     MEMO_MAX_CHARS,
     MEMO_TEXTS,
     _memo,
@@ -43,16 +44,27 @@ def _plain_features(text: str) -> tuple[int, ...]:
     cls = b"_" + raw.translate(_CLASSES)
     digits_only = cls.translate(_DIGITS_ONLY)
     words = cls.translate(_WORDS_ONLY)
-    chunks, i = [], 0
+    chunks: dict[bytes, list[bytes]] = {b"a": [], b"A": []}
+    i = 0
     while i < len(words):  # each run of one case, cut into LONG_RUN-letter chunks
         j = i
         while j < len(words) and words[j] == words[i]:
             j += 1
-        if words[i : i + 1] in (b"a", b"A"):
-            chunks += [raw[k - 1 : k - 1 + LONG_RUN] for k in range(i, j - LONG_RUN + 1, LONG_RUN)]
+        case = words[i : i + 1]
+        if case in chunks:
+            chunks[case] += [raw[k - 1 : k - 1 + LONG_RUN] for k in range(i, j - LONG_RUN + 1, LONG_RUN)]
         i = j
-    long_runs = len(chunks)
-    repeated = sum(c == c[:1] * LONG_RUN for c in chunks)
+    long_runs = sum(len(c) for c in chunks.values())
+    repeated = sum(c == c[:1] * LONG_RUN for cs in chunks.values() for c in cs)
+    sequence_lines = 0
+    for line in raw.split(b"\n") if b"\n" in raw else []:  # lines starting with 32-63 letters of one case
+        n = 0
+        while n < len(line) and 97 <= line[n] <= 122:
+            n += 1
+        if not n:
+            while n < len(line) and 65 <= line[n] <= 90:
+                n += 1
+        sequence_lines += SEQUENCE_LINE <= n < LONG_RUN
     return (
         words.count(b"_a") + words.count(b"_A"),
         digits_only.count(b"_0"),
@@ -67,6 +79,7 @@ def _plain_features(text: str) -> tuple[int, ...]:
         words.count(b"aA"),
         long_runs - repeated,
         repeated,
+        sequence_lines,
     )
 
 
@@ -78,10 +91,11 @@ def _plain_estimate(text: str) -> int:
 
 
 TEXT = (st.text(st.sampled_from(list("ab Z09 \t\n\r.,;{}é中ру😀ßΩ\x00")) | st.characters(), max_size=60)
-        # runs of letters long enough to count (at most four chunks: all of them sampled)
+        # runs of letters long enough to count (at most four chunks of a case: all of them
+        # sampled), and lines of them
         | st.lists(st.text(st.sampled_from(list("acgtACGT")), max_size=50)
-                   | st.tuples(st.sampled_from(list("xXa 1é")), st.integers(1, 60)).map(lambda p: p[0] * p[1]),
-                   max_size=6).map(lambda parts: "".join(parts)[: 4 * LONG_RUN]))
+                   | st.tuples(st.sampled_from(list("xXa 1é\n")), st.integers(1, 60)).map(lambda p: p[0] * p[1]),
+                   max_size=8).map(lambda parts: "".join(parts)[: 4 * LONG_RUN]))
 
 
 @settings(max_examples=500, deadline=None)

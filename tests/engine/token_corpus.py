@@ -105,6 +105,17 @@ def build_corpus(seed: int = 7, per_class: int = 40) -> list[tuple[str, str]]:
     return corpus
 
 
+_PROSE_WORDS = (
+    "the of and to in is that it was for on are as with his they at be this from have or by one had not but "
+    "what all were when we there can an your which their said if do will each about how up out them then she "
+    "many some so these would other into has more her two like him see time could no make than first been its "
+    "who now people my made over did down only way find use may water long little very after words called just "
+    "where most know get through back much before go good new write our used me man too any day same right look "
+    "think also around another came come work three word must because does part even place well such here take "
+    "why things help put years different away again off went old number great tell men say small every found "
+    "still between name should home big give air line set own under read last never us left end along while "
+    "might next sound below saw something thought both few those always looked show large often together asked "
+    "house world going want school important until form food keep children feet land side without boy once").split()
 _IDENTIFIER_WORDS = (
     "user account settings database connection request handler manager factory service value index "
     "count total name id list map get set is has create update delete build parse load save token model "
@@ -133,6 +144,18 @@ def build_runs(seed: int = 7, per_class: int = 30) -> list[tuple[str, str]]:
     out += [("base64", base64.b64encode(rng.randbytes(rng.randint(150, 3000))).decode()) for _ in range(per_class)]
     out += [("hex", rng.randbytes(rng.randint(100, 2000)).hex()) for _ in range(per_class)]
     out += [("letters", "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(200, 4000))))
+            for _ in range(per_class)]
+    def wrapped(alphabet: str, name: str) -> str:
+        width = rng.choice([50, 60, 60, 60, 61, 70, 80])
+        seq = "".join(rng.choices(alphabet, k=rng.randint(200, 4000)))
+        body = "\n".join(seq[i : i + width] for i in range(0, len(seq), width))
+        return f">{name}_{rng.randint(1, 999)} some organism, partial\n{body}\n"
+
+    out += [("fasta", wrapped("ACGT", "seq")) for _ in range(per_class)]
+    out += [("protein", wrapped("ACDEFGHIKLMNPQRSTVWY", "prot")) for _ in range(per_class)]
+    # English with its spaces removed ("put the spaces back"): a long run of real words
+    words = " ".join(rng.choice(_PROSE_WORDS) for _ in range(20000)).split()
+    out += [("nospace", "".join(words[(k := rng.randrange(0, 15000)) : k + rng.randint(50, 700)]).lower())
             for _ in range(per_class)]
     for _ in range(per_class):
         pieces = []
@@ -179,7 +202,7 @@ def error_table(corpus, count, estimate) -> dict[str, dict[str, float]]:
 
 
 #: the run-shape features, fitted apart (the last ones of ``FEATURES``)
-RUN_FEATURES = 3
+RUN_FEATURES = 4
 
 
 def _fit(corpus, runs, count) -> None:
@@ -203,9 +226,12 @@ def _fit(corpus, runs, count) -> None:
     # letters cost (tokens.REPEATED_RUN_TOKENS), so a test prompt of one
     # letter is never refused by the router where the engine would take it
     repeated = tokens.REPEATED_RUN_TOKENS
-    rest = y - X[:, :-RUN_FEATURES] @ natural - X[:, -1] * repeated
-    shapes, *_ = np.linalg.lstsq(X[:, -RUN_FEATURES:-1] * w[:, None], rest * w, rcond=None)
-    shapes = [*shapes, repeated]
+    col = len(tokens.FEATURES) - RUN_FEATURES + tokens.FEATURES[-RUN_FEATURES:].index("repeated_runs")
+    fitted = [i for i in range(len(tokens.FEATURES) - RUN_FEATURES, len(tokens.FEATURES)) if i != col]
+    rest = y - X[:, :-RUN_FEATURES] @ natural - X[:, col] * repeated
+    found, *_ = np.linalg.lstsq(X[:, fitted] * w[:, None], rest * w, rcond=None)
+    shapes = list(found)
+    shapes.insert(col - (len(tokens.FEATURES) - RUN_FEATURES), repeated)
     coef = list(natural) + list(shapes)
     for n, c in zip(tokens.FEATURES, coef):
         print(f"{n:16} {c:.4f}")
