@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kinference_common.engine import (Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide,
                                       interpret)
+from kinference_common import recording
 from kinference_common.engine.trace import build_trace, encode_trace
 from kinference_common.request_body import BadRequest, ParsedBody, check_body, parse
 from kinference_common.tasks import cancel_and_wait
@@ -142,7 +143,9 @@ class Router:
             self.keeper = SnapshotKeeper(self.settings.namespace, self.settings.pool, self.ledger,
                                          stale_after=self.settings.stale_after, ejected=self.health.excluded,
                                          healthy=self.health.seen_healthy)
-        self.events = EventPublisher(self.nc, self.metrics.dropped_events)
+        self.events = EventPublisher(self.nc, self.metrics.dropped_events,
+                                     stored=(f"{recording.PREFIX}.", recording.STREAM)
+                                     if self.settings.record is not None else None)
         self.recorder: Recorder | None = None
         if self.settings.record is not None:
             self.recorder = Recorder(self.events, self.settings.namespace, self.settings.pool, self.settings.record)

@@ -13,6 +13,19 @@ events are delivered at least once: around a server's death a subscriber
 may see one twice (the same ``decision_id``). Only a closed connection or
 a full queue drops messages (counted).
 
+Decision records (``stored``: a subject prefix and the JetStream stream
+that keeps it, ``KINFERENCE_RECORDS``) must also reach the stream, which
+stores only what arrives while it has a leader: on a cluster of three, the
+leader's death leaves it without one for a few seconds, and what was sent
+meanwhile was lost (a trial: every record of 4.5 s of traffic). So at most
+every ``confirm_every`` seconds the publisher asks the stream for its info
+(answered by its leader only); until it answers, the records sent since the
+last answer are kept, and sent again once it does, each with a
+``Nats-Msg-Id`` (a hash of it) so that the stream drops the copies it
+already stored. A stream that does not exist is no outage (the router
+could not create it and said so: records are not kept). Records waiting for
+the stream count against ``capacity`` like queued messages.
+
 The task lingers ``linger`` seconds (2 ms) after the first message of a batch
 so that a busy router sends many messages per socket write to NATS instead of
 one or two (a write to a local socket costs about as much CPU as building the
@@ -23,6 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import time
 from collections import deque
 
 import nats
@@ -38,11 +53,21 @@ log = structlog.get_logger("router.events")
 
 class EventPublisher:
     def __init__(self, nc: nats.NATS | None, dropped: Counter, capacity: int = 10_000,
-                 linger: float = 0.002, confirm_timeout: float = 2.0) -> None:
+                 linger: float = 0.002, confirm_timeout: float = 2.0,
+                 stored: tuple[str, str] | None = None, confirm_every: float = 0.05) -> None:
         self._nc = nc
         self._confirm = confirm_timeout
         #: messages published again because their batch was not confirmed
         self.resent = 0
+        #: (subject prefix, stream): messages under the prefix must reach that stream
+        self._stored = stored
+        self._confirm_every = confirm_every
+        #: stored messages sent since the stream last answered (sent again if it does not)
+        self._unconfirmed: list[tuple[str, bytes]] = []
+        self._checked = 0.0
+        #: records sent again because the stream had no leader when they were sent
+        self.resent_stored = 0
+        self._stream_away = False
         self._linger = linger
         self._pending: deque[tuple[str, bytes]] = deque()
         self._capacity = capacity
@@ -67,7 +92,7 @@ class EventPublisher:
             self._pending.clear()
 
     def publish(self, subject: str, data: bytes) -> None:
-        if len(self._pending) >= self._capacity:
+        if len(self._pending) + len(self._unconfirmed) >= self._capacity:
             self._dropped.inc()
             return
         self._pending.append((subject, data))
@@ -76,7 +101,18 @@ class EventPublisher:
 
     async def _run(self) -> None:
         while True:
-            await self._wake.wait()
+            if self._unconfirmed:  # records not confirmed yet: ask the stream when traffic stops
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._confirm_every)
+                if not self._wake.is_set():
+                    nc = self._nc
+                    if nc is not None and nc.is_connected:
+                        await self._confirm_stored(nc)
+                    if self._pending:
+                        await self._drain()
+                    continue
+            else:
+                await self._wake.wait()
             if self._linger:
                 # let a few more requests' messages join this batch: one
                 # socket write to NATS carries them all
@@ -99,15 +135,57 @@ class EventPublisher:
                 continue
             batch = [pending.popleft() for _ in range(min(len(pending), 1000))]
             sent = 0
+            prefix = self._stored[0] if self._stored is not None else None
             try:
-                for subject, data in batch:
-                    await nc.publish(subject, data)
+                for item in batch:
+                    subject, data = item
+                    if prefix is not None and subject.startswith(prefix):
+                        msg_id = hashlib.blake2b(data, digest_size=12, person=subject[-16:].encode()).hexdigest()
+                        await nc.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
+                        self._unconfirmed.append(item)
+                    else:
+                        await nc.publish(subject, data)
                     sent += 1
                 await bus.sync(nc, timeout=self._confirm)
+                if self._unconfirmed and time.monotonic() - self._checked >= self._confirm_every:
+                    await self._confirm_stored(nc)
             except MaxPayloadError:  # this message can never go
                 self._dropped.inc()
                 pending.extendleft(reversed(batch[sent + 1:]))
             except Exception:  # the connection broke under the batch: all of it again once connected
                 self.resent += len(batch)
+                if prefix is not None:  # the batch's records go again with the batch, not twice
+                    sent_here = {id(m) for m in batch}
+                    self._unconfirmed = [m for m in self._unconfirmed if id(m) not in sent_here]
                 pending.extendleft(reversed(batch))
                 await asyncio.sleep(0.02)
+        if self._unconfirmed and nc is not None and nc.is_connected \
+                and time.monotonic() - self._checked >= self._confirm_every:
+            await self._confirm_stored(nc)
+
+    async def _confirm_stored(self, nc: nats.NATS) -> None:
+        """Ask the records' stream whether it is there (its leader answers);
+        if not, the records sent since it last answered go again, after a
+        pause (the two servers left elect a leader within seconds)."""
+        assert self._stored is not None
+        from nats.js.errors import NotFoundError
+
+        self._checked = time.monotonic()
+        try:
+            await nc.jetstream(timeout=min(self._confirm, 0.5)).stream_info(self._stored[1])
+        except NotFoundError:  # no such stream: records are not kept at all (the router said so)
+            pass
+        except Exception as exc:  # no leader (an election), or NATS away: send them again
+            if not self._stream_away:
+                self._stream_away = True
+                log.warning("records_stream_unavailable", stream=self._stored[1], error=bus.describe(exc),
+                            held=len(self._unconfirmed), consequence="records held and sent again")
+            self.resent_stored += len(self._unconfirmed)
+            self._pending.extendleft(reversed(self._unconfirmed))
+            self._unconfirmed = []
+            await asyncio.sleep(0.25)
+            return
+        if self._stream_away:
+            self._stream_away = False
+            log.info("records_stream_available", stream=self._stored[1], resent=self.resent_stored)
+        self._unconfirmed = []

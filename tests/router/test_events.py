@@ -89,3 +89,45 @@ async def test_events_published_while_the_server_dies_reach_a_subscriber_elsewhe
         await pub.stop()
         await bus.close(router)
         await watcher.close()
+
+
+@pytest.mark.nats
+async def test_records_sent_while_their_streams_leader_dies_are_stored_once(nats_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The records' stream (three replicas) stores only what arrives while it
+    has a leader: killing the leader lost every record of the seconds the
+    two left took to elect another (a trial of make run-ha: all of 4.5 s of
+    traffic). The publisher sends them again until the stream answers, and
+    the stream keeps each once."""
+    from kinference_common import bus
+    from kinference_router.recording import RecordSettings, ensure_stream
+
+    router = await bus.connect(nats_cluster.url, name="router")
+    try:
+        assert await ensure_stream(router, RecordSettings(replicas=3), attempts=5, wait=0.2)
+        js = router.jetstream()
+        dropped = Counter("dropped", "d", registry=CollectorRegistry())
+        pub = EventPublisher(router, dropped, stored=("kinference.record.", "KINFERENCE_RECORDS"))
+        pub.start()
+        leader = (await js.stream_info("KINFERENCE_RECORDS")).cluster.leader
+        sent = 0
+        for i in range(400):  # 40 records a second for 10 s, with decision events between them
+            if i == 40:
+                nats_cluster.kill(int(leader.rsplit("-", 1)[1]))
+            pub.publish(f"kinference.record.d.{i % 3}", f"record {i}".encode())
+            pub.publish("kinference.decisions.x", b"event")
+            sent += 1
+            await asyncio.sleep(0.025)
+        stored = 0
+        for _ in range(300):
+            try:
+                stored = (await js.stream_info("KINFERENCE_RECORDS")).state.messages
+            except Exception:
+                pass
+            if stored >= sent and not pub._unconfirmed and not pub._pending:
+                break
+            await asyncio.sleep(0.1)
+        await pub.stop()
+        assert stored == sent and dropped._value.get() == 0, (stored, sent, pub.resent_stored)
+        assert pub.resent_stored > 0  # the election really lost some, and they went again
+    finally:
+        await bus.close(router)
