@@ -20,9 +20,11 @@ leader's death leaves it without one for a few seconds, and what was sent
 meanwhile was lost (a trial: every record of 4.5 s of traffic). So at most
 every ``confirm_every`` seconds the publisher asks the stream for its info
 (answered by its leader only); until it answers, the records sent since the
-last answer are kept, and sent again once it does, each with a
-``Nats-Msg-Id`` (a hash of it) so that the stream drops the copies it
-already stored. A stream that does not exist is no outage (the router
+last answer are kept, and sent again once it does. Those the stream had
+stored before its leader died are then stored twice (a ``Nats-Msg-Id``
+header would let the stream drop them, for about 10 us of the router's CPU
+a record, three a request: measured by ``make bench-router``); kinfctl
+reads each record once. A stream that does not exist is no outage (the router
 could not create it and said so: records are not kept). Records waiting for
 the stream count against ``capacity`` like queued messages.
 
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections import deque
 
@@ -139,12 +140,9 @@ class EventPublisher:
             try:
                 for item in batch:
                     subject, data = item
+                    await nc.publish(subject, data)
                     if prefix is not None and subject.startswith(prefix):
-                        msg_id = hashlib.blake2b(data, digest_size=12, person=subject[-16:].encode()).hexdigest()
-                        await nc.publish(subject, data, headers={"Nats-Msg-Id": msg_id})
                         self._unconfirmed.append(item)
-                    else:
-                        await nc.publish(subject, data)
                     sent += 1
                 await bus.sync(nc, timeout=self._confirm)
                 if self._unconfirmed and time.monotonic() - self._checked >= self._confirm_every:

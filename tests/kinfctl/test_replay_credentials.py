@@ -40,7 +40,9 @@ async def test_router_records_and_the_observer_reads_them(stack: tuple[Path, int
             decision_id="d" * 32, at=time.time(), router="r", snapshot=1, namespace="default", pool="p",
             request=recording.RecordedRequest(model="m", tags=["pii-confirmed"]),
             outcome=recording.OutcomeTrace(type="Rejected", code="no_capacity", rule="r"))
-        await nc.jetstream().publish(recording.subject("default", "p", "decision"), recording.encode(rec))
+        # twice, as a router sends again what its stream may have missed while it had no leader
+        for _ in range(2):
+            await nc.jetstream().publish(recording.subject("default", "p", "decision"), recording.encode(rec))
     finally:
         await nc.close()
     code, out, err = await kinfctl(root, offset, "replay", "--export", "-", "--pool", "default/p")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import sys
 import time
 from collections.abc import Iterable
@@ -113,17 +114,24 @@ async def _fetch(args: argparse.Namespace, subject: str, start: float) -> list[R
                                 opt_start_time=datetime.fromtimestamp(start, UTC).isoformat().replace("+00:00", "Z"))
         sub = await js.subscribe(subject, stream=recording.STREAM, ordered_consumer=True, config=config)
         out: list[Record] = []
+        # a router sends again the records its stream may have missed while it had
+        # no leader (a NATS server of a cluster died): some are stored twice
+        seen: set[bytes] = set()
         try:
             ci = await sub.consumer_info()
             # pushed already (delivered) or still to come (pending): anything at all?
             pending = ci.num_pending + (ci.delivered.consumer_seq if ci.delivered else 0)
             while pending:
                 msg = await sub.next_msg(timeout=args.timeout)
+                pending = msg.metadata.num_pending
+                digest = hashlib.blake2b(msg.data, digest_size=16).digest()
+                if digest in seen:
+                    continue
+                seen.add(digest)
                 try:
                     out.append(recording.decode(msg.data))
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     pass  # a newer or damaged record: not ours to read
-                pending = msg.metadata.num_pending
         except TimeoutError:
             raise CommandError(f"the stream {recording.STREAM} stopped answering after {len(out)} records") from None
         finally:
