@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,28 +20,11 @@ from pathlib import Path
 import pytest
 
 from kinference_common import natsauth
-from kinference_common.natsserver import _wait_port, find_binary, free_port
+from bench.chaos import free_offset
+from kinference_common.natsserver import _wait_port, find_binary
 from kinference_simulators.stack import NATS_CLUSTER, Stack
 
 pytestmark = pytest.mark.nats
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_offset() -> int:
-    """An offset whose cluster ports (client, route, monitoring of each server) are all free."""
-    for _ in range(50):
-        offset = free_port() - NATS_CLUSTER[0][0]
-        if all(_free(base + offset) for ports in NATS_CLUSTER for base in ports):
-            return offset
-    raise RuntimeError("no free port offset found")
 
 
 @pytest.fixture
