@@ -222,16 +222,15 @@ class Membership:
             # created at ``replicas``, healed when found with fewer where allowed
             kv = await open_kv(self._nc.jetstream(), KeyValueConfig(  # type: ignore[attr-defined]
                 bucket=self.bucket, history=1, ttl=max(10.0, 10 * self.ttl), replicas=self.replicas))
-            # one watch for the replica's life: every beat is pushed to it (reading the
-            # bucket at each beat made a consumer per beat, and its listing missed keys
-            # being rewritten)
             # the members known before the watch went down get a ttl from now to be
             # heard again: while it was down this replica heard no one, which says
             # nothing of them (NATS was away for everyone, or for this replica)
-            self._caught_up.clear()
             now = asyncio.get_running_loop().time()
             for key, at in self._beats.items():
                 self._beats[key] = max(at, now)
+            # one watch for the replica's life: every beat is pushed to it (reading the
+            # bucket at each beat made a consumer per beat, and its listing missed keys
+            # being rewritten)
             self._watcher = await kv.watchall()  # type: ignore[attr-defined]
             self._own_seen = asyncio.get_running_loop().time()
             self._follow = asyncio.create_task(self._follow_beats(self._watcher), name="collector-members-watch")
@@ -245,11 +244,9 @@ class Membership:
         leaving changes the members at once.
 
         When the watch opens it first replays the bucket: a member already
-        known keeps the arrival time of its last beat when the replay brings
-        that same beat (it says nothing new of it); a beat this replica had
-        not heard (written while its watch was down), and a member not known,
-        is as old as the server's time of its write says (not the writer's
-        clock). A watch opened again (after NATS was away, for this replica or
+        known keeps its arrival time (a replay says nothing newer of it than
+        the reopening below), and one not known is as old as the server's
+        time of its write says (not the writer's clock). A watch opened again (after NATS was away, for this replica or
         for all: a bucket's leader elected again) gives every member it knew a
         ``ttl`` from then to be heard: aged by the last beat heard before,
         every other member was taken for dead and this replica led alone for
@@ -267,7 +264,6 @@ class Membership:
                 self._own_seen = loop.time()
                 continue
             known = key in self._beats
-            heard = self._revisions.get(key)
             b: _Beat | None = None
             if entry.operation is None and entry.value:  # not deleted or purged
                 try:
@@ -282,11 +278,11 @@ class Membership:
                 self._beats.pop(key, None)
             elif caught_up:
                 self._beats[key] = loop.time()
-            elif not known or (entry.revision and heard is not None and entry.revision > heard):
+            elif not known:
                 written = entry.created.timestamp() if entry.created is not None else b.at
                 age = max(0.0, self._clock() - written)
                 if age <= self.ttl:  # else it died before this replica listened
-                    self._beats[key] = max(self._beats.get(key, 0.0), loop.time() - age)
+                    self._beats[key] = loop.time() - age
             if known != (key in self._beats):
                 self._update_members()
 
