@@ -237,10 +237,12 @@ class Router:
 
     def _unauthorized(self, request: HttpRequest) -> Response | None:
         """401 for a request without a valid key (every data-port answer checks this first)."""
-        if self.auth.tenant(request.headers) is not None:
-            return None
-        self.metrics.child(self.metrics.requests, self.pool_label, "", "unauthorized", "").inc()
-        return error_response(ApiError(401, "unauthorized", "missing or unknown API key"), new_decision_id())
+        try:  # the one check both front doors make (Director.authenticate)
+            self.director.authenticate(request.headers)
+        except ApiError as err:
+            self.director.count("", err.code, "")
+            return error_response(err, new_decision_id())
+        return None
 
     async def models(self, request: HttpRequest) -> Response:
         if (denied := self._unauthorized(request)) is not None:
