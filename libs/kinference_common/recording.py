@@ -53,6 +53,9 @@ STREAM = "KINFERENCE_RECORDS"
 PREFIX = "kinference.record"
 #: defaults of the router's --record-* flags
 DEFAULT_MAX_BYTES = 1 << 30
+#: ``DecisionRecord.amended`` of a decision's second record (what the client saw
+#: after the first, the decision, was recorded): replay reads the first only
+SECOND_RECORDS = frozenset({"upstream_error", "not_sent"})
 DEFAULT_MAX_AGE_SECONDS = 24 * 3600.0
 DEFAULT_KEYFRAME_SECONDS = 60.0
 
@@ -181,8 +184,10 @@ class DecisionRecord(_R, kw_only=True, tag="decision"):
     draws: list[tuple[int, int]] = []
     outcome: OutcomeTrace
     #: the outcome is not the engine's: ``flow_control`` (shed, or ``maxQueueWait`` after
-    #: the engine routed), ``upstream_error`` (the send failed after it left: a second
-    #: record of the same decision, with what the client saw)
+    #: the engine routed); or a second record of the same decision, with what the client
+    #: saw (:data:`SECOND_RECORDS`): ``upstream_error`` (the send failed after it left),
+    #: ``not_sent`` (the pick could not be carried out: a Provider pick at an Endpoint
+    #: Picker without an egress)
     amended: str = ""
     #: the pick's PredictedTTFT (Local) or EstimatedTTFT (Provider), seconds
     predicted_ttft: float | None = None

@@ -67,7 +67,8 @@ class ApiError(Exception):
         self.rule = rule
         #: the decision its event should show (set by flow control's 429 and 503)
         self.decision: Decision | None = None
-        #: why ``decision``'s outcome is not the engine's (its record says so): flow_control | upstream_error
+        #: why ``decision``'s outcome is not the engine's (its record says so): flow_control |
+        #: upstream_error | not_sent (kinference_common.recording.DecisionRecord.amended)
         self.amended = ""
         #: more headers for the answer (a routed request's rule and backend)
         self.headers: list[tuple[str, str]] = []

@@ -49,7 +49,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kinference_common.engine import Decision, Snapshot
 from kinference_common.tasks import cancel_and_wait
-from kinference_router import http_server, models_api, provider_request, validate
+from kinference_router import http_server, models_api, provider_request, retry, validate
 from kinference_router.app import ApiError, Router, error_response, new_decision_id
 from kinference_router.director import Director, Send
 from kinference_router.egress import TOKEN_HEADER, EgressTokens
@@ -314,6 +314,9 @@ class PickStream:
             return self._routed(d, tags, avoid)
         except ApiError as err:
             dr.count(err.rule, err.code, "")
+            if err.decision is not None and err.amended == "not_sent":  # after the decision's own event
+                asyncio.get_running_loop().call_soon(dr.publish_decision, err.decision, decision_id, tags.traces,
+                                                     err.amended)
             return self._close(_error(err, decision_id))
 
     def _fallbacks(self, d: Decision, tags: Any, avoid: frozenset[str]) -> list[str]:
@@ -352,8 +355,10 @@ class PickStream:
             if settings.egress is None or settings.egress_address is None:
                 err = ApiError(503, "no_capacity", f"the decision is {cand.backend}, and this Endpoint Picker "
                                "has no provider egress (--egress-port)", retry_after=1, rule=d.rule or "")
-                # routed, then not carried out: the answer names the rule and backend (as the router's)
+                # routed, then not carried out: the answer names the rule and backend (as the router's),
+                # and the decision is published again with what the client was answered
                 err.headers = [("x-kinference-rule", d.rule or "unmatched"), ("x-kinference-backend", cand.backend)]
+                err.decision, err.amended = retry.answered(d, err.code, err.message), "not_sent"
                 raise err
             # the client's stream_options kept: the egress asks for usage and strips what the client did not ask
             data = provider_request.body(body.raw, cand.served_name, usage=False)

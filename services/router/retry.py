@@ -28,14 +28,21 @@ from kinference_common.upstream_http import MAY_HAVE_BEEN_RECEIVED
 if TYPE_CHECKING:
     from kinference_common.engine import Decision
 
-__all__ = ["MAY_HAVE_BEEN_RECEIVED", "not_resent"]
+__all__ = ["MAY_HAVE_BEEN_RECEIVED", "answered", "not_resent"]
 
 
 def not_resent(d: Decision, backend: str) -> Decision:
     """The decision event of a request sent to ``backend`` whose connection
     then failed before an answer: the same decision, with the outcome the
     client saw (``upstream_error``) and why it was not sent again."""
+    return answered(d, "upstream_error", f"{backend}: {MAY_HAVE_BEEN_RECEIVED}")
+
+
+def answered(d: Decision, code: str, reason: str) -> Decision:
+    """A routed decision's second event: the same decision, with the code and
+    reason the client was answered with once the pick could not be carried
+    out (published again, after the decision's own event)."""
     out = copy.copy(d)
-    out.code = "upstream_error"
-    out.reason = f"{backend}: {MAY_HAVE_BEEN_RECEIVED}"
+    out.code = code
+    out.reason = reason
     return out

@@ -93,12 +93,26 @@ async def test_a_provider_decision_goes_through_the_egress_with_its_token(start_
 async def test_a_provider_decision_without_an_egress_is_a_503_naming_rule_and_backend(start_epp: Any,
                                                                                         classifier: Any) -> None:
     epp: Epp = await start_epp()  # no --egress-port
-    await epp.env.saturate()
-    rq = await epp.client.exchange(CHAT, {}, chat_body())
-    assert rq.status == 503 and rq.immediate is not None
-    headers = {h.header.key: h.header.raw_value.decode() for h in rq.immediate.headers.set_headers}
-    assert headers["x-kinference-backend"].startswith("Provider/") and headers["x-kinference-rule"], headers
-    assert b"no provider egress" in rq.immediate.body
+    env = epp.env
+    await env.saturate()
+    async with decision_events(env.nc) as events:
+        rq = await epp.client.exchange(CHAT, {}, chat_body())
+        assert rq.status == 503 and rq.immediate is not None
+        headers = {h.header.key: h.header.raw_value.decode() for h in rq.immediate.headers.set_headers}
+        assert headers["x-kinference-backend"].startswith("Provider/") and headers["x-kinference-rule"], headers
+        assert b"no provider egress" in rq.immediate.body
+        answer = json.loads(rq.immediate.body)
+        for _ in range(50):  # the decision's event, then the event of what the client was answered
+            await bus.sync(env.nc)
+            mine = [e for e in events if e["decision_id"] == headers["x-kinference-decision-id"]]
+            if len(mine) >= 2:
+                break
+            await asyncio.sleep(0.02)
+    assert [e["outcome"]["code"] for e in mine] == [None, "no_capacity"], mine
+    assert mine[0]["outcome"]["backend"] == mine[1]["outcome"]["backend"] == headers["x-kinference-backend"]
+    assert "no provider egress" in mine[1]["outcome"]["reason"]
+    assert answer["error"]["code"] == "no_capacity"
+    assert inflight(env) == 0
 
 
 async def post_egress(epp: Epp, body: bytes, token: str | None) -> tuple[int, dict[str, Any]]:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 
+import msgspec
 import nats
 
 from kinference_common import bus, subjects
@@ -46,6 +47,15 @@ async def test_one_line_per_decision(nats_server: NatsServer) -> None:
     assert "aaaaaaaaaaaa default/inference-all tenant=alice model=qwen-2.5->Qwen/Qwen2.5-32B-Instruct" in first
     assert "rule=burst Local/qwen-2-5-32b qwen-0 tags=pii-none 42us" in first
     assert "Rejected no_capacity" in second
+
+
+def test_a_routed_decisions_second_event_says_what_the_client_got() -> None:
+    from kinfctl.events import format_line
+
+    routed = msgspec.json.decode(trace("c" * 32, True), type=DecisionTrace)
+    assert "rule=burst Local/qwen-2-5-32b qwen-0 tags=" in format_line(routed)
+    failed = msgspec.structs.replace(routed, outcome=msgspec.structs.replace(routed.outcome, code="upstream_error"))
+    assert "rule=burst Local/qwen-2-5-32b qwen-0 then upstream_error tags=" in format_line(failed)
 
 
 async def test_json_output_is_the_raw_event(nats_server: NatsServer) -> None:

@@ -188,6 +188,23 @@ async def test_replay_of_the_live_policy_reproduces_every_decision(recorded: Rec
     assert code == 0 and "10 of 10 decisions reproduced" in out, out
 
 
+@pytest.mark.parametrize("amended", sorted(recording.SECOND_RECORDS))
+async def test_a_decisions_second_record_is_not_replayed_as_a_decision(recorded: Recorded, amended: str) -> None:
+    """A send that failed after it left (``upstream_error``) or a pick not
+    carried out (``not_sent``) records the decision again with what the client
+    saw: replay reads the decision once, and audit keeps the last record."""
+    records = rec_io.read_file(recorded.export)
+    first = next(r for r in records if isinstance(r, recording.DecisionRecord) and r.outcome.backend)
+    second = msgspec.structs.replace(first, amended=amended, outcome=msgspec.structs.replace(
+        first.outcome, code="no_capacity", reason="the pick could not be carried out"))
+    doubled = recorded.tmp / f"doubled-{amended}.jsonl"
+    doubled.write_bytes(recorded.export.read_bytes() + msgspec.json.encode(second) + b"\n")
+    same = str(policy_file(recorded.tmp, "same.yaml", POLICY))
+    code, out, err = await kinfctl("replay", same, "--pool", POOL, "--file", str(doubled), "-o", "json")
+    assert code == 0, err
+    assert json.loads(out)["reproduced"] == {"count": 10, "of": 10, "not_reproduced": []}
+
+
 async def test_the_observed_ttft_is_of_streamed_answers_only(recorded: Recorded) -> None:
     """The trial: every answer here is whole, and its first byte (after the
     last token) was shown as the observed TTFT, next to predictions 60x smaller."""

@@ -3,7 +3,10 @@ line each (``-o json`` for the raw events, one JSON object per line).
 
 A line reads: time, decision id, pool, tenant, model (``requested->sent``),
 rule, outcome (the backend and endpoint it was routed to, or the rejection
-code), tags, and the decision's own time in microseconds.
+code), tags, and the decision's own time in microseconds. A routed decision
+that could not be carried out (the send failed after it left, or an Endpoint
+Picker had no egress for a Provider pick) has a second event, whose outcome
+reads ``BACKEND [ENDPOINT] then CODE``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ def format_line(trace: DecisionTrace, now: float | None = None) -> str:
     model = trace.model.requested + (f"->{sent}" if sent else "")
     if o.type == "Routed":
         where = f"{o.backend}" + (f" {o.endpoint}" if o.endpoint else "")
+        if o.code:  # a second event of the decision: what the client was answered instead
+            where += f" then {o.code}"
     else:
         where = f"Rejected {o.code or ''}".rstrip()
     rule = o.rule or "unmatched"

@@ -52,6 +52,7 @@ from kinference_common.engine.ttft import TTFTModel
 from kinference_common.manifests import load_paths
 from kinference_common.recording import (
     LOAD_FIELDS,
+    SECOND_RECORDS,
     SPREAD_SINCE,
     DecisionRecord,
     ObservationRecord,
@@ -381,8 +382,8 @@ def replay(records: list[Record], namespace: str, pool: str, candidate: Candidat
             if r.namespace == namespace and r.pool == pool:
                 snaps.add(r)
         elif isinstance(r, DecisionRecord):
-            if r.namespace == namespace and r.pool == pool and r.amended != "upstream_error":
-                decisions.append(r)  # (a failed send's second record: the first is the decision)
+            if r.namespace == namespace and r.pool == pool and r.amended not in SECOND_RECORDS:
+                decisions.append(r)  # (a second record of a decision: the first is the decision)
         elif isinstance(r, ObservationRecord):
             observations[r.decision_id] = r
     if not decisions:
