@@ -404,6 +404,9 @@ class PickStream:
                           and c.state.address == served_ep), None)  # type: ignore[union-attr]
             if moved is not None:
                 self.send.move_to(moved, self.snapshot)
+                # the answer names the backend that served it, as the accounting does
+                self.resp_headers = [h for h in self.resp_headers if h.header.key != "x-kinference-backend"]
+                self.resp_headers.append(_header("x-kinference-backend", moved.backend))
         if self.picker.settings.conformance_hooks:
             self.resp_headers.append(_header(HOOK_SERVED, served_ep or self.pick))
         end = msg.response_headers.end_of_stream

@@ -200,9 +200,13 @@ async def test_the_served_endpoint_takes_the_in_flight_work(start_epp: Any, clas
     ledger = env.router.ledger
     s = epp.client.stream()
     rq = await s.request("POST", CHAT, {}, chat_body())
-    first, second = rq.destination.split(",")[:2]
     snap = env.router.keeper.snapshot
     keys = {c.state.address: c.ledger_key for c in snap.candidates if c.is_local}
+    backend = {c.state.address: c.backend for c in snap.candidates if c.is_local}
+    listed = rq.destination.split(",")
+    first = listed[0]
+    # served by the first of the list in another worker set (the gateway's retries walked on)
+    second = next(a for a in listed[1:] if backend[a] != backend[first])
 
     def open_at(addr: str) -> int:
         load = ledger.loads.get(keys[addr])
@@ -216,6 +220,7 @@ async def test_the_served_endpoint_takes_the_in_flight_work(start_epp: Any, clas
     await s.close()
     assert open_at(first) == 0 and open_at(second) == 0 and inflight(env) == 0
     served = next(c for c in snap.candidates if c.is_local and c.state.address == second)
+    assert rp.set_headers["x-kinference-backend"] == served.backend  # the answer names who served it
     sent = env.router.metrics.registry.get_sample_value(
         "kinference_endpoint_requests_total",
         {"pool": "default/inference-all", "worker_set": served.dest_name, "pod": served.endpoint, "outcome": "ok"})

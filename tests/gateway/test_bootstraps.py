@@ -85,3 +85,19 @@ def test_render_sets_failure_mode_subset_and_per_route_epp() -> None:
     assert "typed_per_filter_config" not in routes[2]
     with pytest.raises(envoy.EnvoyError, match="not ip:port"):
         envoy.render(envoy.EnvoyConfig(port=1, admin_port=2, pools=[envoy.Pool("nohost", [])]))
+
+
+@pytest.mark.parametrize("path", BOOTSTRAPS, ids=lambda p: p.name)
+def test_a_retry_never_sends_a_request_a_pod_may_have_received(path: Path) -> None:
+    """A generation never runs twice without the client knowing (the data
+    port's rule, docs/hardening.md): Envoy's retries walk the fallback list
+    only where the request provably did not reach the pod. ``reset`` (and
+    ``5xx``, ``gateway-error``) would send again a request written whole."""
+    hcm = yaml.safe_load(path.read_text())["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    for route in hcm["typed_config"]["route_config"]["virtual_hosts"][0]["routes"]:
+        policy = route["route"].get("retry_policy")
+        if policy is None:
+            continue
+        triggers = set(policy["retry_on"].split(","))
+        assert triggers <= {"connect-failure", "refused-stream", "reset-before-request", "retriable-status-codes"}
+        assert set(policy.get("retriable_status_codes", [])) <= {503}

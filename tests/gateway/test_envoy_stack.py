@@ -372,6 +372,7 @@ async def test_both_doors_give_back_the_clients_model_name(rig: Rig) -> None:
         status, h, body = await post(url, chat())
         assert status == 200 and h["x-kinference-backend"].startswith("Local/"), body
         assert json.loads(body)["model"] == "qwen-2.5", url
+        assert not [k for k in h if k.lower().startswith("x-gateway")], (url, h)  # no pod address shown
         status, h, body = await post(url, chat(stream=True))
         assert status == 200 and stream_models(body) == {"qwen-2.5"}, (url, body)
 
@@ -410,6 +411,7 @@ async def test_a_pods_refusal_is_the_routers_envelope_at_both_doors(rig: Rig) ->
             assert 400 <= status < 500 and err["type"] == "invalid_request_error", (path, status, got)
             assert err["decision_id"] == h["x-kinference-decision-id"] and h["x-kinference-backend"], (path, h)
             assert "param" not in err and err["code"] != 400, got  # not the pod's envelope
+            assert not [k for k in h if k.lower().startswith("x-gateway")], (path, h)  # no pod address shown
             errors.append((status, err["code"], err["message"]))
         assert errors[0] == errors[1], (path, errors)
         if code is not None:
