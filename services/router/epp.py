@@ -490,7 +490,9 @@ class PickStream:
         cand = d.candidate
         if outcome is None:
             outcome = "ok" if 0 < self.resp_status < 400 else "error"
-            self.director.count(d.rule or "unmatched", "routed" if outcome == "ok" else "upstream_error", cand.type)
+            if self.local:  # a Provider send is counted by the egress, which carried it out and saw how it went
+                self.director.count(d.rule or "unmatched", "routed" if outcome == "ok" else "upstream_error",
+                                    cand.type)
         if self.send is not None:
             obs = self.send.obs
             if self.resp_streaming:

@@ -147,6 +147,43 @@ def test_every_kinference_container_names_its_entry_point(which: str) -> None:
     assert seen >= len(SERVICES)
 
 
+@pytest.mark.parametrize("which", sorted(BUILT))
+def test_every_kinference_container_runs_the_image_the_kustomization_names(which: str) -> None:
+    """Every container of the Kinference image gets the ``images:`` entry of
+    its kustomization (``kustomize edit set image``): a bare ``kinference``
+    would be pulled from Docker Hub (the gateway overlay's Endpoint Picker did)."""
+    images = {}
+    for kind in ("Deployment", "StatefulSet"):
+        for name, d in of_kind(build(BUILT[which]), kind).items():
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                if c["image"].rsplit(":", 1)[0].rsplit("/", 1)[-1] == "kinference":
+                    images[f"{kind} {name}"] = c["image"]
+    assert images and set(images.values()) == {"localhost/kinference:0.1.0"}, images
+
+
+@pytest.mark.parametrize("which", sorted(BUILT))
+def test_every_service_pod_is_scraped_on_a_port_that_serves_metrics(which: str) -> None:
+    """docs/operations.md: every pod is annotated for Prometheus. A router
+    (or Endpoint Picker) scraped on its data port serves /metrics there only
+    with --metrics-on-data-port (the gateway overlay's picker had neither)."""
+    seen = 0
+    for kind in ("Deployment", "StatefulSet"):
+        for name, d in of_kind(build(BUILT[which]), kind).items():
+            template = d["spec"]["template"]
+            for c in template["spec"]["containers"]:
+                if not (c.get("command") or [""])[0].startswith("kinference-"):
+                    continue
+                seen += 1
+                notes = template["metadata"].get("annotations", {})
+                assert notes.get("prometheus.io/scrape") == "true" and notes.get("prometheus.io/path") == "/metrics", name
+                if c["command"][0] == "kinference-router":
+                    args = c.get("args", [])
+                    port = args[args.index("--port") + 1] if "--port" in args else "8080"
+                    if notes["prometheus.io/port"] == port:
+                        assert "--metrics-on-data-port" in args, name
+    assert seen
+
+
 def pod_specs(which: str) -> list[tuple[str, dict[str, Any]]]:
     docs = build(BUILT[which])
     out = []

@@ -79,9 +79,19 @@ async def test_a_provider_decision_goes_through_the_egress_with_its_token(start_
     epp: Epp = await start_epp(egress=True)
     env = epp.env
     await env.saturate()
+    registry = env.router.metrics.registry
+
+    def requests() -> dict[tuple[str, str], float]:
+        return {(s.labels["outcome"], s.labels["backend_type"]): s.value for m in registry.collect()
+                if m.name == "kinference_requests" for s in m.samples if s.name == "kinference_requests_total"}
+
+    before = requests()
     rt = await epp.client.roundtrip(CHAT, chat_body(), session=epp.session)
     assert rt.request.destination == epp.settings.egress_address  # the egress, no fallback list
     assert rt.status == 200, rt.body
+    after = requests()
+    # one request, counted once (by the egress that carried it out), as the data port counts it
+    assert {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)} == {("routed", "Provider"): 1}
     got = env.provider.received[-1]
     assert got["auth"] == "Bearer sk-test" and got["body"]["model"] == "databricks-qwen25-32b"
     assert msgspec.json.decode(rt.body)["model"] == "qwen-2.5"
