@@ -245,6 +245,99 @@ async def test_a_changed_burst_threshold_predicts_the_changed_decisions(recorded
     assert rep["tags_unknown"] == {"pii": 2} and rep["pii_unknown_to_provider"] == 2
 
 
+RULE = "local-first-then-provider-unless-pii"
+
+
+def rule_table(out: str) -> dict[str, dict[str, str]]:
+    """The text output's per-rule table: rule -> column -> cell."""
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("RULE "))
+    columns = lines[head].split()
+    rows = {}
+    for line in lines[head + 1:]:
+        if not line or line.startswith(" ") or line.startswith("changed decisions"):
+            break
+        cells = line.split()
+        rows[cells[0]] = dict(zip(columns, cells, strict=True))
+    return rows
+
+
+def change_lines(out: str) -> list[str]:
+    """The text output's changed decisions, from the backend on."""
+    lines = out.split("changed decisions", 1)[1].splitlines()[1:]
+    return [line.split(" tags=", 1)[1].split(" ", 1)[1] for line in lines if line.startswith("  ")]
+
+
+def assert_each_line_shows_what_changed(lines: list[str]) -> None:
+    for line in lines:
+        place, rule = line.rsplit(" (rule ", 1)
+        for side in (place, rule.rstrip(")").replace("rule ", "")):
+            if " -> " in side:
+                before, after = side.split(" -> ")
+                assert before != after, line
+        assert " -> " in place or " -> " in rule, f"neither the place nor the rule changed: {line}"
+
+
+async def test_a_rule_the_candidate_drops_counts_its_decisions_as_changed(recorded: Recorded) -> None:
+    """The trial: a rule gone from the candidate showed CHANGED 0 although its
+    decisions moved (all counted under the candidate's rule), and a change of
+    rule was listed as ``A -> A (rule NEW)``, the old rule not printed."""
+    renamed = POLICY.replace(RULE, "local-first-v2").replace("greaterThan: 4", "greaterThan: 20")
+    path = str(policy_file(recorded.tmp, "renamed.yaml", renamed))
+    code, out, err = await kinfctl("replay", path, "--pool", POOL, "--file", str(recorded.export), "-o", "json")
+    assert code == 0, err
+    rep = json.loads(out)
+    # every decision changes rule; the saturated phase also comes back local (3 bursts, the refused PII request)
+    assert rep["changed"] == 10 and rep["changes"]["rule"] == 6 and rep["changes"]["backend_type"] == 4
+    rules = {x["rule"]: x for x in rep["rules"]}
+    assert rules.keys() == {RULE, "local-first-v2"}
+    old, new = rules[RULE], rules["local-first-v2"]
+    assert (old["before"], old["after"], old["changed"]) == (10, 0, {"before": 10, "after": 0})
+    assert old["to_provider"] == {"before": 3, "after": 0} and old["refused"] == {"before": 1, "after": 0}
+    assert (new["before"], new["after"], new["changed"]) == (0, 10, {"before": 0, "after": 10})
+    # each side of the table adds up to the summary
+    for side in ("before", "after"):
+        assert sum(x["changed"][side] for x in rep["rules"]) == rep["changed"]
+        assert sum(x["to_provider"][side] for x in rep["rules"]) == rep["to_provider"][side]
+        assert sum(x["refused"][side] for x in rep["rules"]) == rep["refused"][side]
+    assert len(rep["changed_decisions"]) == 10
+    for c in rep["changed_decisions"]:
+        assert (c["rule_before"], c["rule_after"]) == (RULE, "local-first-v2")
+        assert (c["before"] == c["after"]) == (c["change"] == "rule"), c
+
+    code, out, err = await kinfctl("replay", path, "--pool", POOL, "--file", str(recorded.export))
+    assert code == 0, err
+    assert "CHANGED: those the candidate decides otherwise (a decision that changes rule counts in both" in out
+    table = rule_table(out)
+    assert table[RULE]["BEFORE"] == "10" and table[RULE]["AFTER"] == "0" and table[RULE]["CHANGED"] == "10->0"
+    assert table[RULE]["TO-PROVIDER"] == "3->0" and table[RULE]["REFUSED"] == "1->0"
+    assert table["local-first-v2"]["CHANGED"] == "0->10"
+    lines = change_lines(out)
+    assert len(lines) == 10
+    assert_each_line_shows_what_changed(lines)
+    moved = f"(rule {RULE} -> rule local-first-v2)"
+    assert all(line.endswith(moved) for line in lines), lines
+    assert sum(line.startswith("Provider/databricks -> Local/qwen-2-5-32b ") for line in lines) == 3, lines
+    assert sum(line.startswith("refused no_capacity -> Local/qwen-2-5-32b ") for line in lines) == 1, lines
+    same_place = [line for line in lines if line.startswith("Local/") and " -> Local/" not in line]
+    assert len(same_place) == 6, lines  # printed once: "Local/qwen-2-5-32b qwen-N (rule A -> rule B)"
+
+
+async def test_a_change_under_the_same_rule_shows_both_places_and_the_rule_once(recorded: Recorded) -> None:
+    lower = str(policy_file(recorded.tmp, "lower.yaml", POLICY.replace("greaterThan: 4", "greaterThan: 2")))
+    code, out, err = await kinfctl("replay", lower, "--pool", POOL, "--file", str(recorded.export), "-o", "json")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert [x["changed"] for x in rep["rules"]] == [{"before": 2, "after": 2}]
+    code, out, err = await kinfctl("replay", lower, "--pool", POOL, "--file", str(recorded.export))
+    assert code == 0, err
+    assert rule_table(out)[RULE]["CHANGED"] == "2->2"
+    lines = change_lines(out)
+    assert_each_line_shows_what_changed(lines)
+    assert len(lines) == 2 and all(line.startswith("Local/qwen-2-5-32b qwen-0 -> Provider/databricks (rule "
+                                                   f"{RULE})") for line in lines), lines
+
+
 async def test_pii_that_would_leave_is_shouted_with_exit_1(recorded: Recorded) -> None:
     leaky = POLICY.split("          - name: ensure-pii-never-leaves-cluster")[0] + \
         "        select:" + POLICY.split("        select:")[1]
@@ -310,10 +403,9 @@ async def test_an_unknown_pool_read_from_nats_names_the_recorded_ones(recorded: 
     assert code == 1 and "widen --since" in err, err
 
 
-
+def test_credentials_and_http_headers_are_not_recorded() -> None:
     headers = {"authorization": "Bearer sk", "x-api-key": "k", "cookie": "c", "x-session-id": "s",
                "user-agent": "OpenAI/Python", "x-stainless-lang": "python", "x-team": "a",
                "x-user-email": "jane@example.com", "x-forwarded-for": "10.0.0.1",
                "x-gateway-inference-objective": "batch"}
-    assert recording.recordable_headers(headers) == {"x-team": "a", "x-gateway-inference-objective": "batch"}
     assert recording.recordable_headers(headers) == {"x-team": "a", "x-gateway-inference-objective": "batch"}

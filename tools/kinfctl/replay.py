@@ -341,9 +341,16 @@ def _change(before: Outcome, after: Outcome) -> str | None:
 
 @dataclass
 class _RuleRow:
+    """One rule's figures: each ``*_before`` of the decisions it took live,
+    each ``*_after`` of those it takes under the candidate (a decision that
+    changes rule is in both rules' rows, so each side sums to the totals)."""
+
     before: int = 0
     after: int = 0
-    changed: int = 0
+    #: of the decisions it took live, those the candidate decides otherwise
+    changed_before: int = 0
+    #: of the decisions it takes under the candidate, those that differ from live
+    changed_after: int = 0
     provider_before: int = 0
     provider_after: int = 0
     refused_before: int = 0
@@ -474,7 +481,8 @@ def replay(records: list[Record], namespace: str, pool: str, candidate: Candidat
         what = _change(rec, after)
         if what is not None:
             changes[what] += 1
-            row_a.changed += 1
+            row_b.changed_before += 1
+            row_a.changed_after += 1
             if what == "backend_type":
                 moves[f"{rec.kind}->{after.kind}"] += 1
             changed.append({"decision_id": r.decision_id, "tenant": r.request.tenant, "model": r.request.model,
@@ -513,7 +521,8 @@ def replay(records: list[Record], namespace: str, pool: str, candidate: Candidat
                               "after": _mean_ms([t for x in rows.values() for t in x.ttft_after]),
                               "observed": _mean_ms([t for x in rows.values() for t in x.observed])},
         "provider_tokens": {"before": tokens_before, "after": tokens_after},
-        "rules": [{"rule": name, "before": x.before, "after": x.after, "changed": x.changed,
+        "rules": [{"rule": name, "before": x.before, "after": x.after,
+                   "changed": {"before": x.changed_before, "after": x.changed_after},
                    "to_provider": {"before": x.provider_before, "after": x.provider_after},
                    "refused": {"before": x.refused_before, "after": x.refused_after},
                    "predicted_ttft_ms": {"before": _mean_ms(x.ttft_before), "after": _mean_ms(x.ttft_after)},
@@ -602,6 +611,16 @@ def _fmt_ms(v: float | None) -> str:
     return "-" if v is None else f"{v:g}ms"
 
 
+def change_line(c: dict[str, Any]) -> str:
+    """What a changed decision's ``before``/``after`` differ in: the place
+    (``A -> B``), the rule (``rule R1 -> rule R2``), or both; the same place
+    or rule is printed once."""
+    place = c["before"] if c["before"] == c["after"] else f"{c['before']} -> {c['after']}"
+    if c["rule_before"] == c["rule_after"]:
+        return f"{place} (rule {c['rule_after']})"
+    return f"{place} (rule {c['rule_before']} -> rule {c['rule_after']})"
+
+
 def print_text(rep: dict[str, Any], out: Any = None) -> None:
     out = out or sys.stdout
     rp = rep["reproduced"]
@@ -641,8 +660,11 @@ def print_text(rep: dict[str, Any], out: Any = None) -> None:
     for name, n in rep["tags_unknown"].items():
         w(f"  {n} decision(s) depend on classifier {name}, not asked live: replayed as if it found nothing "
           f"(the router asks it first)\n")
+    w("per rule: BEFORE the decisions the rule took live, AFTER those it takes under the candidate; each X->Y: "
+      "X of BEFORE, Y of AFTER\n"
+      "  CHANGED: those the candidate decides otherwise (a decision that changes rule counts in both rules' rows)\n")
     table(["RULE", "BEFORE", "AFTER", "CHANGED", "TO-PROVIDER", "REFUSED", "PRED-TTFT", "OBSERVED", "PROVIDER-TOKENS"],
-          [[x["rule"], str(x["before"]), str(x["after"]), str(x["changed"]),
+          [[x["rule"], str(x["before"]), str(x["after"]), f"{x['changed']['before']}->{x['changed']['after']}",
             f"{x['to_provider']['before']}->{x['to_provider']['after']}",
             f"{x['refused']['before']}->{x['refused']['after']}",
             f"{_fmt_ms(x['predicted_ttft_ms']['before'])}->{_fmt_ms(x['predicted_ttft_ms']['after'])}",
@@ -653,7 +675,7 @@ def print_text(rep: dict[str, Any], out: Any = None) -> None:
         w("changed decisions" + (f" (first {SHOWN})" if len(rep["changed_decisions"]) > SHOWN else "") + ":\n")
         for c in shown:
             w(f"  {c['decision_id'][:12]} tenant={c['tenant']} model={c['model']} tags={','.join(c['tags']) or '-'} "
-              f"{c['before']} -> {c['after']} (rule {c['rule_after']})\n")
+              f"{change_line(c)}\n")
 
 
 def run(args: argparse.Namespace) -> int:
