@@ -46,16 +46,26 @@ doubling up to 30 s while it keeps dying; back to 0.5 s once it stayed up
 for 30 s), and each exit and restart is printed with the tail of its log,
 so what the rest of the stack does without it can be watched.
 Each process logs to ``.run/logs/<name>.log``; statuses are in
-``.run/status``. Ctrl-C (or SIGTERM) stops everything: SIGTERM to each
-process in reverse order, SIGKILL to what has not exited after a few seconds.
+``.run/status``. Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) stops
+everything: SIGTERM to each process in reverse order, SIGKILL to what has not
+exited after a few seconds. On Linux no process outlives the supervisor, even
+one killed with SIGKILL: each gets SIGTERM from the kernel when it dies
+(``PR_SET_PDEATHSIG``).
 ``--smoke`` starts the stack, sends one chat completion through the router,
 prints the answer and stops (exit 0 when the request succeeded).
+
+A start that is refused (the ports are taken, a stack already runs from the
+run directory, a binary is missing) says why and changes nothing on disk:
+the run directory is wiped only once the start is sure. The supervisor
+records its pid in ``<run dir>/supervisor.json`` and holds a lock on it while
+it runs, so a refusal can name the stack in the way.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import json
 import os
 import shutil
@@ -99,6 +109,30 @@ NATS_CLUSTER_PORTS["collector-1"] = 9094
 #: the gateway path's ports (``--envoy``), same rule
 ENVOY_PORTS = {"envoy": 8088, "envoy-admin": 9907, "epp": 9012, "egress": 8082}
 POOL = "default/inference-all"
+#: in the run directory: the running supervisor's pid and ports, locked (flock) while it runs;
+#: spared when the directory is wiped, so that the lock stays on one file
+LOCK = "supervisor.json"
+#: the script's name in messages when make did not start it
+DIRECT = "python -m kinference_simulators.stack"
+
+#: On Linux each child is started through this (``python -c``): it asks the kernel for
+#: SIGTERM when its parent, the supervisor, dies (even by SIGKILL, where nothing of the
+#: supervisor runs), then execs the child in its place (same pid; the setting survives
+#: exec). If the supervisor died before the prctl, the parent is no longer its pid: the
+#: child is not started. A wrapper rather than ``preexec_fn``, which is not safe in a
+#: process with threads. The kernel sends the signal when the *thread* that forked
+#: exits: ``spawn`` forks on the event loop's thread, which lives as long as the stack.
+_PDEATHSIG = """\
+import ctypes, os, signal, sys
+if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+    sys.exit(f"prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}")
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the supervisor is gone: not starting " + sys.argv[2])
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    sys.exit(f"cannot run {sys.argv[2]}: {exc}")
+"""
 
 
 class StackError(RuntimeError):
@@ -136,6 +170,8 @@ class Stack:
     router_args: list[str] = field(default_factory=list)
     #: NATS as a cluster of three servers (make run-ha)
     nats_cluster: bool = False
+    #: the lock on ``run_dir/supervisor.json`` (:meth:`claim`)
+    lock_fd: int | None = field(default=None, repr=False)
 
     def port(self, base: int) -> int:
         return base + self.offset
@@ -261,11 +297,81 @@ class Stack:
         path = envoy.write(cfg, self.run_dir)
         return Proc("envoy", envoy.argv(path, cfg), ready_url=f"http://127.0.0.1:{cfg.admin_port}/ready")
 
+    def preflight(self, started_by: str = DIRECT, retry: str = "--port-offset {offset}") -> None:
+        """Everything that can refuse a start, checked before the run directory
+        is touched: the ports, a stack running from the run directory, the
+        binaries. ``started_by`` and ``retry`` (with ``{offset}``) word the
+        message for how the stack was started (:func:`how_started`)."""
+        busy = [p for p in self._ports() if _port_open(p)]
+        if busy:
+            raise StackError(self._busy_message(busy, started_by, retry))
+        running = running_from(self.run_dir)
+        if running is not None:
+            raise StackError(f"{started_by}: a stack is already running from {self.run_dir}"
+                             f"{_pid_words(running)}: stop it first, or use another run directory")
+        if find_binary() is None:
+            raise StackError(f"{started_by}: nats-server not found; run `make install` first")
+        if self.envoy:
+            from kinference_simulators import envoy
+
+            try:
+                envoy.envoy_binary()
+            except envoy.EnvoyError as exc:
+                raise StackError(f"{started_by}: {exc}") from None
+
+    def claim(self, started_by: str = DIRECT) -> None:
+        """Lock the run directory for this supervisor (until it exits) and
+        record its pid and ports there; refused, changing nothing, while
+        another supervisor holds it."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StackError(f"{started_by}: a stack is already running from {self.run_dir}"
+                             f"{_pid_words(running_from(self.run_dir) or {})}: stop it first, "
+                             "or use another run directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "offset": self.offset, "ports": self._ports()}).encode(), 0)
+        self.lock_fd = fd
+
+    def release(self) -> None:
+        """Let go of :meth:`claim`'s lock (exiting does too, however it exits)."""
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
+
+    def _busy_message(self, busy: list[int], started_by: str, retry: str) -> str:
+        ports = ", ".join(map(str, busy))
+        free = self._free_offset()
+        instead = f"try {retry.format(offset=free)}" if free is not None else "try another port offset"
+        for run_dir, running in _stacks_near(self.run_dir):
+            if set(running.get("ports", [])) & set(busy) or run_dir == self.run_dir:
+                return (f"{started_by}: ports already in use: {ports}: a stack is running from {run_dir}"
+                        f"{_pid_words(running)}; stop it, or {instead}")
+        return f"{started_by}: ports already in use: {ports} (another stack running? {instead})"
+
+    def _free_offset(self) -> int | None:
+        """The smallest multiple of 100 (other than this offset) whose ports are
+        all free, keeping them below the kernel's ephemeral range (32768)."""
+        bases = [p - self.offset for p in self._ports()]
+        for offset in range(100, 32_768 - max(bases), 100):
+            if offset != self.offset and not any(_port_open(b + offset) for b in bases):
+                return offset
+        return None
+
     def prepare(self) -> None:
         """Fresh run directory: manifests (the examples, with ports shifted),
         the collector's endpoint list, the provider's API key."""
         if self.run_dir.exists():
-            shutil.rmtree(self.run_dir)
+            for entry in self.run_dir.iterdir():
+                if entry.name == LOCK:
+                    continue  # :meth:`claim`'s lock is on this file
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         (self.run_dir / "logs").mkdir(parents=True)
         manifests = self.run_dir / "manifests"
         manifests.mkdir()
@@ -292,9 +398,8 @@ class Stack:
 
     async def _start(self, speed_profile: str, time_scale: float, timeout: float) -> None:
         busy = [p for p in self._ports() if _port_open(p)]
-        if busy:
-            raise StackError(f"make run: ports already in use: {', '.join(map(str, busy))} "
-                             "(another stack running? try --port-offset 100)")
+        if busy:  # amain checked before preparing (preflight); this is for callers of start()
+            raise StackError(self._busy_message(busy, *how_started(self)))
         for proc in self.plan(speed_profile, time_scale):
             await self.spawn(proc)
             self.procs.append(proc)
@@ -314,16 +419,21 @@ class Stack:
         raise KeyError(name)
 
     async def spawn(self, proc: Proc) -> None:
-        """Start ``proc`` (again), its output appended to its log."""
+        """Start ``proc`` (again), its output appended to its log; on Linux it
+        gets SIGTERM when the supervisor dies (:data:`_PDEATHSIG`)."""
         proc.log = self.run_dir / "logs" / f"{proc.name}.log"
+        argv = proc.argv
+        if sys.platform.startswith("linux"):
+            argv = [sys.executable, "-I", "-S", "-c", _PDEATHSIG, str(os.getpid()), *argv]
         out = open(proc.log, "ab")  # noqa: SIM115 - handed to the child
         try:
             proc.process = await asyncio.create_subprocess_exec(
-                *proc.argv, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL, cwd=str(REPO),
+                *argv, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL, cwd=str(REPO),
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                # Ctrl-C reaches the terminal's whole process group: the
-                # children stay out of it, so the stack stops them in order
-                # (services first, nats-server last) instead of all at once
+                # Ctrl-C (and the hangup of a closed terminal) reaches the
+                # terminal's whole process group: the children stay out of
+                # it, so the stack stops them in order (services first,
+                # nats-server last) instead of all at once
                 start_new_session=True,
             )
         finally:
@@ -394,6 +504,70 @@ class Stack:
 
     def exited(self) -> Proc | None:
         return next((p for p in self.procs if p.process is not None and p.process.returncode is not None), None)
+
+
+def running_from(run_dir: Path) -> dict[str, object] | None:
+    """What the supervisor running from ``run_dir`` recorded (pid, offset,
+    ports), or None when none holds its lock. Reads only."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                recorded = json.loads(os.pread(fd, 65_536, 0) or b"{}")
+            except ValueError:  # locked, not yet written
+                recorded = {}
+            return recorded if isinstance(recorded, dict) else {}
+        return None
+    finally:
+        os.close(fd)
+
+
+def _stacks_near(run_dir: Path) -> list[tuple[Path, dict[str, object]]]:
+    """The running stacks of ``run_dir`` and of the default run directories
+    (``.run``, ``.run-<offset>``) next to it and in the repository."""
+    dirs = [run_dir]
+    for parent in dict.fromkeys((run_dir.parent, REPO)):
+        try:
+            dirs += sorted(d for d in parent.glob(".run*")
+                           if d.is_dir() and (d.name == ".run" or d.name.startswith(".run-")))
+        except OSError:
+            continue
+    found = []
+    for d in dict.fromkeys(dirs):
+        running = running_from(d)
+        if running is not None:
+            found.append((d, running))
+    return found
+
+
+def _pid_words(running: dict[str, object]) -> str:
+    return f" (pid {running['pid']})" if isinstance(running.get("pid"), int) else ""
+
+
+def how_started(stack: Stack, environ: dict[str, str] | None = None) -> tuple[str, str]:
+    """Who started the stack, for messages: its name and how to start it on
+    another offset (``{offset}``). make (which sets MAKELEVEL for its
+    recipes) takes no --port-offset: the Makefile runs this script, which
+    reads KINFERENCE_PORT_OFFSET."""
+    environ = os.environ if environ is None else environ
+    if environ.get("MAKELEVEL"):
+        target = "run-ha" if stack.nats_cluster else "run-envoy" if stack.envoy else "run"
+        return f"make {target}", f"KINFERENCE_PORT_OFFSET={{offset}} make {target}"
+    return DIRECT, "--port-offset {offset}"
+
+
+def _say(*args: object, **kwargs: object) -> None:
+    """print, but a closed terminal (EIO) or a closed pipe does not stop the
+    stack from stopping."""
+    try:
+        print(*args, **kwargs)  # type: ignore[call-overload]
+    except OSError:
+        pass
 
 
 def _port_open(port: int) -> bool:
@@ -472,12 +646,28 @@ Watch decisions:
 async def amain(args: argparse.Namespace) -> int:
     stack = Stack(Path(args.run_dir).resolve(), args.port_offset, envoy=args.envoy, fail_open=args.fail_open,
                   nats_cluster=args.nats_cluster)
+    started_by, retry = how_started(stack)
+    try:
+        # a start that is refused changes nothing: the run directory may be a running stack's
+        stack.preflight(started_by, retry)
+        stack.claim(started_by)
+    except StackError as exc:
+        _say(exc, file=sys.stderr, flush=True)
+        return 1
+    try:
+        return await _run(stack, args)
+    finally:
+        stack.release()
+
+
+async def _run(stack: Stack, args: argparse.Namespace) -> int:
     stack.prepare()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP: the terminal was closed (its children are in sessions of their own, out of its reach)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    print("Starting Kinference locally (simulated GPUs)...", flush=True)
+    _say("Starting Kinference locally (simulated GPUs)...", flush=True)
     try:
         starting = asyncio.create_task(stack.start(args.speed_profile, args.time_scale))
         stopping = asyncio.create_task(stop.wait())
@@ -489,22 +679,22 @@ async def amain(args: argparse.Namespace) -> int:
         starting.result()
         if args.smoke:
             result = await asyncio.to_thread(smoke_request, stack.port(ENVOY_PORTS["envoy"] if args.envoy else 8080))
-            print(json.dumps(result, indent=2), flush=True)
+            _say(json.dumps(result, indent=2), flush=True)
             return 0 if result["status"] == 200 else 1
-        print(banner(stack), flush=True)
-        await stack.supervise(stop)
+        _say(banner(stack), flush=True)
+        await stack.supervise(stop, say=_say)
         return 0
     except StackError as exc:
-        print(exc, file=sys.stderr)
+        _say(exc, file=sys.stderr)
         return 1
     finally:
-        print("Stopping...", flush=True)
+        _say("Stopping...", flush=True)
         await stack.stop()
-        print("Stopped.", flush=True)
+        _say("Stopped.", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kinference_simulators.stack",
+    p = argparse.ArgumentParser(prog=DIRECT,
                                 description=__doc__.split("\n\n")[0] if __doc__ else None,
                                 epilog="make run runs this; give it an offset as KINFERENCE_PORT_OFFSET=N make run.")
     p.add_argument("--run-dir", default=None,
