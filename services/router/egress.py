@@ -184,6 +184,7 @@ class Egress:
                                        address=self.address, body=request.body)
         except Forbidden as exc:
             self.refused.labels(exc.reason).inc()
+            dr.count("", "egress_forbidden", "Provider")  # an answered request, as every other the egress answers
             return error_response(ApiError(403, "egress_forbidden", f"egress refused the request: {exc}"),
                                   new_decision_id())
         decision_id = claims.i

@@ -178,6 +178,7 @@ class PickStream:
         self.trailers = False
         self.decision_id = ""
         self.decision: Decision | None = None
+        self.traces: list[Any] = []
         self.snapshot: Snapshot | None = None
         self.send: Send | None = None
         self.pick = ""
@@ -187,6 +188,8 @@ class PickStream:
         self.local = False
         #: the response is a pod's error status, held to be answered as the data port answers it
         self.refused = False
+        #: the endpoint the gateway reports it sent the request to (envoy.lb metadata); None: not reported
+        self.served: str | None = None
         self.resp_retry_after: str | None = None
         self.resp_status = 0
         self.resp_streaming = False
@@ -368,6 +371,7 @@ class PickStream:
                                          address=settings.egress_address, body=data, rule=d.rule or "unmatched")
             set_headers.append(_header(TOKEN_HEADER, token))
         self.decision, self.snapshot, self.local = d, d.snapshot, cand.is_local
+        self.traces = tags.traces  # the classifiers' traces, for a second decision event
         self.restore = Restorer.of(cand.served_name, body.model)
         set_headers += [_header(DESTINATION, destination), _header("content-length", str(len(data))),
                         _header("x-kinference-decision-id", self.decision_id)]
@@ -394,11 +398,15 @@ class PickStream:
         if self.send is not None:
             self.send.obs.status = self.resp_status
         self.resp_streaming = h.get("content-type", "").startswith("text/event-stream")
-        if self.local and self.resp_status >= 400:  # held whole, then answered as the data port answers it
+        served = _metadata_value(msg, LB_NAMESPACE, SERVED)
+        served_ep = self.served = served[0] if served else None
+        if served_ep:
+            self.picker.gateway_reports_served = True
+        # a pod's error status, or the gateway's own in place of any answer (a Provider pick's
+        # egress unreachable too): held whole, then answered as the data port answers it
+        if self.resp_status >= 400 and self.decision is not None and (self.local or self._gateways_own_answer()):
             self.refused, self.resp_streaming = True, False
             self.resp_retry_after = h.get("retry-after")
-        served = _metadata_value(msg, LB_NAMESPACE, SERVED)
-        served_ep = served[0] if served else None
         if served_ep and served_ep != self.pick and self.send is not None and self.snapshot is not None:
             moved = next((c for c in self.snapshot.candidates if c.is_local and c.model == self.send.candidate.model
                           and c.state.address == served_ep), None)  # type: ignore[union-attr]
@@ -430,16 +438,34 @@ class PickStream:
     def _refusal(self) -> list[pb.ProcessingResponse]:
         """A pod's error status, answered as the data port answers it
         (``validate.upstream_refusal``): the router's envelope with the
-        decision id, a 4xx's message and code, 401/403/404 and 5xx as 502."""
+        decision id, a 4xx's message and code, 401/403/404 and 5xx as 502.
+        The gateway's own error in place of any answer (:meth:`_gateways_own_answer`)
+        is a 502 saying so, and the decision's second event, as at the data port."""
         d, send = self.decision, self.send
-        assert d is not None and send is not None
-        backend = send.candidate.backend
-        err = ApiError(*validate.upstream_refusal(self.resp_status, bytes(self.resp_held or b""), backend,
-                                                  self.resp_retry_after))
+        assert d is not None and d.candidate is not None
+        backend = (send.candidate if send is not None else d.candidate).backend  # a Provider pick: no send here
+        if self._gateways_own_answer():
+            # no answer of the pod's reached the gateway (its connection failed, or was cut after the
+            # request left: the gateway does not send that again); said as the data port says it
+            err = ApiError(502, "upstream_error", f"{backend}: the gateway answered {self.resp_status} in place "
+                           f"of the pod: its connection failed or was cut, and a request the pod may have "
+                           f"received is not sent again")
+            amended = retry.answered(d, err.code, err.message)
+            asyncio.get_running_loop().call_soon(self.director.publish_decision, amended, self.decision_id,
+                                                 self.traces, "upstream_error")
+        else:
+            err = ApiError(*validate.upstream_refusal(self.resp_status, bytes(self.resp_held or b""), backend,
+                                                      self.resp_retry_after))
         err.headers = [("x-kinference-rule", d.rule or "unmatched"), ("x-kinference-backend", backend)]
         self.director.count(err.rule, err.code, "")  # as the data port counts it
         self._finish("error")
         return self._close(_error(err, self.decision_id))
+
+    def _gateways_own_answer(self) -> bool:
+        """The response is the gateway's own (no endpoint's answer reached it):
+        a gateway that reports the endpoint it sent to (as the shipped Envoy
+        does) reported none for this one."""
+        return self.served is None and self.picker.gateway_reports_served
 
     def _response_body(self, chunk: bytes, end: bool) -> list[pb.ProcessingResponse]:
         if self.resp_first and (chunk or end) and not self.refused:  # a refusal has no first token (data port)
@@ -490,7 +516,9 @@ class PickStream:
         cand = d.candidate
         if outcome is None:
             outcome = "ok" if 0 < self.resp_status < 400 else "error"
-            if self.local:  # a Provider send is counted by the egress, which carried it out and saw how it went
+            # a Provider send the egress answered is counted by the egress, which carried it out and saw how
+            # it went; one the gateway answered itself (the egress unreachable) is counted here
+            if self.local or self._gateways_own_answer():
                 self.director.count(d.rule or "unmatched", "routed" if outcome == "ok" else "upstream_error",
                                     cand.type)
         if self.send is not None:
@@ -515,6 +543,9 @@ class Picker(pb_grpc.ExternalProcessorServicer):
         self.router, self.settings = router, settings
         #: the data port's API paths and methods: the others are refused as it refuses them
         self.routes = router.api_routes()
+        #: the gateway reports the endpoint it sent each request to (seen once): a response
+        #: without that report is then the gateway's own answer (PickStream._gateways_own_answer)
+        self.gateway_reports_served = False
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest],  # noqa: N802 - gRPC's name
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProcessingResponse]:
@@ -548,13 +579,15 @@ class EppServer:
         self.server: grpc.aio.Server | None = None
         self.health = health_async.HealthServicer()
         self.port = 0
+        self.picker: Picker | None = None
         self._watch: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> None:
         limit = self.router.settings.max_body_bytes + 1024 * 1024
         self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                                ("grpc.max_send_message_length", limit)])
-        pb_grpc.add_ExternalProcessorServicer_to_server(Picker(self.router, self.settings), self.server)
+        self.picker = Picker(self.router, self.settings)
+        pb_grpc.add_ExternalProcessorServicer_to_server(self.picker, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         try:
             self.port = self.server.add_insecure_port(f"{host}:{port}")

@@ -282,3 +282,71 @@ async def test_a_streamed_provider_answer_has_usage_only_when_the_client_asked(s
     assert '"usage"' in text and text.count("data: ") == 5, text
     await asyncio.sleep(0.05)
     assert inflight(env) == 0
+
+
+def request_counts(env: Env) -> dict[tuple[str, str], float]:
+    return {(s.labels["outcome"], s.labels["backend_type"]): s.value for m in env.router.metrics.registry.collect()
+            if m.name == "kinference_requests" for s in m.samples if s.name == "kinference_requests_total"}
+
+
+def counted(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+async def test_the_gateways_own_error_in_place_of_a_pods_answer_is_said_as_the_data_port_says_it(
+        start_epp: Any, classifier: Any) -> None:
+    """A gateway that reports the endpoint it sent to (the shipped Envoy)
+    reports none when no pod's answer reached it: the pod's connection failed
+    or was cut after the request left (Envoy does not send that again). The
+    trial: Envoy's reset reply read as "the pod answered 503"; the data port
+    says it was not sent again, and publishes the decision's second event."""
+    epp: Epp = await start_epp(fallbacks=0)
+    env = epp.env
+    s = epp.client.stream()
+    rq = await s.request("POST", CHAT, {}, chat_body())
+    await s.response(200, {"content-type": "application/json"}, [b'{"model": "Qwen/Qwen2.5-32B-Instruct"}'],
+                     served=rq.destination)  # this gateway reports the endpoint it sent to
+    await s.close()
+    before = request_counts(env)
+    async with decision_events(env.nc) as events:
+        s = epp.client.stream()
+        rq = await s.request("POST", CHAT, {}, chat_body())
+        decision_id = rq.set_headers["x-kinference-decision-id"]
+        rp = await s.response(503, {"content-type": "text/plain"}, [b"upstream connect error or disconnect/reset "
+                                                                    b"before headers. reset reason: connection "
+                                                                    b"termination"])
+        await s.close()
+        assert rp.immediate is not None and rp.immediate.status.code == 502
+        err = json.loads(rp.immediate.body)["error"]
+        assert err["code"] == "upstream_error" and err["decision_id"] == decision_id
+        assert "not sent again" in err["message"] and "answered 503" not in err["message"].split(":")[0], err
+        for _ in range(50):
+            await bus.sync(env.nc)
+            mine = [e for e in events if e["decision_id"] == decision_id]
+            if len(mine) >= 2:
+                break
+            await asyncio.sleep(0.02)
+    assert [e["outcome"]["code"] for e in mine] == [None, "upstream_error"], mine
+    assert counted(before, request_counts(env)) == {("upstream_error", ""): 1}
+    assert inflight(env) == 0
+
+
+async def test_a_provider_pick_whose_egress_the_gateway_could_not_reach_is_counted_once(
+        start_epp: Any, classifier: Any) -> None:
+    """The egress counts what it answers; when the gateway answered instead
+    (the egress unreachable), the EPP counts it and answers in the envelope."""
+    epp: Epp = await start_epp(egress=True)
+    env = epp.env
+    assert epp.server.picker is not None
+    epp.server.picker.gateway_reports_served = True  # as after any earlier answer through the shipped Envoy
+    await env.saturate()
+    before = request_counts(env)
+    s = epp.client.stream()
+    rq = await s.request("POST", CHAT, {}, chat_body())
+    assert rq.destination == epp.settings.egress_address
+    rp = await s.response(503, {"content-type": "text/plain"}, [b"upstream connect error or disconnect/reset "
+                                                                b"before headers. reset reason: connection failure"])
+    await s.close()
+    assert rp.immediate is not None and rp.immediate.status.code == 502
+    assert json.loads(rp.immediate.body)["error"]["code"] == "upstream_error"
+    assert counted(before, request_counts(env)) == {("upstream_error", ""): 1}
