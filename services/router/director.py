@@ -217,7 +217,8 @@ class Director:
                          amended: str = "") -> None:
         """The decision event (and record); ``amended``: the outcome is not
         the engine's (``flow_control``: shed or ``maxQueueWait``;
-        ``upstream_error``: a send that failed after it left, published
+        ``upstream_error``: a send that failed after it left, and
+        ``not_sent``: a pick that could not be carried out, each published
         again with what the client saw)."""
         try:
             trace = build_trace(d, decision_id=decision_id, classifiers=traces, scores=False)

@@ -35,6 +35,7 @@ import msgspec
 from kinference_common.engine import Decision, Request, Snapshot
 from kinference_common.engine.signals import DecisionContext
 from kinference_common.engine.tokens import estimate_prompt_tokens
+from kinference_router.director import ApiError
 
 TOKEN_HEADER = "x-kinference-egress"
 #: how long a token is good for, seconds
@@ -70,12 +71,18 @@ class Claims(msgspec.Struct, forbid_unknown_fields=True):
     e: float  #: expiry, unix seconds
 
 
-class Forbidden(Exception):
-    """Why the egress refuses a request (a metric label; never the body)."""
+class _Unsent(ApiError):
+    """A refusal before anything reached the provider (a retry may have it again)."""
 
-    def __init__(self, reason: str, message: str) -> None:
+
+class Forbidden(Exception):
+    """Why the egress refuses a request (a metric label; never the body);
+    ``claims``: the token's, when it was valid but used already."""
+
+    def __init__(self, reason: str, message: str, claims: Claims | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.claims = claims
 
 
 def _b64(data: bytes) -> str:
@@ -127,7 +134,7 @@ class EgressTokens:
         for k in [k for k, e in self.used.items() if e < now]:
             del self.used[k]
         if claims.i in self.used:
-            raise Forbidden("reused", f"{TOKEN_HEADER} was used already")
+            raise Forbidden("reused", f"{TOKEN_HEADER} was used already", claims)
         self.used[claims.i] = claims.e
         return claims
 
@@ -157,6 +164,10 @@ class Egress:
     def __init__(self, router: Any, tokens: EgressTokens, address: str) -> None:
         self.router, self.tokens, self.address = router, tokens, address
         self.refused = router.metrics.egress_refused
+        #: decision id -> (expiry, the refusal) of tokens whose request was refused before anything
+        #: reached the provider: the gateway's retry of such an answer (Envoy retries a 503) gets the
+        #: same refusal, not "used already" (nothing was sent, so nothing can be sent twice)
+        self.unsent: dict[str, tuple[float, Any]] = {}
 
     def server(self) -> Any:
         from kinference_router.app import server_error
@@ -173,7 +184,7 @@ class Egress:
                           max_body_bytes=s.max_body_bytes, limits=s.http, on_error=server_error)
 
     async def handle(self, request: Any, *, chat: bool) -> Any:
-        from kinference_router.app import _NOT_SENT, ApiError, error_response, new_decision_id
+        from kinference_router.app import _NOT_SENT, error_response, new_decision_id
 
         router = self.router
         dr = router.director
@@ -183,6 +194,9 @@ class Egress:
             claims = self.tokens.check(request.headers.get(TOKEN_HEADER), pool=dr.pool_label,
                                        address=self.address, body=request.body)
         except Forbidden as exc:
+            again = self.unsent.get(exc.claims.i) if exc.claims is not None else None
+            if again is not None:  # the gateway retried a refusal: the same refusal, counted once
+                return error_response(again[1], exc.claims.i)  # type: ignore[union-attr]
             self.refused.labels(exc.reason).inc()
             dr.count("", "egress_forbidden", "Provider")  # an answered request, as every other the egress answers
             return error_response(ApiError(403, "egress_forbidden", f"egress refused the request: {exc}"),
@@ -193,12 +207,17 @@ class Egress:
             snap = dr.keeper.snapshot
             d = provider_decision(snap, claims, body.texts) if snap is not None else None
             if d is None:
-                raise ApiError(503, "no_capacity", f"the pool no longer has provider {claims.v} serving {claims.m!r}",
-                               retry_after=1)
+                raise _Unsent(503, "no_capacity", f"the pool no longer has provider {claims.v} serving "
+                              f"{claims.m!r}", retry_after=1)
             result = await router._send(request, chat, body, d.request, d, snap, decision_id)
             if result is _NOT_SENT:
-                raise ApiError(502, "upstream_error", f"provider {claims.v} refused the connection")
+                raise _Unsent(502, "upstream_error", f"provider {claims.v} refused the connection")
             return result
         except ApiError as err:
             dr.count(err.rule or claims.r, err.code, "Provider")
+            if isinstance(err, _Unsent):
+                now = time.time()
+                for k in [k for k, (e, _) in self.unsent.items() if e < now]:
+                    del self.unsent[k]
+                self.unsent[decision_id] = (claims.e, err)
             return error_response(err, decision_id)

@@ -350,3 +350,30 @@ async def test_a_provider_pick_whose_egress_the_gateway_could_not_reach_is_count
     assert rp.immediate is not None and rp.immediate.status.code == 502
     assert json.loads(rp.immediate.body)["error"]["code"] == "upstream_error"
     assert counted(before, request_counts(env)) == {("upstream_error", ""): 1}
+
+
+async def test_a_retried_refusal_of_the_egress_is_the_same_refusal(start_epp: Any, classifier: Any) -> None:
+    """Envoy retries a 503: the egress's "the pool no longer has that
+    provider" (nothing sent) came back the second time as 403 "used already".
+    Now the retry gets the same refusal, counted once; a token whose request
+    reached the provider stays single-use."""
+    epp: Epp = await start_epp(egress=True)
+    env = epp.env
+    tokens = epp.settings.egress
+    assert tokens is not None
+    body = chat_body()
+    token = tokens.mint(decision_id="e" * 32, pool="default/inference-all", provider="default/gone",
+                        model="databricks-qwen25-32b", address=epp.settings.egress_address, body=body, rule="r")
+    before = request_counts(env)
+    first = await post_egress(epp, body, token)
+    again = await post_egress(epp, body, token)
+    assert first[0] == again[0] == 503 and first[1]["error"]["code"] == again[1]["error"]["code"] == "no_capacity"
+    assert again[1]["error"]["decision_id"] == "e" * 32
+    assert counted(before, request_counts(env)) == {("no_capacity", "Provider"): 1}
+    # a token whose request was carried out is refused a second time
+    await env.saturate()
+    rq = await epp.client.exchange(CHAT, {}, chat_body())
+    sent = rq.set_headers["x-kinference-egress"]
+    assert (await post_egress(epp, rq.body, sent))[0] == 200
+    status, answer = await post_egress(epp, rq.body, sent)
+    assert status == 403 and "used already" in answer["error"]["message"]
