@@ -11,6 +11,8 @@ forwarded untouched.
 
 from __future__ import annotations
 
+import json
+
 import re
 
 from typing import Any
@@ -78,6 +80,16 @@ def _not_json(data: bytes, exc: Exception) -> str:
     was truncated", which reads as a network fault)."""
     if not data.strip():
         return "body is empty: send a JSON object with `model` and `messages` (or `prompt`)"
+    if "truncated" in str(exc):
+        # msgspec says "truncated" also of a whole body holding a lone UTF-16 surrogate
+        # escape, which Python's reader takes: that body is whole, its text is not Unicode
+        try:
+            json.loads(data)
+        except ValueError as std:  # truly cut, or malformed: where, in Python's words
+            return f"body is not JSON: {std.msg if isinstance(std, json.JSONDecodeError) else std}" + (
+                f" (line {std.lineno}, column {std.colno})" if isinstance(std, json.JSONDecodeError) else "")
+        return ("body is not JSON: a \\uD800-\\uDBFF escape (the first half of a UTF-16 surrogate pair) is not "
+                "followed by its second half")
     return f"body is not JSON: {exc}"
 
 

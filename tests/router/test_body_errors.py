@@ -21,6 +21,17 @@ def test_a_truncated_body_is_still_not_json() -> None:
     with pytest.raises(BadRequest) as err:
         parse(b'{"model": "m", "messages": [', chat=True)
     assert str(err.value).startswith("body is not JSON: "), err.value
+    assert "(line 1, column " in str(err.value), err.value  # where it ends
+
+
+def test_a_lone_surrogate_escape_is_named_not_called_truncated() -> None:
+    """The trial: ``"content": "héllo \\ud83d"`` got "Input data was truncated"
+    (msgspec's words), though the body was whole."""
+    body = '{"model": "m", "messages": [{"role": "user", "content": "h\u00e9llo \\ud83d"}]}'.encode()
+    for call in (lambda: parse(body, chat=True), lambda: decode(body)):
+        with pytest.raises(BadRequest) as err:
+            call()
+        assert "truncated" not in str(err.value) and "surrogate" in str(err.value), err.value
 
 
 @pytest.mark.parametrize(("body", "message"), [
