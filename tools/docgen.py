@@ -133,7 +133,7 @@ def metrics_page() -> str:
         for m in exported_metrics():
             if m.service == service:
                 lbl = ", ".join(f"`{x}`" for x in m.labels) or "-"
-                lines.append(f"| `{m.name}` | {m.type} | {lbl} | {m.help.replace('|', '/')} |")
+                lines.append(f"| `{m.name}` | {m.type} | {lbl} | {_cell(m.help)} |")
         lines.append("")
     lines += ["## Questions and the queries that answer them", "",
               "| question | query |", "| --- | --- |"]
@@ -253,7 +253,8 @@ def warnings_page() -> str:
              "policy's `status.warnings` (`kubectl get infpol NAME -o yaml`, or offline "
              "`kinfctl lint FILE`); `term` is a path such as `rules[0].route.exclude[1]`. "
              "Warnings that depend on a pool (a policy is compiled once per pool that references "
-             "it) name the pool. `kinfctl lint --strict` fails (exit 2) on any.", "",
+             "it) name the pool. `kinfctl lint --strict` fails (exit 2) on any warning; a note "
+             "(`ProvidersNeverPicked`, below: nothing is dropped) is printed as `note` and does not fail it.", "",
              "Every example below is compiled by the test suite: the example gives its code, "
              "the fix does not. Policy examples are the spec of `InferencePolicy default/example`, "
              "used by a pool over the worker set `qwen` (model `qwen-2.5`) and the provider "
@@ -403,13 +404,21 @@ def field_paths(schema: dict[str, Any], root: str) -> list[str]:
     return [f"{root}.{path}" for path, *_ in rows]
 
 
+def _cell(text: str) -> str:
+    """``text`` for a table cell: a pipe in a code span stays (a pattern's
+    alternatives: the site's tables keep code spans whole), one outside is
+    escaped (it would end the cell)."""
+    parts = text.split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
+
+
 def _table(schema: dict[str, Any], root: str, kind: str = "") -> list[str]:
     rows: list[tuple[str, str, str, str]] = []
     _fields(schema, "", False, rows)
     lines = ["| field | type | required | values | meaning |", "| --- | --- | --- | --- | --- |"]
     for path, t, req, notes in rows:
         meaning = FIELD_MEANING.get(f"{kind} {root}.{path}", "")
-        lines.append(f"| `{root}.{path}` | {t} | {req} | {notes.replace('|', '/')} | {meaning} |")
+        lines.append(f"| `{root}.{path}` | {t} | {req} | {_cell(notes)} | {meaning} |")
     return lines
 
 

@@ -35,7 +35,7 @@ import structlog
 from kinference_common import subjects
 from kinference_common.compiled import CompiledFlowControl
 from kinference_common.engine import (Calibration, Decision, InFlightLedger, PrefixIndex, Request, Snapshot, decide,
-                                      interpret)
+                                      interpret, rejection_status)
 from kinference_common.engine.candidates import Candidate
 from kinference_common.engine.request import OBJECTIVE_HEADERS, engine_request
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
@@ -88,10 +88,6 @@ def flow_control_rejection(d: Decision, err: ApiError) -> Decision:
 def new_decision_id() -> str:
     """128 random bits, as 32 hex digits."""
     return os.urandom(16).hex()
-
-
-#: a rejection's status by the engine's code
-_REJECTION_STATUS = {"model_not_found": 404, "no_capacity": 503, "context_length_exceeded": 400}
 
 
 class Director:
@@ -335,7 +331,7 @@ class Routing:
         asyncio.get_running_loop().call_soon(dr.publish_decision, d, self.decision_id, traces)
         if not d.routed:
             code = d.code or "policy_rejected"
-            raise ApiError(_REJECTION_STATUS.get(code, 403), code, d.reason or code,
+            raise ApiError(rejection_status(code), code, d.reason or code,
                            retry_after=1 if code == "no_capacity" else None, rule=d.rule or "")
         if d.context.spread is not None:
             dr.metrics.spread_moves.inc()

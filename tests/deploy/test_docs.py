@@ -249,3 +249,17 @@ def test_make_help_speaks_to_users_in_aligned_columns() -> None:
     assert lines and all("issue" not in line and "sims" not in line for line in lines), out
     # every description starts in the same column
     assert len({len(line) - len(line[len(line.split()[0]):].lstrip()) for line in lines}) == 1, out
+
+
+def test_the_crd_pages_patterns_are_the_crds(site: Path) -> None:
+    """The trial: every ``|`` of a pattern in crds.md's tables was written
+    ``/`` (``(ns/us/µs/ms/s/m/h)``), a pattern that matches nothing the CRD
+    takes. On the site, the duration fields show the CRD's own pattern."""
+    import html as html_lib
+
+    from kinference_common.crds import DURATION_PATTERN
+
+    page = (site / "site" / "reference" / "crds" / "index.html").read_text()
+    codes = [html_lib.unescape(c) for c in re.findall(r"<code>(.*?)</code>", page, flags=re.S)]
+    shown = [c for c in codes if c.startswith("^(0")]
+    assert shown and set(shown) == {DURATION_PATTERN}, set(shown)

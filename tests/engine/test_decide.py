@@ -106,6 +106,8 @@ def test_shadowed_rule_never_fires() -> None:
     d = decide(s, req("qwen-2.5"))
     assert not d.routed and d.rule == "first"
     assert [st.outcome for st in d.steps] == ["Rejected"]
+    # the pod not ready makes it no_capacity; the reason does not blame an exclusion (there is none)
+    assert d.code == "no_capacity" and "not ready" in d.reason, d.reason
 
 
 # -------------------------------------------------------------- unmatched

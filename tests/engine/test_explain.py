@@ -105,6 +105,13 @@ def test_rejections_exit_zero(files, capsys, tmp_path) -> None:
     argv[argv.index(str(files["body"]))] = str(body)
     code, out, _ = run(capsys, *argv)
     assert code == 0 and out.startswith("Rejected: model_not_found (HTTP 404)")
+    # a prompt no window holds: the client's 400, as the router answers it (the trial: "HTTP )")
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"model": "qwen-2.5", "max_tokens": 1000,
+                               "messages": [{"role": "user", "content": "word " * 45000}]}))
+    argv[argv.index(str(body))] = str(big)
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and out.startswith("Rejected: context_length_exceeded (HTTP 400)"), out
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ import yaml
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS, classifier_for_prefix
 from kinference_common.compiler import compile_documents
 from kinference_common.durations import DurationError, format_duration, parse_duration
-from kinference_common.engine import InFlightLedger, Snapshot, decide, interpret
+from kinference_common.engine import InFlightLedger, Snapshot, decide, interpret, rejection_status
 from kinference_common.engine.request import engine_request
 from kinference_common.engine.trace import ClassifierTrace, DecisionTrace, RuleTrace
 from kinference_common.manifests import Loaded, load_paths, load_text
@@ -290,7 +290,7 @@ def render_text(t: DecisionTrace, out: TextIO) -> None:
         where = o.backend + (f" (pod {o.endpoint})" if o.endpoint else "")
         out.write(f"Routed to {where}, model {o.model!r}, by rule {o.rule}\n")
     else:
-        status = {"policy_rejected": 403, "no_capacity": 503, "model_not_found": 404}.get(o.code or "", "")
+        status = rejection_status(o.code)
         out.write(f"Rejected: {o.code} (HTTP {status})" + (f", by rule {o.rule}" if o.rule else "") + "\n")
     out.write(f"  {o.reason}\n")
     out.write(f"  decided in {t.decide_us:.0f} us\n\n")

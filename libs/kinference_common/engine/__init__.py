@@ -26,7 +26,7 @@ Typical use by the router::
         prefix_index.record(d.candidate.ledger_key, request.block_hashes)
 """
 
-from .decide import Decision, decide, interpret
+from .decide import Decision, decide, interpret, rejection_status
 from .ledger import InFlightLedger
 from .prefix import PrefixIndex
 from .request import Request, required_classifiers
@@ -51,5 +51,6 @@ __all__ = [
     "estimate_tokens",
     "interpret",
     "prompt_block_hashes",
+    "rejection_status",
     "required_classifiers",
 ]

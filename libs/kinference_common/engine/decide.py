@@ -625,7 +625,8 @@ def decide(
             d.code = "no_capacity" if live else "policy_rejected"
             d.reason = (
                 f"rule {rule.name!r} left no candidate (onEmpty: Reject)"
-                + ("; exclusions on live signals removed candidates" if live else "")
+                + ("; live signals removed candidates (an exclusion on one, or a pod not ready or ejected)"
+                   if live else "")
             )
             d.decide_us = (timer() - start) * 1e6
             return d
@@ -655,6 +656,15 @@ def decide(
                             f"no worker set serves {model!r}")
     d.decide_us = (timer() - start) * 1e6
     return d
+
+
+#: the HTTP status of a rejection, by its code (any other code: 403 ``policy_rejected``);
+#: the router's answer and ``kinfctl explain`` both read it here
+REJECTION_STATUS = {"model_not_found": 404, "no_capacity": 503, "context_length_exceeded": 400}
+
+
+def rejection_status(code: str | None) -> int:
+    return REJECTION_STATUS.get(code or "", 403)
 
 
 def interpret(d: Decision) -> Decision:
