@@ -67,6 +67,26 @@ def test_uncovered_failure_tag_in_matches_when_a_later_rule_bursts() -> None:
     assert st.warnings == []
 
 
+BURST = ("route:\n  exclude: [{name: busy, drop: {backend: {type: Local}, queuedPrompts: {greaterThan: 4}}}]\n"
+         "  select: [{type: Local}, {type: Provider}]")
+
+
+def test_tagged_requests_kept_local_that_fall_through_to_a_provider_rule() -> None:
+    """The trial: a rule keeping PII local with onEmpty: FallThrough before a
+    rule that bursts linted clean, and a PII request then went to the provider."""
+    keep = "matches: [{tag: [pii-confirmed, pii-unknown]}]\nroute: {select: [{type: Local}], onEmpty: FallThrough}"
+    st, _ = compile_policy("rules:\n" + rule(keep, "pii") + rule(BURST, "rest"))
+    [w] = st.warnings
+    assert (w.code, w.rule, w.term) == ("TaggedFallThrough", "pii", "rules[0].route.onEmpty")
+    assert "'rest'" in w.message and "onEmpty: Reject" in w.message
+    assert "TaggedFallThrough in pii" in st.conditions[0].message
+    # no warning when it rejects, or when the later rule cannot admit those tags
+    st, _ = compile_policy("rules:\n" + rule(keep.replace("FallThrough", "Reject"), "pii") + rule(BURST, "rest"))
+    assert st.warnings == []
+    st, _ = compile_policy("rules:\n" + rule(keep, "pii") + rule("matches: [{tag: [pii-none]}]\n" + BURST, "rest"))
+    assert st.warnings == []
+
+
 def test_class_scoped_signal_in_exclusion_and_tier() -> None:
     spec = "rules:\n" + rule(
         "route:\n"

@@ -359,6 +359,10 @@ def compile_documents(
         # seen at a glance (the MESSAGE column of -o wide): a warning that lets PII reach a provider
         leak_note = f"; WARNING: a classifier failure can send PII to a provider (UncoveredFailureTag in " \
             f"{', '.join(leaks)})" if leaks else ""
+        falls = sorted({w.rule or w.term for w in warnings if w.code == "TaggedFallThrough"})
+        if falls:
+            leak_note += (f"; WARNING: tagged requests a rule keeps local can fall through to a provider "
+                          f"(TaggedFallThrough in {', '.join(falls)})")
         res.policy_status[key] = PolicyStatus(
             rule_count=len(comp.policy.rules),
             referenced_by=refs,

@@ -31,6 +31,8 @@ ProviderOnlyOnOutage   (added) a Provider tier reached only when no Local
 UnmatchedNeverApplies  (added) ``unmatched: Reject`` is set but a catch-all
                        rule that rejects comes first
 EmptyRange             (added) greaterThan >= lessThan: the comparison never holds
+TaggedFallThrough      (added) a rule keeps tagged requests local but falls
+                       through to a later rule that can pick a Provider
 =====================  ==========================================================
 
 A note on ``OutOfRange`` in an exclusion: dropping only the comparison would
@@ -562,15 +564,34 @@ def _check_uncovered_exclusions(ctx: _Ctx, rule: CompiledRule) -> None:
             )
 
 
+def _admits(rule: CompiledRule, tags: set[str]) -> bool:
+    """``rule``'s ``matches`` can hold for a request tagged with one of
+    ``tags``: no ``matches``, or a term with no tag test or one naming one."""
+    return rule.matches is None or any(not m.tags or tags & set(m.tags) for m in rule.matches)
+
+
 def _check_uncovered_matches(ctx: _Ctx, rules: list[CompiledRule]) -> None:
     """A rule that keeps tagged requests local (no Provider tier) whose
-    ``matches`` miss the failure tag, while a later rule can reach a Provider."""
+    ``matches`` miss the failure tag, while a later rule can reach a Provider;
+    and one that keeps them local only while it picks (``onEmpty:
+    FallThrough``), when a later rule that admits them can pick a Provider."""
     for i, rule in enumerate(rules):
         if rule.matches is None or any(t.type == "Provider" for t in rule.select):
             continue
         later_provider = next((r_ for r_ in rules[i + 1:] if any(t.type == "Provider" for t in r_.select)), None)
         if later_provider is None:
             continue
+        kept = {t for m in rule.matches for t in (m.tags or []) if t in cl.TAG_TO_CLASSIFIER
+                and not t.endswith("-none")}
+        leaks_to = next((r_ for r_ in rules[i + 1:] if any(t.type == "Provider" for t in r_.select)
+                         and _admits(r_, kept)), None) if kept and rule.on_empty == "FallThrough" else None
+        if leaks_to is not None:
+            ctx.warn(
+                "TaggedFallThrough", rule.name, f"{rule.term}.route.onEmpty",
+                f"this rule keeps {', '.join(sorted(kept))} requests local only while it picks: with onEmpty: "
+                f"FallThrough, those it leaves (every local pod excluded or unready) fall to rule "
+                f"{leaks_to.name!r}, which can pick a Provider. Set onEmpty: Reject to keep them in the cluster.",
+            )
         for j, m in enumerate(rule.matches):
             for info in _uncovered(m.tags or []):
                 ctx.warn(
