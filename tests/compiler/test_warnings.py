@@ -87,6 +87,17 @@ def test_tagged_requests_kept_local_that_fall_through_to_a_provider_rule() -> No
     assert st.warnings == []
 
 
+def test_provider_only_on_outage_not_when_consider_admits_only_providers() -> None:
+    """The trial: consider [{backend: {type: Provider}}] then Local, Provider
+    tiers was told its Provider tier is reached only on an outage; it is the
+    only tier that can pick."""
+    tiers = "  select: [{type: Local}, {type: Provider}]"
+    st, _ = compile_policy("rules:\n" + rule("route:\n" + tiers))
+    assert [w.code for w in st.warnings] == ["ProviderOnlyOnOutage"]
+    st, _ = compile_policy("rules:\n" + rule("route:\n  consider: [{backend: {type: Provider}}]\n" + tiers))
+    assert "ProviderOnlyOnOutage" not in [w.code for w in st.warnings], st.warnings
+
+
 def test_class_scoped_signal_in_exclusion_and_tier() -> None:
     spec = "rules:\n" + rule(
         "route:\n"

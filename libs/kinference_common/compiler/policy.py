@@ -518,7 +518,10 @@ def _check_considered_kinds(ctx: _Ctx, rule: CompiledRule, explicit: bool) -> No
 def _check_provider_only_on_outage(ctx: _Ctx, rule: CompiledRule) -> None:
     """Seed 000, "Providers never picked": a Local tier that keeps every local
     candidate, before a Provider tier, with no exclusion that can drop Local
-    candidates on a live signal."""
+    candidates on a live signal. Not when ``consider`` admits no Local
+    candidate: the Provider tier is then the one that picks."""
+    if rule.consider is not None and all(c.backend_type == "Provider" for c in rule.consider):
+        return
     local_all = next(
         (t for t in rule.select if t.type == "Local" and t.backends is None and t.order is None), None
     )
