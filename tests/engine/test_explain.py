@@ -133,6 +133,8 @@ def test_rejections_exit_zero(files, capsys, tmp_path) -> None:
                                                        "\"max_tokens\": -5}"))], "`max_tokens` must be an integer"),
         (lambda f, d: ["--request", str(_write(d / "b3.json", "{nope"))], "not JSON"),
         (lambda f, d: ["--header", "novalue"], "expected NAME=VALUE"),
+        # the trial: pii-maybe was taken, and stood for an answer of the classifier
+        (lambda f, d: ["--tag", "pii-maybe"], "--tag pii-maybe: not a tag the pii classifier emits"),
         (lambda f, d: ["-f", str(_write(d / "broken.yaml", "kind: InferencePolicy\napiVersion: "
                                         "kinference.buoyant.io/v1alpha1\nmetadata: {name: x}\nspec: {rules: 3}"))],
          "broken.yaml"),
@@ -155,3 +157,18 @@ def test_invalid_input_is_one_line_and_exit_1(files, capsys, tmp_path, mutate, m
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_telemetry_of_a_worker_set_the_pool_lacks_is_said(files, capsys, tmp_path) -> None:
+    """The trial: a misspelt workerSet was left out silently, and the request
+    went to the provider as if the pod did not exist."""
+    state = tmp_path / "typo.yaml"
+    state.write_text(files["state"].read_text().replace("workerSet: qwen-2-5-32b", "workerSet: qwen-2-5-23b", 1))
+    argv = base(files)
+    argv[argv.index(str(files["state"]))] = str(state)
+    code, _, err = run(capsys, *argv)
+    assert code == 0
+    assert "endpoints[0] names worker set default/qwen-2-5-23b, which pool default/inference-all does not have" \
+        in err, err
+    _, _, err = run(capsys, *base(files))
+    assert "note:" not in err, err

@@ -233,6 +233,12 @@ def explain(args: argparse.Namespace, now: float | None = None) -> DecisionTrace
     headers = parse_headers(args.header)
     body = load_body(args.request)
     telemetry = load_telemetry(args.telemetry)
+    for t in args.tag:
+        info = classifier_for_prefix(t)
+        if info is not None and t not in info.tags:
+            raise CommandError(f"--tag {t}: not a tag the {info.name} classifier emits "
+                               f"({', '.join(sorted(info.tags))})")
+    _note_foreign_telemetry(telemetry, pool, args.telemetry)
 
     now = time.time() if now is None else now
     endpoints, providers, ejected, ledger = telemetry_states(telemetry, now)
@@ -258,6 +264,22 @@ def explain(args: argparse.Namespace, now: float | None = None) -> DecisionTrace
 
     decision = interpret(decide(snapshot, request, ledger=ledger))  # as the data port answers
     return decision.trace(decision_id=f"explain-{uuid.uuid4().hex[:12]}", classifiers=classifiers)
+
+
+def _note_foreign_telemetry(state: TelemetryFile, pool: Any, path: str) -> None:
+    """Say (on stderr) which telemetry entries the pool has no destination
+    for: they take no part in the decision (a misspelt workerSet would
+    otherwise look like a pod that is not there)."""
+    local = {(d.namespace, d.name) for d in pool.destinations if d.type == "Local"}
+    remote = {(d.namespace, d.name) for d in pool.destinations if d.type == "Provider"}
+    for what, entries, known in (("endpoints", [(e.namespace, e.worker_set) for e in state.endpoints], local),
+                                 ("providers", [(p.namespace, p.name) for p in state.providers], remote)):
+        for i, key in enumerate(entries):
+            if key not in known:
+                names = ", ".join(f"{n}/{m}" for n, m in sorted(known)) or "none"
+                kind = "worker set" if what == "endpoints" else "provider"
+                sys.stderr.write(f"note: --telemetry {path}: {what}[{i}] names {kind} {key[0]}/{key[1]}, which "
+                                 f"pool {pool.namespace}/{pool.name} does not have ({names}): left out\n")
 
 
 def run(args: argparse.Namespace) -> int:
