@@ -71,6 +71,21 @@ def test_warnings_never_fail_but_strict_exits_2(good: Path) -> None:
     assert kinfctl("lint", "--strict", str(good)).returncode == 2
 
 
+def test_strict_fails_on_a_pool_with_an_unresolved_destination_or_a_missing_policy(good: Path) -> None:
+    """The trial: a Kinference pool naming a missing policy and a worker set
+    that does not exist passed ``--strict`` (exit 0): its faults are
+    conditions, not warnings, where an Inference Extension pool's are warnings."""
+    (good / "bad-pool.yaml").write_text(
+        "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePool\nmetadata: {name: bad, namespace: default}\n"
+        "spec:\n  destinations: [{kind: InferenceWorkerSet, name: nope}]\n  policyRef: {name: missing}\n")
+    p = kinfctl("lint", str(good))
+    assert p.returncode == 0 and "1 pool with problems (default/bad)" in p.stdout, p.stdout
+    assert kinfctl("lint", "--strict", str(good)).returncode == 2
+    (good / "bad-pool.yaml").unlink()
+    p = kinfctl("lint", "--strict", str(good))
+    assert p.returncode == 0 and "with problems" not in p.stdout, p.stdout
+
+
 def test_manifest_error_exits_1_naming_document_and_path(good: Path) -> None:
     (good / "broken.yaml").write_text(
         "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: {name: broken}\n"

@@ -43,7 +43,7 @@ def test_a_typo_in_a_drop_fails_the_lint(examples: Path) -> None:
     assert "did you mean `queuedPrompts`?" in p.stdout
     assert "warning UnknownField" not in p.stdout
     assert "Traceback" not in p.stdout + p.stderr
-    assert p.stdout.rstrip().endswith("0 policies, 1 pool: 1 error, 0 warnings")
+    assert p.stdout.rstrip().endswith("0 policies, 1 pool: 1 error, 0 warnings, 1 pool with problems (default/inference-all)")
 
 
 def test_a_typo_in_a_pii_condition_fails_the_lint(examples: Path) -> None:

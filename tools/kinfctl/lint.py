@@ -8,7 +8,8 @@ policy's and pool's computed status and every warning. ``-o json`` prints
 
 Exit codes: 0 every manifest valid (warnings never fail the lint); 1 a
 manifest (or the command line) is invalid; 2 with ``--strict`` when there are
-warnings. An unknown field of an InferencePolicy is an error (ignored, it
+warnings, or a pool whose status reports a problem (an unresolved destination,
+a policyRef to no policy). An unknown field of an InferencePolicy is an error (ignored, it
 would change where requests go: in a predicate it widens it); in other
 kinds it is a warning (``UnknownField``).
 """
@@ -39,7 +40,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("paths", nargs="+", metavar="FILE|DIR", help="manifest files or directories; - for stdin")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format (default text)")
-    p.add_argument("--strict", action="store_true", help="exit 2 when there are warnings")
+    p.add_argument("--strict", action="store_true", help="exit 2 when there are warnings, or a pool with an unresolved destination or missing policy")
     p.add_argument("--in-process-classifier", action="append", dest="in_process", default=[], metavar="NAME",
                    choices=sorted(BUILTIN_CLASSIFIERS),
                    help="as the policy-compiler's flag: the status shows this classifier run in the router's "
@@ -68,9 +69,18 @@ def run(args: argparse.Namespace) -> int:
         print_text(res, sys.stdout)
     if res.errors:
         return EXIT_INVALID
-    if args.strict and res.warning_count:
+    if args.strict and (res.warning_count or pools_with_problems(res)):
         return EXIT_WARNINGS
     return EXIT_OK
+
+
+def pools_with_problems(res: CompileResult) -> list[tuple[str, str]]:
+    """Kinference pools whose status reports a problem as a condition rather
+    than a warning (a destination that does not resolve, a policyRef to no
+    policy, not Accepted): what ``--strict`` also fails on, as it fails on the
+    same faults of an Inference Extension pool, which are warnings."""
+    return sorted(key for key, st in res.pool_status.items()
+                  if st.unresolved_destinations or any(c.status != "True" for c in st.conditions))
 
 
 def lint_json(res: CompileResult) -> dict[str, Any]:
@@ -162,7 +172,10 @@ def print_text(res: CompileResult, out: TextIO) -> None:
     for e in res.errors:
         out.write(f"error: {e}\n")
     n_pol, n_pool = len(res.policy_status), len(res.pool_status) + len(res.gie_pool_status)
+    bad = pools_with_problems(res)
     out.write(
         f"{_count(n_pol, 'policy', 'policies')}, {_count(n_pool, 'pool')}: "
-        f"{_count(len(res.errors), 'error')}, {_count(res.warning_count, 'warning')}\n"
+        f"{_count(len(res.errors), 'error')}, {_count(res.warning_count, 'warning')}"
+        + (f", {_count(len(bad), 'pool')} with problems ({', '.join(f'{n}/{m}' for n, m in bad)})" if bad else "")
+        + "\n"
     )
