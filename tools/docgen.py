@@ -224,12 +224,15 @@ def compile_warnings(text: str) -> list[Found]:
     res = compile_documents(load_text(text, "example.yaml"))
     if res.errors:
         raise ValueError("; ".join(str(e) for e in res.errors))
+    # ``where``: the start of the line `kinfctl lint` prints (tools/kinfctl/lint.py), up to the message
     out = []
     for (ns, name), status in sorted(res.policy_status.items()):
-        for w in status.warnings:
-            out.append(Found(w.code, w.message, f"InferencePolicy {ns}/{name} {w.term}"))
-    for w in [*res.document_warnings, *res.notes]:
-        out.append(Found(w.code, w.message, f"{w.kind} {w.namespace}/{w.name} {w.path}"))
+        for w in status.warnings:  # under the policy's own line, `InferencePolicy ns/name: ...`
+            out.append(Found(w.code, w.message, f"warning {w.code} at {w.term}"))
+    for w in res.document_warnings:
+        out.append(Found(w.code, w.message, f"warning {w.code}: {w.kind} {w.namespace}/{w.name} at {w.path}"))
+    for w in res.notes:
+        out.append(Found(w.code, w.message, f"note {w.code}: {w.kind} {w.namespace}/{w.name}"))
     return out
 
 
@@ -592,7 +595,8 @@ PAGES["cli.md"] = cli_page
 #: what each field of the decision trace means (a field without a line here fails tests/deploy)
 EXPLAIN_FIELDS = {
     "decision_id": "32 hex digits; the `x-kinference-decision-id` header and the error envelope's `decision_id` "
-                   "carry the same value (`explain` for `/debug/explain`)",
+                   "carry the same value (`explain` for `/debug/explain`; `explain-` and 12 hex digits for "
+                   "`kinfctl explain`)",
     "pool": "the pool decided for, `namespace/name`",
     "tenant": "the authenticated tenant (`anonymous` without auth)",
     "model": "the model as requested, after InferenceModelRewrite, and its canonical name",
@@ -605,7 +609,9 @@ EXPLAIN_FIELDS = {
     "classifiers[].name": "`pii` or `injection`",
     "classifiers[].ms": "its round trip in milliseconds (0 when skipped)",
     "classifiers[].outcome": "`ok`; `skipped` (not asked); or why its failure tag was used: `error`, `deadline`, "
-                             "`oversize`, `shed` (not sent: its backlog was over the router's in-flight limit)",
+                             "`oversize`, `shed` (not sent: its backlog was over the router's in-flight limit). "
+                             "Offline (`kinfctl explain`): `offline` (a `--tag` stood for its answer) or "
+                             "`absent` (no `--tag` of its own: its failure tag was used)",
     "classifiers[].path": "where it ran: `Service` (the classifier service over NATS) or `InProcess` (in the "
                           "router); null offline",
     "classifiers[].tags": "the tag it gave this request (its failure tag unless `ok`; none when skipped)",
@@ -636,7 +642,8 @@ EXPLAIN_FIELDS = {
     "rules[].scores[].candidate": "`Local/<workerset>/<pod>` or `Provider/<name>`",
     "rules[].scores[].backend": "`Local/<workerset>` or `Provider/<name>` (the `x-kinference-backend` header)",
     "rules[].scores[].endpoint": "the pod, for a Local candidate",
-    "rules[].scores[].model": "the model name that destination is sent",
+    "rules[].scores[].model": "the model it serves, by its canonical name (`outcome.model` is the name sent "
+                              "upstream: a worker set's `servedName`, a provider's `upstreamName`)",
     "rules[].scores[].predicted_ttft_ms": "PredictedTTFT in milliseconds (Local)",
     "rules[].scores[].estimated_ttft_ms": "EstimatedTTFT in milliseconds (Provider; null if never observed)",
     "rules[].scores[].queued_prompts": "queued requests, including this router's unreported sends",
@@ -651,7 +658,9 @@ EXPLAIN_FIELDS = {
     "outcome.endpoint": "the pod, for a Local pick",
     "outcome.model": "the model name sent upstream",
     "outcome.reason": "for a rejection, why (the error message the client gets)",
-    "outcome.code": "for a rejection, the error code (see the HTTP API)",
+    "outcome.code": "for a rejection, the error code (see the HTTP API); on a routed decision, null, except in "
+                    "its second event, published when the pick could not be carried out (the send failed after "
+                    "it left, or an Endpoint Picker had no egress): what the client was answered",
     "outcome.rule": "the rule that decided (the `x-kinference-rule` header)",
     "decide_us": "the decision's own time, in microseconds",
 }

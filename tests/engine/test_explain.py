@@ -56,8 +56,8 @@ def test_json_trace_and_failed_classifier_sets_its_failure_tag(files, capsys) ->
     code, out, _ = run(capsys, *base(files), "-o", "json")
     assert code == 0
     t = json.loads(out)
-    assert [{k: c[k] for k in ("name", "ms", "outcome")} for c in t["classifiers"]] == [
-        {"name": "pii", "ms": 0.0, "outcome": "absent"}]
+    assert [{k: c[k] for k in ("name", "ms", "outcome", "tags")} for c in t["classifiers"]] == [
+        {"name": "pii", "ms": 0.0, "outcome": "absent", "tags": ["pii-unknown"]}]  # the tag it stood for
     assert t["tags"] == ["pii-unknown"]
     rule = t["rules"][0]
     assert rule["excluded"][0]["dropped"] == ["Local/qwen-2-5-32b/qwen-1"]

@@ -256,10 +256,10 @@ def explain(args: argparse.Namespace, now: float | None = None) -> DecisionTrace
         info = BUILTIN_CLASSIFIERS[cname]
         own = [t for t in tags if (c := classifier_for_prefix(t)) is not None and c.name == cname]
         if own:
-            classifiers.append(ClassifierTrace(name=cname, ms=0.0, outcome="offline"))
+            classifiers.append(ClassifierTrace(name=cname, ms=0.0, outcome="offline", tags=sorted(own)))
         else:
             tags.add(info.failure_tag)
-            classifiers.append(ClassifierTrace(name=cname, ms=0.0, outcome="absent"))
+            classifiers.append(ClassifierTrace(name=cname, ms=0.0, outcome="absent", tags=[info.failure_tag]))
     request = msgspec.structs.replace(request, tags=frozenset(tags))
 
     decision = interpret(decide(snapshot, request, ledger=ledger))  # as the data port answers
