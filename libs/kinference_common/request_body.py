@@ -11,7 +11,6 @@ forwarded untouched.
 
 from __future__ import annotations
 
-import json
 
 import re
 
@@ -75,6 +74,10 @@ class ParsedBody:
         return _encoder.encode(self.raw)
 
 
+#: a JSON escape of a UTF-16 high surrogate not followed by one of a low surrogate
+_LONE_HIGH_SURROGATE = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})")
+
+
 def _not_json(data: bytes, exc: Exception) -> str:
     """The 400's message; an empty body says so (msgspec would say "Input data
     was truncated", which reads as a network fault)."""
@@ -82,14 +85,12 @@ def _not_json(data: bytes, exc: Exception) -> str:
         return "body is empty: send a JSON object with `model` and `messages` (or `prompt`)"
     if "truncated" in str(exc):
         # msgspec says "truncated" also of a whole body holding a lone UTF-16 surrogate
-        # escape, which Python's reader takes: that body is whole, its text is not Unicode
-        try:
-            json.loads(data)
-        except ValueError as std:  # truly cut, or malformed: where, in Python's words
-            return f"body is not JSON: {std.msg if isinstance(std, json.JSONDecodeError) else std}" + (
-                f" (line {std.lineno}, column {std.colno})" if isinstance(std, json.JSONDecodeError) else "")
-        return ("body is not JSON: a \\uD800-\\uDBFF escape (the first half of a UTF-16 surrogate pair) is not "
-                "followed by its second half")
+        # escape: that body is whole, its text is not Unicode. Looked for in the bytes (no
+        # second parse: a body near the size cap, or nested deep, costs nothing more here)
+        if _LONE_HIGH_SURROGATE.search(data):
+            return ("body is not JSON: a \\uD800-\\uDBFF escape (the first half of a UTF-16 surrogate pair) "
+                    "is not followed by its second half")
+        return "body is not JSON: it ends before its JSON value does (cut short)"
     return f"body is not JSON: {exc}"
 
 
