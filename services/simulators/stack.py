@@ -46,7 +46,8 @@ doubling up to 30 s while it keeps dying; back to 0.5 s once it stayed up
 for 30 s), and each exit and restart is printed with the tail of its log,
 so what the rest of the stack does without it can be watched.
 Each process logs to ``.run/logs/<name>.log``; statuses are in
-``.run/status``. Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed) stops
+``.run/status``. Ctrl-C (or SIGTERM, or SIGHUP: the terminal closed, unless
+started with ``nohup``) stops
 everything: SIGTERM to each process in reverse order, SIGKILL to what has not
 exited after a few seconds. On Linux no process outlives the supervisor, even
 one killed with SIGKILL: each gets SIGTERM from the kernel when it dies
@@ -664,8 +665,12 @@ async def _run(stack: Stack, args: argparse.Namespace) -> int:
     stack.prepare()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    # SIGHUP: the terminal was closed (its children are in sessions of their own, out of its reach)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # SIGHUP: the terminal was closed (its children are in sessions of their own, out of its reach);
+    # unless it was started to outlive its terminal (nohup: SIGHUP ignored), which it keeps doing
+    signals = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signals.append(signal.SIGHUP)
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     _say("Starting Kinference locally (simulated GPUs)...", flush=True)
     try:

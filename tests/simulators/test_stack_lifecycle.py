@@ -89,14 +89,17 @@ def wait_for(what, timeout: float, step: float = 0.1):  # type: ignore[no-untype
 class Supervisor:
     """The stack's script as a process of its own session, its output in a file."""
 
-    def __init__(self, tmp_path: Path, offset: int | None = None, name: str = "a") -> None:
+    def __init__(self, tmp_path: Path, offset: int | None = None, name: str = "a", nohup: bool = False) -> None:
         self.offset = free_offset() if offset is None else offset
         self.run_dir = tmp_path / f"run-{name}"
         self.out = tmp_path / f"{name}.out"
         self.children: dict[str, int] = {}
+        # nohup: started with SIGHUP ignored, as `nohup make run &` starts it
+        ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(stack_argv(self.offset, self.run_dir), stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, env=env(), start_new_session=True)
+                                         stderr=subprocess.STDOUT, env=env(), start_new_session=True,
+                                         preexec_fn=ignore)
 
     def text(self) -> str:
         return self.out.read_text(errors="replace")
@@ -146,6 +149,24 @@ def test_sighup_stops_the_stack_like_ctrl_c(supervisor: Supervisor) -> None:
     assert "Stopping..." in out and out.rstrip().endswith("Stopped."), out
     left = {name: pid for name, pid in supervisor.children.items() if alive(pid)}
     assert not left, f"still running after Stopped.: {left}"
+
+
+@pytest.mark.slow
+def test_a_stack_started_with_nohup_outlives_its_terminal(tmp_path: Path) -> None:
+    """The review: the SIGHUP handler replaced the SIG_IGN that `nohup` set,
+    so `nohup make run &` and a logout stopped the stack, which it had
+    outlived before."""
+    s = Supervisor(tmp_path, nohup=True)
+    try:
+        s.wait_running()
+        s.proc.send_signal(signal.SIGHUP)
+        time.sleep(2.0)
+        assert s.proc.poll() is None and "Stopping" not in s.text(), s.text()
+        assert all(alive(pid) for pid in s.children.values())
+        s.proc.send_signal(signal.SIGINT)  # Ctrl-C still stops it
+        assert s.proc.wait(30) == 0 and s.text().rstrip().endswith("Stopped.")
+    finally:
+        s.cleanup()
 
 
 @pytest.mark.slow
