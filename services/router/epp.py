@@ -463,9 +463,11 @@ class PickStream:
 
     def _gateways_own_answer(self) -> bool:
         """The response is the gateway's own (no endpoint's answer reached it):
-        a gateway that reports the endpoint it sent to (as the shipped Envoy
-        does) reported none for this one."""
-        return self.served is None and self.picker.gateway_reports_served
+        a 5xx, and a gateway that reports the endpoint it sent to (as the
+        shipped Envoy does) reported none for this one. Only a 5xx: a pod's
+        4xx through a gateway that does not report (another in a mixed
+        fleet) must stay the pod's."""
+        return self.resp_status >= 500 and self.served is None and self.picker.gateway_reports_served
 
     def _response_body(self, chunk: bytes, end: bool) -> list[pb.ProcessingResponse]:
         if self.resp_first and (chunk or end) and not self.refused:  # a refusal has no first token (data port)

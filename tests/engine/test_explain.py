@@ -134,7 +134,9 @@ def test_rejections_exit_zero(files, capsys, tmp_path) -> None:
         (lambda f, d: ["--request", str(_write(d / "b3.json", "{nope"))], "not JSON"),
         (lambda f, d: ["--header", "novalue"], "expected NAME=VALUE"),
         # the trial: pii-maybe was taken, and stood for an answer of the classifier
-        (lambda f, d: ["--tag", "pii-maybe"], "--tag pii-maybe: not a tag the pii classifier emits"),
+        (lambda f, d: ["--tag", "pii-maybe"], "--tag pii-maybe: not a tag a classifier emits (the pii classifier"),
+        (lambda f, d: ["--tag", "pii_confirmed"], "--tag pii_confirmed: not a tag a classifier emits (tags are"),
+        (lambda f, d: ["--tag", "pii-none", "--tag", "pii-confirmed"], "pii already gave pii-none"),
         (lambda f, d: ["-f", str(_write(d / "broken.yaml", "kind: InferencePolicy\napiVersion: "
                                         "kinference.buoyant.io/v1alpha1\nmetadata: {name: x}\nspec: {rules: 3}"))],
          "broken.yaml"),

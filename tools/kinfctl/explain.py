@@ -233,11 +233,16 @@ def explain(args: argparse.Namespace, now: float | None = None) -> DecisionTrace
     headers = parse_headers(args.header)
     body = load_body(args.request)
     telemetry = load_telemetry(args.telemetry)
+    given: dict[str, str] = {}
     for t in args.tag:
         info = classifier_for_prefix(t)
-        if info is not None and t not in info.tags:
-            raise CommandError(f"--tag {t}: not a tag the {info.name} classifier emits "
-                               f"({', '.join(sorted(info.tags))})")
+        if info is None or t not in info.tags:
+            emits = (f"the {info.name} classifier emits {', '.join(sorted(info.tags))}" if info is not None else
+                     "tags are " + "; ".join(", ".join(sorted(i.tags)) for i in BUILTIN_CLASSIFIERS.values()))
+            raise CommandError(f"--tag {t}: not a tag a classifier emits ({emits})")
+        if info.name in given:  # a classifier gives a request one tag
+            raise CommandError(f"--tag {t}: {info.name} already gave {given[info.name]} (one tag per classifier)")
+        given[info.name] = t
     _note_foreign_telemetry(telemetry, pool, args.telemetry)
 
     now = time.time() if now is None else now
