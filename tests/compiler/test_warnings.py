@@ -87,6 +87,41 @@ def test_tagged_requests_kept_local_that_fall_through_to_a_provider_rule() -> No
     assert st.warnings == []
 
 
+PII_STAYS = ("  - name: pii-stays\n    if: {tag: [pii-confirmed, pii-unknown]}\n"
+             "    drop: {backend: {type: Provider}}\n")
+
+
+def codes(spec: str) -> list[tuple[str, str]]:
+    st, _ = compile_policy(spec)
+    return [(w.code, w.rule) for w in st.warnings]
+
+
+def test_tagged_fall_through_follows_the_rules_as_the_decision_does() -> None:
+    """The review's cases: where a tagged request can really reach a Provider
+    after a FallThrough, and where it cannot."""
+    keep = "matches: [{tag: [pii-confirmed, pii-unknown]}]\nroute: {select: [{type: Local}], onEmpty: FallThrough}"
+    # the example's own rule (Provider barred for PII by an exclusion) falling through to an overflow rule
+    example = ("route:\n  exclude:\n    - {name: busy, drop: {backend: {type: Local}, queuedPrompts: {greaterThan: 4}}}\n"
+               + "\n".join("  " + line for line in ("exclude:\n" + PII_STAYS).splitlines()[1:]) + "\n"
+               "  select: [{type: Local}, {type: Provider}]\n  onEmpty: FallThrough")
+    overflow = "route: {select: [{type: Provider}]}"
+    assert ("TaggedFallThrough", "example") in codes("rules:\n" + rule(example, "example") + rule(overflow, "overflow"))
+    # a later rule for clean injection scans still takes a PII request (it carries both tags)
+    inj = "matches: [{tag: [injection-none]}]\n" + BURST
+    assert ("TaggedFallThrough", "pii") in codes("rules:\n" + rule(keep, "pii") + rule(inj, "inj"))
+    # safe: the later rule bars PII from its Provider tier
+    barred = ("route:\n  exclude:\n" + "".join("    " + line + "\n" for line in PII_STAYS.strip("\n").splitlines())
+              + "  select: [{type: Local}, {type: Provider}]")
+    assert "TaggedFallThrough" not in [c for c, _ in codes("rules:\n" + rule(keep, "pii") + rule(barred, "burst"))]
+    # safe: a rule in between takes every such request and rejects
+    catch = "matches: [{tag: [pii-confirmed, pii-unknown]}]\nroute: {select: [{type: Local}]}"
+    assert "TaggedFallThrough" not in [c for c, _ in codes(
+        "rules:\n" + rule(keep, "pii") + rule(catch, "pii-anywhere") + rule(BURST, "burst"))]
+    # safe: the only rule after the catch-all that rejects never fires
+    assert "TaggedFallThrough" not in [c for c, _ in codes(
+        "rules:\n" + rule(keep, "pii") + rule(LOCAL, "all-local") + rule(BURST, "burst"))]
+
+
 def test_provider_only_on_outage_not_when_consider_admits_only_providers() -> None:
     """The trial: consider [{backend: {type: Provider}}] then Local, Provider
     tiers was told its Provider tier is reached only on an outage; it is the

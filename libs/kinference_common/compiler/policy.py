@@ -567,34 +567,85 @@ def _check_uncovered_exclusions(ctx: _Ctx, rule: CompiledRule) -> None:
             )
 
 
-def _admits(rule: CompiledRule, tags: set[str]) -> bool:
-    """``rule``'s ``matches`` can hold for a request tagged with one of
-    ``tags``: no ``matches``, or a term with no tag test or one naming one."""
-    return rule.matches is None or any(not m.tags or tags & set(m.tags) for m in rule.matches)
+def _kept_tags(rule: CompiledRule) -> set[str]:
+    """Classifier tags (not a ``-none``) whose requests ``rule`` keeps in the
+    cluster: those its ``matches`` select when it has no Provider tier, and
+    those an exclusion bars from every Provider (``if`` a tag test alone,
+    ``drop`` every Provider)."""
+    def listed(tags: list[str] | None) -> set[str]:
+        return {t for t in tags or [] if t in cl.TAG_TO_CLASSIFIER and not t.endswith("-none")}
+
+    kept = set()
+    if not any(t.type == "Provider" for t in rule.select):
+        kept |= {t for m in rule.matches or [] for t in listed(m.tags)}
+    for e in rule.exclude:
+        w, d = e.when, e.drop
+        tags_alone = w is not None and w.models is None and w.tenants is None and w.objectives is None \
+            and w.priority is None and w.prompt_tokens is None and not w.headers
+        if tags_alone and d.backend_type == "Provider" and d.backend_names is None and not d.signals:
+            kept |= listed(w.tags)  # type: ignore[union-attr]
+    return kept
+
+
+def _holds_for(m: RequestTest, tag: str) -> bool | None:
+    """Whether term ``m`` holds for a request tagged ``tag`` by its
+    classifier: False when its tag test cannot (it names other tags of that
+    classifier only; a request has one tag per classifier), True when it
+    surely does (nothing but a tag test naming ``tag``), None when it may
+    (other conditions, or tags of another classifier the request may carry)."""
+    if m.tags is not None:
+        if not m.tags:
+            return False
+        mine = cl.TAG_TO_CLASSIFIER.get(tag)
+        if tag not in m.tags and all(cl.TAG_TO_CLASSIFIER.get(t) == mine for t in m.tags):
+            return False
+    only_tags = m.models is None and m.tenants is None and m.objectives is None and m.priority is None \
+        and m.prompt_tokens is None and not m.headers
+    return True if only_tags and m.tags is not None and tag in m.tags else None
+
+
+def _check_tagged_fall_through(ctx: _Ctx, rules: list[CompiledRule]) -> None:
+    """``TaggedFallThrough``: a rule keeps tagged requests in the cluster
+    (:func:`_kept_tags`) but ``onEmpty: FallThrough`` passes those it cannot
+    place to the next rules, and one of them that may take them can send them
+    to a Provider, before any rule that surely takes them rejects."""
+    for i, rule in enumerate(rules):
+        if rule.shadowed or rule.on_empty != "FallThrough":
+            continue
+        leaks: dict[str, list[str]] = {}
+        for tag in sorted(_kept_tags(rule)):
+            if rule.matches is not None and not any(_holds_for(m, tag) is not False for m in rule.matches):
+                continue  # the rule never takes such a request
+            for later in rules[i + 1:]:
+                if later.shadowed:
+                    continue
+                holds = [_holds_for(m, tag) for m in later.matches] if later.matches is not None else [True]
+                if all(h is False for h in holds):
+                    continue
+                if any(t.type == "Provider" for t in later.select) and tag not in _kept_tags(later):
+                    leaks.setdefault(later.name, []).append(tag)
+                    break
+                if later.on_empty == "Reject" and any(h is True for h in holds):
+                    break  # every such request stops here
+        for name, tags in leaks.items():
+            ctx.warn(
+                "TaggedFallThrough", rule.name, f"{rule.term}.route.onEmpty",
+                f"this rule keeps {', '.join(tags)} requests in the cluster only while it picks: with onEmpty: "
+                f"FallThrough, those it leaves (every local pod excluded or unready) fall to rule {name!r}, "
+                f"which can send them to a Provider. Set onEmpty: Reject to keep them in the cluster.",
+            )
 
 
 def _check_uncovered_matches(ctx: _Ctx, rules: list[CompiledRule]) -> None:
     """A rule that keeps tagged requests local (no Provider tier) whose
-    ``matches`` miss the failure tag, while a later rule can reach a Provider;
-    and one that keeps them local only while it picks (``onEmpty:
-    FallThrough``), when a later rule that admits them can pick a Provider."""
+    ``matches`` miss the failure tag, while a later rule can reach a Provider."""
+    _check_tagged_fall_through(ctx, rules)
     for i, rule in enumerate(rules):
         if rule.matches is None or any(t.type == "Provider" for t in rule.select):
             continue
         later_provider = next((r_ for r_ in rules[i + 1:] if any(t.type == "Provider" for t in r_.select)), None)
         if later_provider is None:
             continue
-        kept = {t for m in rule.matches for t in (m.tags or []) if t in cl.TAG_TO_CLASSIFIER
-                and not t.endswith("-none")}
-        leaks_to = next((r_ for r_ in rules[i + 1:] if any(t.type == "Provider" for t in r_.select)
-                         and _admits(r_, kept)), None) if kept and rule.on_empty == "FallThrough" else None
-        if leaks_to is not None:
-            ctx.warn(
-                "TaggedFallThrough", rule.name, f"{rule.term}.route.onEmpty",
-                f"this rule keeps {', '.join(sorted(kept))} requests local only while it picks: with onEmpty: "
-                f"FallThrough, those it leaves (every local pod excluded or unready) fall to rule "
-                f"{leaks_to.name!r}, which can pick a Provider. Set onEmpty: Reject to keep them in the cluster.",
-            )
         for j, m in enumerate(rule.matches):
             for info in _uncovered(m.tags or []):
                 ctx.warn(
