@@ -13,7 +13,6 @@ script, as a process, on a port offset of its own):
 from __future__ import annotations
 
 import os
-import random
 import re
 import select
 import signal
@@ -27,28 +26,15 @@ from pathlib import Path
 
 import pytest
 
+from bench import chaos
 from kinference_simulators.stack import PORTS, Stack, _port_open
 
 START_TIMEOUT = 60.0  # a busy two-core machine: the stack starts in about 5 s when idle
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_offset() -> int:
-    """A multiple of 100 whose ports are all free, well below the kernel's
-    ephemeral range and away from the offsets the e2e tests take (20000+)."""
-    for _ in range(100):
-        offset = random.randrange(5_300, 19_000, 100)
-        if all(_free(base + offset) for base in PORTS.values()):
-            return offset
-    raise RuntimeError("no free port offset")
+    """A multiple of 100 whose ports are all free (the chaos suite's own pick)."""
+    return chaos.free_offset()
 
 
 def env(**extra: str) -> dict[str, str]:
