@@ -22,6 +22,7 @@ covers, or pick another provider.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -213,6 +214,9 @@ class Egress:
             if result is _NOT_SENT:
                 raise _Unsent(502, "upstream_error", f"provider {claims.v} refused the connection")
             return result
+        except (asyncio.CancelledError, ConnectionResetError):  # the client went away (counted here, as
+            dr.count(claims.r, "abandoned", "")  # the data port counts it; the picker leaves it to the egress)
+            raise
         except ApiError as err:
             dr.count(err.rule or claims.r, err.code, "Provider")
             if isinstance(err, _Unsent):

@@ -532,9 +532,11 @@ class PickStream:
             self.send.finish(outcome)
 
     def close(self) -> None:
-        """The stream ended: a send not finished was cut (the client or the gateway went away)."""
+        """The stream ended: a send not finished was cut (the client or the gateway went away).
+        A Provider pick's send is the egress's, which counts how it ended (abandoned too)."""
         if not self.finished and self.decision is not None:
-            self.director.count(self.decision.rule or "", "abandoned", "")
+            if self.local:
+                self.director.count(self.decision.rule or "", "abandoned", "")
             self._finish("cancelled")
 
 

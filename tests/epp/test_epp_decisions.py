@@ -5,6 +5,7 @@ the egress and its tokens, and reports health as the gateways probe it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from contextlib import asynccontextmanager
 from collections.abc import AsyncIterator
@@ -377,3 +378,55 @@ async def test_a_retried_refusal_of_the_egress_is_the_same_refusal(start_epp: An
     assert (await post_egress(epp, rq.body, sent))[0] == 200
     status, answer = await post_egress(epp, rq.body, sent)
     assert status == 403 and "used already" in answer["error"]["message"]
+
+
+async def test_a_provider_stream_cut_through_the_egress_is_counted_once(start_epp: Any, classifier: Any) -> None:
+    """The review: the egress counted the cut as upstream_error, then the
+    gateway's reset of the picker's stream counted it again as abandoned. The
+    data port counts it once (upstream_error); so does the gateway path now."""
+    epp: Epp = await start_epp(egress=True)
+    env = epp.env
+    await env.saturate()
+    env.provider.cut_after = 1
+    before = request_counts(env)
+    s = epp.client.stream()
+    rq = await s.request("POST", CHAT, {}, chat_body(stream=True))
+    assert rq.destination == epp.settings.egress_address
+    headers = {k: v for k, v in rq.set_headers.items() if not k.startswith(":")}
+    async with epp.session.post(f"http://{rq.destination}{CHAT}", data=rq.body, headers=headers) as r:
+        assert r.status == 200
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            await r.read()  # ends abruptly: the router ends a cut stream without its last chunk
+    s.call.cancel()  # the gateway resets the picker's stream with the client's
+    for _ in range(50):
+        if counted(before, request_counts(env)):
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    assert counted(before, request_counts(env)) == {("upstream_error", "Provider"): 1}
+    assert inflight(env) == 0
+
+
+async def test_a_client_that_leaves_a_provider_stream_is_counted_once_as_abandoned(
+        start_epp: Any, classifier: Any) -> None:
+    """Through the gateway the egress carries a Provider pick's send: it counts
+    the client's leaving, as the data port does, and the picker does not again."""
+    epp: Epp = await start_epp(egress=True)
+    env = epp.env
+    await env.saturate()
+    before = request_counts(env)
+    s = epp.client.stream()
+    rq = await s.request("POST", CHAT, {}, chat_body(stream=True))
+    headers = {k: v for k, v in rq.set_headers.items() if not k.startswith(":")}
+    async with aiohttp.ClientSession() as client:
+        async with client.post(f"http://{rq.destination}{CHAT}", data=rq.body, headers=headers) as r:
+            assert r.status == 200
+            await r.content.readany()  # the first event, then the client goes away
+            r.close()
+    s.call.cancel()
+    for _ in range(100):
+        if counted(before, request_counts(env)):
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    assert counted(before, request_counts(env)) == {("abandoned", ""): 1}

@@ -48,6 +48,8 @@ class Upstream:
     server: TestServer | None = None
     #: as OpenAI's API: a stream's usage event only for ``stream_options.include_usage``
     usage_only_when_asked: bool = False
+    #: a stream cut (the connection closed) after this many events; None: whole
+    cut_after: int | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -66,7 +68,11 @@ class Upstream:
         if body.get("stream"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
-            for word in ("Hello", " from", f" {self.name}"):
+            for n, word in enumerate(("Hello", " from", f" {self.name}")):
+                if self.cut_after is not None and n >= self.cut_after:
+                    assert request.transport is not None
+                    request.transport.close()  # the provider's connection breaks mid-answer
+                    return resp
                 chunk = {"choices": [{"delta": {"content": word}, "index": 0}], "model": body["model"]}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(0.01)
