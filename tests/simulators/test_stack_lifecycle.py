@@ -80,8 +80,10 @@ class Supervisor:
         self.run_dir = tmp_path / f"run-{name}"
         self.out = tmp_path / f"{name}.out"
         self.children: dict[str, int] = {}
-        # nohup: started with SIGHUP ignored, as `nohup make run &` starts it
-        ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
+        # nohup: started with SIGHUP ignored, as `nohup make run &` starts it; else with SIGHUP's
+        # default, whatever this test process was started with (a suite run under nohup ignores it)
+        hup = signal.SIG_IGN if nohup else signal.SIG_DFL
+        ignore = lambda: signal.signal(signal.SIGHUP, hup)  # noqa: E731
         with open(self.out, "wb") as out:
             self.proc = subprocess.Popen(stack_argv(self.offset, self.run_dir), stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, env=env(), start_new_session=True,
@@ -163,8 +165,8 @@ def test_closing_the_terminal_stops_the_stack(tmp_path: Path) -> None:
     offset = free_offset()
     master, slave = os.openpty()
     # a session whose controlling terminal is the pty (opened by the session leader)
-    launcher = ("import os, sys; fd = os.open(os.ttyname(0), os.O_RDWR); "
-                "os.execv(sys.executable, sys.argv[1:])")
+    launcher = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                "fd = os.open(os.ttyname(0), os.O_RDWR); os.execv(sys.executable, sys.argv[1:])")
     proc = subprocess.Popen([sys.executable, "-c", launcher, *stack_argv(offset, tmp_path / "run")],
                             stdin=slave, stdout=slave, stderr=slave, env=env(), start_new_session=True)
     os.close(slave)
