@@ -131,6 +131,12 @@ def test_provider_only_on_outage_not_when_consider_admits_only_providers() -> No
     assert [w.code for w in st.warnings] == ["ProviderOnlyOnOutage"]
     st, _ = compile_policy("rules:\n" + rule("route:\n  consider: [{backend: {type: Provider}}]\n" + tiers))
     assert "ProviderOnlyOnOutage" not in [w.code for w in st.warnings], st.warnings
+    # by name (the review): the pool says what kind each name is
+    st, _ = compile_policy("rules:\n" + rule("route:\n  consider: [{backend: {names: [databricks]}}]\n" + tiers))
+    assert "ProviderOnlyOnOutage" not in [w.code for w in st.warnings], st.warnings
+    st, _ = compile_policy("rules:\n" + rule("route:\n  consider: [{backend: {names: [qwen-2-5-32b, databricks]}}]\n"
+                                              + tiers))
+    assert "ProviderOnlyOnOutage" in [w.code for w in st.warnings], st.warnings
 
 
 def test_class_scoped_signal_in_exclusion_and_tier() -> None:

@@ -68,7 +68,7 @@ from kinference_common.compiler.status import PolicyWarning, RuleStatus
 from kinference_common.compiler.validate import WIRE_NAMES
 from kinference_common.durations import format_duration, parse_duration
 
-POOL_DEPENDENT = frozenset({"UnknownDestination", "NoTierForConsidered", "UnknownModel"})
+POOL_DEPENDENT = frozenset({"UnknownDestination", "NoTierForConsidered", "UnknownModel", "ProviderOnlyOnOutage"})
 DEFAULT_TTFT = {"Local": "PredictedTTFT", "Provider": "EstimatedTTFT"}
 
 
@@ -515,12 +515,28 @@ def _check_considered_kinds(ctx: _Ctx, rule: CompiledRule, explicit: bool) -> No
         )
 
 
+def _may_consider_local(ctx: _Ctx, rule: CompiledRule) -> bool:
+    """``rule``'s ``consider`` can admit a Local candidate: no ``consider``,
+    an entry of type Local or with no kind or names, or names of a worker set
+    of the pool (unknown without a pool: False, so that nothing is claimed)."""
+    if rule.consider is None:
+        return True
+    for c in rule.consider:
+        if c.backend_type == "Local" or (c.backend_type is None and c.backend_names is None):
+            return True
+        if c.backend_type is None and ctx.pool is not None and \
+                any(ctx.pool.destinations.get(n) == "Local" for n in c.backend_names or []):
+            return True
+    return False
+
+
 def _check_provider_only_on_outage(ctx: _Ctx, rule: CompiledRule) -> None:
     """Seed 000, "Providers never picked": a Local tier that keeps every local
     candidate, before a Provider tier, with no exclusion that can drop Local
     candidates on a live signal. Not when ``consider`` admits no Local
-    candidate: the Provider tier is then the one that picks."""
-    if rule.consider is not None and all(c.backend_type == "Provider" for c in rule.consider):
+    candidate: the Provider tier is then the one that picks (by
+    ``backend.names``, known only with a pool: the pool's pass judges it)."""
+    if not _may_consider_local(ctx, rule):
         return
     local_all = next(
         (t for t in rule.select if t.type == "Local" and t.backends is None and t.order is None), None
