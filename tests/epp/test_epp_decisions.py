@@ -59,6 +59,26 @@ def shape(e: dict[str, Any]) -> Any:
             o.get("code"), [(r["name"], r["matched"], r["outcome"]) for r in e["rules"]], e["model"]["canonical"])
 
 
+def request_counts(env: Env) -> dict[tuple[str, str], float]:
+    return {(s.labels["outcome"], s.labels["backend_type"]): s.value for m in env.router.metrics.registry.collect()
+            if m.name == "kinference_requests" for s in m.samples if s.name == "kinference_requests_total"}
+
+
+def counted(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+async def settled(env: Env, before: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """What was counted since ``before``, once something was and a little more
+    time passed (a second count, if any, would have come by then)."""
+    for _ in range(100):
+        if counted(before, request_counts(env)):
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    return counted(before, request_counts(env))
+
+
 async def test_the_epp_decision_is_the_routers_and_is_published(start_epp: Any, classifier: Any) -> None:
     epp: Epp = await start_epp(egress=True)
     env = epp.env
@@ -80,19 +100,12 @@ async def test_a_provider_decision_goes_through_the_egress_with_its_token(start_
     epp: Epp = await start_epp(egress=True)
     env = epp.env
     await env.saturate()
-    registry = env.router.metrics.registry
-
-    def requests() -> dict[tuple[str, str], float]:
-        return {(s.labels["outcome"], s.labels["backend_type"]): s.value for m in registry.collect()
-                if m.name == "kinference_requests" for s in m.samples if s.name == "kinference_requests_total"}
-
-    before = requests()
+    before = request_counts(env)
     rt = await epp.client.roundtrip(CHAT, chat_body(), session=epp.session)
     assert rt.request.destination == epp.settings.egress_address  # the egress, no fallback list
     assert rt.status == 200, rt.body
-    after = requests()
     # one request, counted once (by the egress that carried it out), as the data port counts it
-    assert {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)} == {("routed", "Provider"): 1}
+    assert counted(before, request_counts(env)) == {("routed", "Provider"): 1}
     got = env.provider.received[-1]
     assert got["auth"] == "Bearer sk-test" and got["body"]["model"] == "databricks-qwen25-32b"
     assert msgspec.json.decode(rt.body)["model"] == "qwen-2.5"
@@ -285,15 +298,6 @@ async def test_a_streamed_provider_answer_has_usage_only_when_the_client_asked(s
     assert inflight(env) == 0
 
 
-def request_counts(env: Env) -> dict[tuple[str, str], float]:
-    return {(s.labels["outcome"], s.labels["backend_type"]): s.value for m in env.router.metrics.registry.collect()
-            if m.name == "kinference_requests" for s in m.samples if s.name == "kinference_requests_total"}
-
-
-def counted(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
-    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-
-
 async def test_the_gateways_own_error_in_place_of_a_pods_answer_is_said_as_the_data_port_says_it(
         start_epp: Any, classifier: Any) -> None:
     """A gateway that reports the endpoint it sent to (the shipped Envoy)
@@ -398,12 +402,7 @@ async def test_a_provider_stream_cut_through_the_egress_is_counted_once(start_ep
         with contextlib.suppress(aiohttp.ClientPayloadError):
             await r.read()  # ends abruptly: the router ends a cut stream without its last chunk
     s.call.cancel()  # the gateway resets the picker's stream with the client's
-    for _ in range(50):
-        if counted(before, request_counts(env)):
-            break
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(0.2)
-    assert counted(before, request_counts(env)) == {("upstream_error", "Provider"): 1}
+    assert await settled(env, before) == {("upstream_error", "Provider"): 1}
     assert inflight(env) == 0
 
 
@@ -424,9 +423,4 @@ async def test_a_client_that_leaves_a_provider_stream_is_counted_once_as_abandon
             await r.content.readany()  # the first event, then the client goes away
             r.close()
     s.call.cancel()
-    for _ in range(100):
-        if counted(before, request_counts(env)):
-            break
-        await asyncio.sleep(0.02)
-    await asyncio.sleep(0.2)
-    assert counted(before, request_counts(env)) == {("abandoned", ""): 1}
+    assert await settled(env, before) == {("abandoned", ""): 1}

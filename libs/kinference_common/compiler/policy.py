@@ -237,10 +237,13 @@ def _compile_rule(ctx: _Ctx, rule: r.PolicyRule, index: int, term: str) -> Compi
 
 
 def _is_empty(t: RequestTest) -> bool:
-    return (
-        t.models is None and t.tenants is None and t.tags is None and t.objectives is None
-        and t.priority is None and t.prompt_tokens is None and not t.headers
-    )
+    return t.tags is None and _tags_alone(t)
+
+
+def _tags_alone(t: RequestTest) -> bool:
+    """``t`` tests nothing but (perhaps) the request's tags."""
+    return (t.models is None and t.tenants is None and t.objectives is None and t.priority is None
+            and t.prompt_tokens is None and not t.headers)
 
 
 def _as_list(value: str | list[str] | None) -> list[str] | None:
@@ -596,9 +599,7 @@ def _kept_tags(rule: CompiledRule) -> set[str]:
         kept |= {t for m in rule.matches or [] for t in listed(m.tags)}
     for e in rule.exclude:
         w, d = e.when, e.drop
-        tags_alone = w is not None and w.models is None and w.tenants is None and w.objectives is None \
-            and w.priority is None and w.prompt_tokens is None and not w.headers
-        if tags_alone and d.backend_type == "Provider" and d.backend_names is None and not d.signals:
+        if w is not None and _tags_alone(w) and d.backend_type == "Provider" and d.backend_names is None and not d.signals:
             kept |= listed(w.tags)  # type: ignore[union-attr]
     return kept
 
@@ -615,9 +616,7 @@ def _holds_for(m: RequestTest, tag: str) -> bool | None:
         mine = cl.TAG_TO_CLASSIFIER.get(tag)
         if tag not in m.tags and all(cl.TAG_TO_CLASSIFIER.get(t) == mine for t in m.tags):
             return False
-    only_tags = m.models is None and m.tenants is None and m.objectives is None and m.priority is None \
-        and m.prompt_tokens is None and not m.headers
-    return True if only_tags and m.tags is not None and tag in m.tags else None
+    return True if _tags_alone(m) and m.tags is not None and tag in m.tags else None
 
 
 def _check_tagged_fall_through(ctx: _Ctx, rules: list[CompiledRule]) -> None:
