@@ -32,14 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--nats-url",
         default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
-        help="NATS server URL, or every server of a cluster comma-separated (env NATS_URL; default %(default)s)",
+        help="NATS server URL, or every server of a cluster comma-separated (env NATS_URL; default nats://127.0.0.1:4222)",
     )
     p.add_argument("--health-host", default="0.0.0.0", help="health/metrics bind address")
     p.add_argument(
         "--health-port",
         type=int,
         default=int(os.environ.get("HEALTH_PORT", "8083")),
-        help="health/metrics port (env HEALTH_PORT; default %(default)s; 0 = any free port)",
+        help="health/metrics port (env HEALTH_PORT; default 8083; 0 = any free port)",
     )
     p.add_argument(
         "--classifier",

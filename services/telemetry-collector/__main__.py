@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
         "aggregate provider observations, and publish it all on NATS (subjects and KV).",
     )
     p.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
-                   help="NATS server (default: $NATS_URL or %(default)s)")
+                   help="NATS server, or every server of a cluster comma-separated (env NATS_URL; default nats://127.0.0.1:4222)")
     p.add_argument("--source", choices=["files", "kubernetes"], default="files",
                    help="files: --endpoints-file and --dcgm (default); kubernetes: worker sets' pods and DCGM "
                         "exporter pods from the API server, statuses written back")

@@ -71,6 +71,28 @@ def test_the_site_builds_strictly_with_every_page(site: Path) -> None:
     assert "spec.rules[].route.select[].minimize" in html
 
 
+def test_the_committed_reference_pages_are_what_the_code_generates(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The generated pages are committed (a reader browsing the repository
+    follows docs/index.md's links to them): each must equal what the code
+    generates now, whatever the environment the suite runs in (a help text
+    that showed $NATS_URL's value as its default differed by machine)."""
+    for name in docgen.PAGES:
+        assert (REPO / "docs" / "reference" / name).exists(), f"docs/reference/{name} is not committed"
+    with pytest.MonkeyPatch.context() as mp:
+        for var, value in {"NATS_URL": "nats://elsewhere:4999", "HEALTH_PORT": "1",
+                           "KINFERENCE_KV_REPLICAS": "3", "COLUMNS": "40"}.items():
+            mp.setenv(var, value)
+        rc = docgen.main(["--check"])
+    assert rc == 0, capsys.readouterr().err + " (run .venv/bin/python tools/docgen.py and commit the pages)"
+    # the check itself notices a page that differs
+    changed = tmp_path / "reference"
+    assert docgen.main(["--out", str(changed)]) == 0
+    page = changed / next(iter(docgen.PAGES))
+    page.write_text(page.read_text() + "\nedited by hand\n")
+    assert docgen.main(["--check", "--out", str(changed)]) == 1
+
+
 def test_a_broken_link_fails_the_build(site: Path, tmp_path: Path) -> None:
     shutil.copytree(site / "docs", tmp_path / "docs")
     shutil.copy(site / "mkdocs.yml", tmp_path / "mkdocs.yml")
