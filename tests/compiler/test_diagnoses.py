@@ -232,6 +232,52 @@ spec:
     assert (ready.status, ready.reason) == ("False", "Incomplete")
 
 
+def test_a_destination_that_exists_but_is_invalid_says_so_not_that_it_is_missing() -> None:
+    """An operator's typo in a provider (a bad duration) or a worker set (a
+    port as a string) made the pool say "no InferenceProvider default/openai",
+    and the policy "'openai' names no destination": both pointed away from
+    the object to fix. Each names it, why it is invalid, and that it resolves
+    once fixed; an object that is really missing is still NotFound."""
+    bad_provider = """
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {name: openai}
+spec:
+  url: https://api.openai.com/v1
+  auth: {secretRef: {name: k, key: token}}
+  models: [{name: gemma-4}]
+  timeouts: {connect: 2x}
+"""
+    bad_worker_set = """
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {name: broken, namespace: default}
+spec:
+  model: {name: gemma-4}
+  selector: {matchLabels: {app: broken}}
+  port: "eighty"
+"""
+    rule = policy_yaml("p", BURST.replace("order: [databricks]", "order: [openai]"))
+    res = compile_text(FLEET, bad_provider, bad_worker_set, rule,
+                       pool("    - {kind: InferenceWorkerSet, name: gemma-4-12b}\n"
+                            "    - {kind: InferenceWorkerSet, name: broken}\n"
+                            "    - {kind: InferenceProvider, name: openai}\n"
+                            "    - {kind: InferenceProvider, name: ghost}\n", policy="p"))
+    st = res.pool_status[("default", "pool")]
+    got = {u.name: (u.reason, u.message) for u in st.unresolved_destinations}
+    assert got["openai"][0] == "Incomplete"
+    assert got["openai"][1].startswith("InferenceProvider default/openai is invalid (spec.timeouts.connect: '2x' "
+                                       "is not a duration")
+    assert got["broken"] == ("Incomplete", "InferenceWorkerSet default/broken is invalid (spec.port: expected an "
+                                           "integer, got a string); it resolves once fixed")
+    assert got["ghost"] == ("NotFound", "no InferenceProvider default/ghost")
+    [w] = [w for w in res.policy_status[("default", "p")].warnings if w.code == "UnknownDestination"]
+    assert "'openai' is a destination the pool could not resolve (Incomplete" in w.message
+    assert "names no destination" not in w.message
+    # the errors themselves are still reported, once each
+    assert sorted(e.document.name for e in res.errors) == ["broken", "openai"]
+
+
 def test_resolved_refs_false_with_all_destinations_resolved_means_policy_missing() -> None:
     res = compile_text(FLEET, pool("    - {kind: InferenceWorkerSet, name: gemma-4-12b}\n", policy="nope"))
     st = res.pool_status[("default", "pool")]

@@ -151,6 +151,12 @@ def compile_documents(
         inv.providers[key] = lo.obj  # type: ignore[assignment]
     for lo in res.objects["ReferenceGrant"].values():
         inv.grants[lo.obj.metadata.namespace].append(lo.obj)  # type: ignore[arg-type]
+    for err in res.errors:
+        doc = err.document
+        if doc.kind in ("InferenceWorkerSet", "InferenceProvider") and doc.name \
+                and (doc.namespace or "default", doc.name) not in res.objects[doc.kind]:
+            inv.invalid.setdefault((doc.kind, doc.namespace or "default", doc.name),
+                                   f"{err.path}: {err.message}" if err.path else err.message)
 
     _document_unknown_fields(res)
     _provider_statuses(res, now)
@@ -242,6 +248,7 @@ def compile_documents(
                 provider_models=frozenset(
                     m.name for d in resolved.destinations if d.type == "Provider" for m in d.models
                 ),
+                unresolved={u.name: u.reason for u in reversed(resolved.unresolved) if u.name},
             )
             comp = compile_policy(policy_obj, None, ctx, in_process=in_process_classifiers)
             compiled_policy: CompiledPolicy = comp.policy

@@ -84,6 +84,8 @@ class PoolContext:
     destinations: dict[str, str]
     #: canonical models served by Provider destinations
     provider_models: frozenset[str] = frozenset()
+    #: destination name -> the reason the pool could not resolve it (its unresolvedDestinations)
+    unresolved: dict[str, str] = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -336,8 +338,12 @@ def _names(
         kind = ctx.pool.destinations.get(n)
         if kind is None:
             known = ", ".join(sorted(ctx.pool.destinations)) or "none"
+            why = ctx.pool.unresolved.get(n)
             ctx.warn(
                 "UnknownDestination", rule, term,
+                f"{n!r} is a destination the pool could not resolve ({why}: see the pool's "
+                f"unresolvedDestinations); it is removed until it resolves. Destinations: {known}."
+                if why is not None else
                 f"{n!r} names no destination; it is removed. Destinations: {known}.",
             )
         elif want is not None and kind != want:

@@ -13,8 +13,10 @@ did not resolve, each with its reason:
 - ``CrossNamespaceNotGranted``: another namespace without a ReferenceGrant
   there from this pool's namespace, or outside the namespaces the router
   watches;
-- ``Incomplete``: no ``kind``, neither ``name`` nor ``selector``, or a
-  provider missing ``url``, ``auth.secretRef`` or ``models``.
+- ``Incomplete``: no ``kind``, neither ``name`` nor ``selector``, a
+  provider missing ``url``, ``auth.secretRef`` or ``models``, or an object
+  named that exists but is invalid (its own error, which the message
+  repeats: a wrong type, a bad duration; not "no such object").
 
 An empty (or absent) ``destinations`` is every InferenceWorkerSet in the
 pool's namespace and no provider.
@@ -51,6 +53,9 @@ class Inventory:
     grants: dict[str, list[r.ReferenceGrant]] = field(default_factory=lambda: defaultdict(list))
     #: namespaces the router can see; None = all
     watched_namespaces: Collection[str] | None = None
+    #: (kind, namespace, name) -> why an object of the input is invalid (the
+    #: first of its errors): a destination naming it says so, not "no such object"
+    invalid: dict[tuple[str, str, str], str] = field(default_factory=dict)
 
     def of_kind(self, kind: str) -> dict[tuple[str, str], r.InferenceWorkerSet | r.InferenceProvider]:
         return self.worker_sets if kind == WORKER_SET else self.providers  # type: ignore[return-value]
@@ -194,8 +199,14 @@ def resolve_pool(
             if d.name is not None:
                 obj = objects.get((target_ns, d.name))
                 if obj is None:
-                    fail(d.kind, name, "NotFound", f"no {d.kind} {target_ns}/{d.name}",
-                         namespace=d.namespace)
+                    why = inv.invalid.get((d.kind, target_ns, d.name))
+                    if why is not None:
+                        fail(d.kind, name, "Incomplete",
+                             f"{d.kind} {target_ns}/{d.name} is invalid ({why}); it resolves once fixed",
+                             namespace=d.namespace)
+                    else:
+                        fail(d.kind, name, "NotFound", f"no {d.kind} {target_ns}/{d.name}",
+                             namespace=d.namespace)
                     continue
                 matched = [obj]
             elif d.selector is not None:
