@@ -264,6 +264,84 @@ def _rephrase(message: str, struct_type: type, path: str) -> str:
     return message
 
 
+#: type errors reported per document at most (each costs a decode)
+MAX_TYPE_ERRORS = 20
+_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+_GONE = object()
+#: a value of each simple type msgspec names, standing in for one of the wrong type
+_STAND_IN = {"str": "x", "int": 1, "float": 1.0, "bool": False}
+
+
+def _without(doc: Any, path: str, value: Any = _GONE) -> Any | None:
+    """A copy of ``doc`` without the mapping key at ``path``
+    (``spec.rules[0].name``), or with ``value`` there; None when ``path`` is
+    not one (a list item, a map key msgspec does not spell out, the document
+    itself)."""
+    steps = [(m.group(1), m.group(2)) for m in _STEP.finditer(path)]
+    spelled = "".join(f".{k}" if k is not None else f"[{i}]" for k, i in steps).lstrip(".")
+    if not steps or spelled != path or steps[-1][0] is None:
+        return None
+    copy = root = copy_of = dict(doc) if isinstance(doc, dict) else None
+    if copy_of is None:
+        return None
+    node: Any = doc
+    for key, index in steps[:-1]:
+        node = node.get(key) if key is not None and isinstance(node, dict) else (
+            node[int(index)] if index is not None and isinstance(node, list) and int(index) < len(node) else None)
+        if node is None or not isinstance(node, dict | list):
+            return None
+        node = dict(node) if isinstance(node, dict) else list(node)
+        parent_key = key if key is not None else int(index)
+        copy[parent_key] = node  # type: ignore[index]
+        copy = node
+    if not isinstance(copy, dict) or steps[-1][0] not in copy:
+        return None
+    if value is _GONE:
+        del copy[steps[-1][0]]
+    else:
+        copy[steps[-1][0]] = value
+    return root
+
+
+def _type_errors(doc: Any, struct_type: type, ref: DocumentRef, exc: msgspec.ValidationError) -> list[Loaded]:
+    """Every type error of a document, not only the first (msgspec stops at
+    it): each offending value is replaced in a copy by one of the type
+    expected (a string, a number, a boolean) or, failing that, taken out, and
+    the copy decoded again. The search ends where neither can be done without
+    guessing (a list item of the wrong type, a required mapping), or at an
+    error of its own making (the field taken out was required)."""
+    found: list[Loaded] = []
+    seen: set[str] = set()
+    while True:
+        m = _AT.match(str(exc))
+        assert m is not None
+        path = _path_of(m.group("path"))
+        if path in seen or any(f"{path}.{missing}" in seen for missing in
+                               re.findall(r"^Object missing required field `([^`]*)`", m.group("msg"))):
+            break  # the field taken out was required: what it says next is of our making
+        seen.add(path)
+        found.append(ManifestError(ref, path, _rephrase(m.group("msg"), struct_type, path)))
+        if len(found) >= MAX_TYPE_ERRORS or m.group("msg").startswith("Object missing required field"):
+            break
+        expected = re.match(r"Expected `([a-z]+)`, got", m.group("msg"))
+        stand_in = _STAND_IN.get(expected.group(1), _GONE) if expected else _GONE
+        smaller = _without(doc, path, stand_in)
+        if smaller is None:
+            break
+        doc = smaller
+        try:
+            msgspec.convert(doc, struct_type, strict=True)
+        except msgspec.ValidationError as again:
+            exc = again
+            continue
+        except (TypeError, ValueError, RecursionError):
+            pass
+        break
+    return found
+
+
 def decode_document(doc: Any, ref: DocumentRef) -> Loaded:
     """Decode one parsed document into its Struct, or say precisely why not
     (the first problem, when there are several: :func:`load_text` lists them all)."""
@@ -316,10 +394,7 @@ def _decode(doc: Any, ref: DocumentRef) -> list[Loaded]:
     try:
         obj = msgspec.convert(doc, struct_type, strict=True)
     except msgspec.ValidationError as exc:
-        m = _AT.match(str(exc))
-        assert m is not None
-        path = _path_of(m.group("path"))
-        return [ManifestError(ref, path, _rephrase(m.group("msg"), struct_type, path))]
+        return _type_errors(doc, struct_type, ref, exc)
     except (TypeError, ValueError, RecursionError) as exc:  # e.g. unhashable YAML keys
         return [ManifestError(ref, "", f"cannot be read: {exc}")]
     if struct_type is r.InferencePolicy:

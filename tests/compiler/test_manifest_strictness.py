@@ -250,3 +250,79 @@ def test_merge_keys_still_work() -> None:
     drops = [e.drop for e in x.obj.spec.rules[0].route.exclude]  # type: ignore[union-attr]
     assert [d.queued_prompts.greater_than for d in drops] == [4, 8]  # type: ignore[union-attr]
     assert drops[1].backend is not None and drops[1].backend.type == "Local"
+
+
+# ------------------------------------------------------------ every type error at once
+
+def _errors(text: str) -> list[tuple[str, str]]:
+    return [(e.path, e.message) for e in load_text(text, "t.yaml") if isinstance(e, ManifestError)]
+
+
+def test_every_type_error_of_a_document_is_reported_in_one_run() -> None:
+    """msgspec stops at a document's first type error, so a worker set with
+    three mistakes took three runs of lint (an API server reports them all).
+    Each bad value is replaced by one of the type expected, or taken out, and
+    the document read again."""
+    text = """
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceWorkerSet
+metadata: {name: w}
+spec:
+  model: {name: qwen-2.5, contextWindow: "big"}
+  engine: vLLm
+  selector: {matchLabels: {app: qwen}}
+  port: "eighty"
+"""
+    assert _errors(text) == [
+        ("spec.model.contextWindow", "expected an integer, got a string"),
+        ("spec.engine", "invalid value 'vLLm'; allowed: vLLM"),
+        ("spec.port", "expected an integer, got a string"),
+    ]
+
+
+def test_a_required_field_of_the_wrong_type_is_not_also_reported_missing() -> None:
+    """The key of a secretRef is required: replaced by a string, not taken
+    out, so the search goes on past it and adds no "missing required field"
+    of its own making."""
+    text = """
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {name: p}
+spec:
+  url: 5
+  auth: {secretRef: {name: x, key: 7}}
+  models: [{name: qwen-2.5, contextWindow: "x"}]
+  limits: {maxConcurrency: "64"}
+"""
+    got = _errors(text)
+    assert got == [
+        ("spec.url", "expected a string, got an integer"),
+        ("spec.auth.secretRef.key", "expected a string, got an integer"),
+        ("spec.models[0].contextWindow", "expected an integer, got a string"),
+        ("spec.limits.maxConcurrency", "expected an integer, got a string"),
+    ]
+    assert not any("missing" in m for _, m in got)
+
+
+def test_the_search_stops_where_it_would_guess() -> None:
+    """A list item of the wrong kind cannot be stood in for (which fields
+    would it hold?): reported, and nothing after it is made up. A real
+    missing field is reported as before, once."""
+    text = """
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferenceProvider
+metadata: {name: p}
+spec:
+  url: https://x/v1
+  auth: {secretRef: {name: x, key: k}}
+  models: ["oops"]
+  limits: {maxConcurrency: "64"}
+"""
+    assert _errors(text) == [("spec.models[0]", "expected a mapping, got a string")]
+    missing = text.replace('["oops"]', "[{name: a}]").replace("{name: x, key: k}", "{name: x}")
+    assert _errors(missing) == [("spec.auth.secretRef", "missing required field `key`")]
+    # a good document still decodes, and decode_document gives the first error
+    good = text.replace('["oops"]', "[{name: a}]").replace('"64"', "64")
+    assert _errors(good) == []
+    first = decode_document(yaml.safe_load(text.replace('url: https://x/v1', 'url: 5')), DocumentRef("x", 1))
+    assert isinstance(first, ManifestError) and first.path == "spec.url"
