@@ -256,6 +256,13 @@ def _rephrase(message: str, struct_type: type, path: str) -> str:
     m = re.match(r"Expected `([^`]*)`, got `([^`]*)`", message)
     if m:
         message = f"expected {_type_words(m.group(1))}, got {_type_words(m.group(2))}"
+    m = re.match(r"Expected `(array|object|str)` of length (>=|<=) (\d+)$", message)
+    if m:
+        what = {"array": "item", "object": "entry", "str": "character"}[m.group(1)]
+        bound = "at least" if m.group(2) == ">=" else "at most"
+        n = int(m.group(3))
+        message = f"must hold {bound} {n} {what}{'' if n == 1 else 's'}" if m.group(1) != "str" else \
+            f"must be {bound} {n} {what}{'' if n == 1 else 's'} long"
     if message.startswith("Invalid enum value"):
         allowed = _allowed_values(struct_type, path)
         message = message.replace("Invalid enum value", "invalid value")

@@ -157,7 +157,8 @@ class SelectTier(_Model, kw_only=True):
 class Route(_Model, kw_only=True):
     consider: list[ConsiderEntry] | None = None
     exclude: list[Exclusion] | None = None
-    select: list[SelectTier]
+    #: at least one tier: a rule with none can never pick (every request it matches met its onEmpty)
+    select: Annotated[list[SelectTier], Meta(min_length=1)]
     tie_break: list[TieBreak] | None = None
     on_empty: Literal["Reject", "FallThrough"] = "Reject"
 

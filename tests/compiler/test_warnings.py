@@ -305,3 +305,33 @@ def test_a_pii_leak_warning_shows_in_the_wide_columns() -> None:
     assert "UncoveredFailureTag in pii-local" in st.conditions[0].message
     st, _ = compile_policy("rules:\n" + rule(LOCAL))
     assert st.warning_count == 0 and "WARNING" not in st.conditions[0].message
+
+
+def test_drops_everything_when_an_exclusion_names_nothing_and_has_no_if() -> None:
+    """`drop: {}` holds for every candidate ("every field must hold": there
+    is none), so a rule with it and no `if` rejected every request it
+    matched, and lint said nothing (user trial)."""
+    empty = "route:\n  exclude: [{name: e, drop: {}}]\n  select: [{type: Local}]"
+    st, pol = compile_policy("rules:\n" + rule(empty, "r"))
+    [w] = st.warnings
+    assert (w.code, w.rule, w.term) == ("DropsEverything", "r", "rules[0].route.exclude[0].drop")
+    assert "never picks" in w.message
+    # the compiled exclusion still drops every candidate (the warning says what it does, it changes nothing)
+    [ex] = pol.rules[0].exclude
+    assert ex.drop.backend_type is None and ex.drop.backend_names is None and not ex.drop.signals
+    # an empty backend filter is the same as none
+    st, _ = compile_policy("rules:\n" + rule(empty.replace("drop: {}", "drop: {backend: {}}"), "r"))
+    assert [w.code for w in st.warnings] == ["DropsEverything"]
+    # with an `if` it is a way to refuse (or pass on) the requests it names: no warning
+    gated = empty.replace("{name: e, drop: {}}", "{name: e, if: {tenant: [batch]}, drop: {}}")
+    assert compile_policy("rules:\n" + rule(gated, "r"))[0].warnings == []
+    # naming something to drop: no warning
+    typed = empty.replace("drop: {}", "drop: {backend: {type: Provider}}")
+    assert compile_policy("rules:\n" + rule(typed, "r"))[0].warnings == []
+
+
+def test_a_rule_with_no_tier_is_a_manifest_error() -> None:
+    res = compile_text(FLEET, policy_yaml("p", "rules:\n" + rule("route: {select: []}", "r")))
+    assert [(e.path, e.message) for e in res.errors] == [
+        ("spec.rules[0].route.select", "must hold at least 1 item")]
+    assert ("default", "p") not in res.policy_status

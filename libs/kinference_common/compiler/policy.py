@@ -33,6 +33,9 @@ UnmatchedNeverApplies  (added) ``unmatched: Reject`` is set but a catch-all
 EmptyRange             (added) greaterThan >= lessThan: the comparison never holds
 TaggedFallThrough      (added) a rule keeps tagged requests local but falls
                        through to a later rule that can pick a Provider
+DropsEverything        (added) an exclusion with no ``if`` whose ``drop`` names
+                       nothing (``drop: {}``): it drops every candidate, so the
+                       rule never picks
 =====================  ==========================================================
 
 A note on ``OutOfRange`` in an exclusion: dropping only the comparison would
@@ -408,6 +411,13 @@ def _exclusion(ctx: _Ctx, rule: str, term: str, ex: r.Exclusion) -> CompiledExcl
         )
     if out_of_range and not signals:
         return None
+    if ex.if_ is None and btype is None and names is None and not signals:
+        ctx.warn(
+            "DropsEverything", rule, f"{term}.drop",
+            f"exclusion {ex.name!r} has no `if` and its drop names no backend and no signal, so it drops "
+            "every candidate of every request: this rule never picks, and every request it matches meets its "
+            "onEmpty. Say what to drop (backend.type, a signal such as queuedPrompts), or give it an `if`.",
+        )
 
     for s in signals:
         scope = SIGNAL_SCOPE[s.signal]
