@@ -155,7 +155,9 @@ class SelectTier(_Model, kw_only=True):
 
 
 class Route(_Model, kw_only=True):
-    consider: list[ConsiderEntry] | None = None
+    #: absent: the requested model's destinations; when given, at least one entry
+    #: (an empty list would admit no candidate: every request would meet onEmpty)
+    consider: Annotated[list[ConsiderEntry], Meta(min_length=1)] | None = None
     exclude: list[Exclusion] | None = None
     #: at least one tier: a rule with none can never pick (every request it matches met its onEmpty)
     select: Annotated[list[SelectTier], Meta(min_length=1)]

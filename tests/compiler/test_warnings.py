@@ -335,3 +335,17 @@ def test_a_rule_with_no_tier_is_a_manifest_error() -> None:
     assert [(e.path, e.message) for e in res.errors] == [
         ("spec.rules[0].route.select", "must hold at least 1 item")]
     assert ("default", "p") not in res.policy_status
+
+
+def test_an_empty_consider_is_a_manifest_error_and_drop_everything_is_not_called_an_outage() -> None:
+    """`consider: []` admitted no candidate (every request rejected, lint
+    clean); `drop: {}` before a Local and a Provider tier also drew
+    ProviderOnlyOnOutage, which says the Provider tier is reached when no
+    local pod is ready (it is never reached)."""
+    res = compile_text(FLEET, policy_yaml("p", "rules:\n" + rule(
+        "route: {consider: [], select: [{type: Local}]}", "r")))
+    assert [(e.path, e.message) for e in res.errors] == [
+        ("spec.rules[0].route.consider", "must hold at least 1 item")]
+    both = "route:\n  exclude: [{name: e, drop: {}}]\n  select: [{type: Local, minimize: PredictedTTFT}, {type: Provider}]"
+    st, _ = compile_policy("rules:\n" + rule(both, "r"))
+    assert [w.code for w in st.warnings] == ["DropsEverything"]

@@ -567,6 +567,9 @@ def _check_provider_only_on_outage(ctx: _Ctx, rule: CompiledRule) -> None:
         return
     if any(e.live and e.drop.backend_type in ("Local", None) for e in rule.exclude):
         return
+    if any(e.when is None and e.drop.backend_type is None and e.drop.backend_names is None and not e.drop.signals
+           for e in rule.exclude):
+        return  # no tier ever picks: DropsEverything says so
     ctx.warn(
         "ProviderOnlyOnOutage", rule.name, provider.term,
         f"select[{local_all.index}] keeps every Local candidate and no exclusion drops Local candidates "
