@@ -46,6 +46,9 @@ class SourceRecord(msgspec.Struct, frozen=True):
 
     file: str
     text: str
+    #: the file's place in the order the files came in force (an object defined
+    #: in two files is taken from the earlier: see source.py); absent in old records
+    order: int = 0
 
 
 _record_decoder = msgspec.json.Decoder(SourceRecord)
@@ -62,7 +65,7 @@ class ConfigPublisher:
         self._kv: KeyValue | None = None
         #: what the bucket held when last read, plus what was written since
         self._published: dict[tuple[str, str], str] = {}  # pool key -> revision
-        self._sources: dict[str, str] = {}  # file name -> text
+        self._sources: dict[str, tuple[str, int]] = {}  # file name -> (text, order)
         self._stale = True  # read the bucket again before the next write
         self._opened_once = False
         #: times the bucket had to be created again after it was seen (bus lost its storage)
@@ -75,9 +78,10 @@ class ConfigPublisher:
 
     async def start(self) -> dict[str, str]:
         """Open (or create) the bucket and read it; returns the stored last
-        good texts by file name, for the source to restore."""
+        good texts by file name, for the source to restore, in the order the
+        files came in force."""
         await self._sync()
-        return dict(self._sources)
+        return {name: text for name, (text, _) in sorted(self._sources.items(), key=lambda kv: (kv[1][1], kv[0]))}
 
     async def _sync(self) -> None:
         def created() -> None:
@@ -91,13 +95,13 @@ class ConfigPublisher:
         self._kv = kv
         self._opened_once = True
         published: dict[tuple[str, str], str] = {}
-        sources: dict[str, str] = {}
+        sources: dict[str, tuple[str, int]] = {}
         async for key, value in bus.kv_items(kv):
             if not subjects.is_pool_key(key):
                 if key.startswith(subjects.CONFIG_SOURCE_PREFIX + "."):
                     try:
                         rec = _record_decoder.decode(value)
-                        sources[rec.file] = rec.text
+                        sources[rec.file] = (rec.text, rec.order)
                     except msgspec.DecodeError:
                         pass  # unreadable: overwritten or deleted by the next publish
                 continue
@@ -113,8 +117,9 @@ class ConfigPublisher:
     async def publish(self, pools: dict[tuple[str, str], CompiledPool],
                       last_good: dict[str, str] | None = None) -> tuple[int, int]:
         """Write what differs from the bucket; return (pools published, pools
-        deleted). ``last_good``: file name -> text of its last good version
-        (None: the source keeps no such records)."""
+        deleted). ``last_good``: file name -> text of its last good version,
+        in the order the files came in force (None: the source keeps no such
+        records)."""
         try:
             if self._stale or self._kv is None:
                 await self._sync()
@@ -136,12 +141,12 @@ class ConfigPublisher:
             self._published[key] = pool.revision
             published += 1
         if last_good is not None:
-            for name, text in sorted(last_good.items()):
-                if self._sources.get(name) == text:
+            for order, (name, text) in enumerate(last_good.items()):
+                if self._sources.get(name) == (text, order):
                     continue
                 await self._kv.put(subjects.config_source_key(source_digest(name)),
-                                   msgspec.json.encode(SourceRecord(name, text)))
-                self._sources[name] = text
+                                   msgspec.json.encode(SourceRecord(name, text, order)))
+                self._sources[name] = (text, order)
         for key in sorted(set(self._published) - set(pools)):
             await self._kv.delete(subjects.config_key(*key))
             await self._nc.publish(subjects.config_subject(*key), b"")

@@ -10,6 +10,13 @@ server would reject keeps contributing the documents of its last good
 version (if it ever had one), and its errors are reported. A file that is
 removed stops contributing.
 
+An object defined in two files is taken from the file that was in force
+first (the compiler keeps the first definition it is given and refuses the
+other): a new file reusing the name of a policy in force is refused, whatever
+its name sorts as, rather than replacing the policy. Files are given in the
+order they were first read (by path among those read together), and that
+order is stored with the last good versions, so it outlives a restart.
+
 The last good versions outlive the process: the compiler stores each file's
 last good text next to the pools it published (see ``publisher.py``) and
 hands them back with :meth:`DirectorySource.restore_last_good` before the
@@ -65,6 +72,8 @@ class _File:
     current_errors: list[ManifestError]
     good: list[Loaded] | None  # last good documents, None if never good
     good_text: str | None = None  # the text they were read from
+    #: when the file was first read (files in force earlier come first)
+    seq: int = 0
 
 
 @dataclass
@@ -73,6 +82,8 @@ class DirectorySource:
     _files: dict[Path, _File] = field(default_factory=dict)
     #: last good versions read back from storage: path -> (text, documents)
     _restored: dict[Path, tuple[str, list[Loaded]]] = field(default_factory=dict)
+    #: file -> its place in the order files were first read (restored ones first)
+    _order: dict[Path, int] = field(default_factory=dict)
 
     def _scan(self) -> dict[Path, tuple[int, int, int]]:
         found: dict[Path, tuple[int, int, int]] = {}
@@ -96,12 +107,14 @@ class DirectorySource:
         for path in list(self._files):
             if path not in seen:
                 del self._files[path]
+                self._order.pop(path, None)
                 changed = True
         for path, stamp in sorted(seen.items()):
             prev = self._files.get(path)
             if prev is not None and prev.stamp == stamp:
                 continue
             text, loaded, errors = self._read(path)
+            seq = self._order.setdefault(path, len(self._order))
             if errors:
                 if prev is not None and prev.good is not None:
                     good, good_text = prev.good, prev.good_text
@@ -109,10 +122,10 @@ class DirectorySource:
                     good_text, good = self._restored[path]
                 else:
                     good, good_text = None, None
-                self._files[path] = _File(stamp, errors, good, good_text)
+                self._files[path] = _File(stamp, errors, good, good_text, seq)
                 changed = True  # errors to report
             else:
-                self._files[path] = _File(stamp, [], loaded, text)
+                self._files[path] = _File(stamp, [], loaded, text, seq)
                 changed = True
             self._restored.pop(path, None)  # read once; from now on memory has it
         return changed
@@ -126,13 +139,18 @@ class DirectorySource:
         loaded, errors = _load(text, str(path))
         return text, loaded, errors
 
+    def _in_force_order(self) -> list[tuple[Path, _File]]:
+        return sorted(self._files.items(), key=lambda pf: (pf[1].seq, pf[0]))
+
     def last_good_texts(self) -> dict[str, str]:
-        return {self._name(p): f.good_text for p, f in sorted(self._files.items())
+        """In the order the files were first read (a restart reads them back so)."""
+        return {self._name(p): f.good_text for p, f in self._in_force_order()
                 if f.good is not None and f.good_text is not None}
 
     def restore_last_good(self, texts: dict[str, str]) -> None:
         for name, text in texts.items():
             path = self.root / name
+            self._order.setdefault(path, len(self._order))  # stored in the order they were in force
             loaded, errors = _load(text, str(path))
             if not errors:  # a stored version is good by construction; never trust it blindly
                 self._restored[path] = (text, loaded)
@@ -144,8 +162,10 @@ class DirectorySource:
             return str(path)
 
     def documents(self) -> list[Loaded]:
+        """Files in force earlier first: of an object defined twice, the
+        compiler keeps the definition in force and refuses the newcomer."""
         out: list[Loaded] = []
-        for _path, f in sorted(self._files.items()):
+        for _path, f in self._in_force_order():
             if f.good:
                 out.extend(f.good)
         return out

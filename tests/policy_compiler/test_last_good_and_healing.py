@@ -187,3 +187,62 @@ async def test_a_deleted_key_is_written_again_at_the_periodic_resync(nats_server
     finally:
         await svc.stop()
         await nc.close()
+
+
+ALL_TO_PROVIDER = """apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata: {name: burst-unless-pii, namespace: default}
+spec:
+  rules:
+    - name: all-to-provider
+      route: {select: [{type: Provider, order: [databricks]}]}
+"""
+
+
+async def rules_published(nc: nats.NATS) -> list[str]:
+    kv = await nc.jetstream().key_value(subjects.CONFIG_BUCKET)
+    return [r.name for r in decode_pool((await kv.get(KEY)).value).policy.rules]  # type: ignore[union-attr]
+
+
+async def test_a_new_file_reusing_a_policy_name_is_refused_not_put_in_force(
+        nats_server: NatsServer, manifests: Path) -> None:
+    """User trial: a new file 05-other.yaml (sorting before the policy's own
+    file) defining a policy of the same name replaced the policy in force, and
+    a PII prompt went to the provider. The definition in force stays, the
+    newcomer is the one refused (its file named), also after a restart; once
+    the first file is removed, the other definition is the only one and
+    applies."""
+    svc = compiler(nats_server.url, manifests)
+    await svc.start()
+    nc = await nats.connect(nats_server.url)
+    try:
+        before = await rules_published(nc)
+        assert before == ["local-first-then-provider-unless-pii"]
+        (manifests / "05-other.yaml").write_text(ALL_TO_PROVIDER)
+        await eventually(lambda: _has_error(svc, "05-other.yaml"))
+        [err] = [e for e in svc.last_errors if "defined twice" in e.message]
+        assert err.document.source.endswith("05-other.yaml")
+        assert "10-burst-policy.yaml#1 is used and this one is ignored" in err.message
+        await asyncio.sleep(0.3)
+        assert await rules_published(nc) == before
+
+        await svc.stop()
+        svc = compiler(nats_server.url, manifests)  # the order in force outlives a restart
+        await svc.start()
+        await asyncio.sleep(0.3)
+        assert await rules_published(nc) == before
+        assert any(e.document.source.endswith("05-other.yaml") for e in svc.last_errors)
+
+        (manifests / "10-burst-policy.yaml").unlink()
+        await eventually(lambda: _rules_are(nc, ["all-to-provider"]))
+    finally:
+        await svc.stop()
+        await nc.close()
+
+
+async def _has_error(svc: PolicyCompilerService, source: str) -> bool:
+    return any(e.document.source.endswith(source) for e in svc.last_errors)
+
+
+async def _rules_are(nc: nats.NATS, rules: list[str]) -> bool:
+    return await rules_published(nc) == rules

@@ -420,7 +420,8 @@ def _index(res: CompileResult, loaded: Iterable[Loaded]) -> None:
             first = table[key].document
             res.errors.append(ManifestError(
                 item.document, "metadata.name",
-                f"{kind} {key[0]}/{key[1]} is defined twice; the first definition ({first}) is used",
+                f"{kind} {key[0]}/{key[1]} is defined twice; the definition in {first.source}#{first.index} "
+                "is used and this one is ignored",
             ))
             continue
         table[key] = item
