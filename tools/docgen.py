@@ -233,7 +233,7 @@ def compile_warnings(text: str) -> list[Found]:
         for w in status.warnings:  # under the policy's own line, `InferencePolicy ns/name: ...`
             out.append(Found(w.code, w.message, f"warning {w.code} at {w.term}"))
     for w in res.document_warnings:
-        out.append(Found(w.code, w.message, f"warning {w.code}: {w.kind} {w.namespace}/{w.name} at {w.path}"))
+        out.append(Found(w.code, w.message, f"warning {w.code}: {w.source} ({w.kind} {w.namespace}/{w.name}) at {w.path}"))
     for w in res.notes:
         out.append(Found(w.code, w.message, f"note {w.code}: {w.kind} {w.namespace}/{w.name}"))
     return out

@@ -471,6 +471,16 @@ def unknown_fields(raw: dict[str, Any], struct_type: type) -> list[str]:
     return [path for path, _ in _unknown_fields(raw, struct_type)]
 
 
+def unknown_field_hints(raw: dict[str, Any], struct_type: type) -> list[tuple[str, str]]:
+    """(path, "; did you mean `x`?" or the fields of that mapping) of every
+    field of ``raw`` that ``struct_type`` does not define."""
+    out = []
+    for path, valid in _unknown_fields(raw, struct_type):
+        guess = closest(path.rsplit(".", 1)[-1], valid)
+        out.append((path, f"; did you mean `{guess}`?" if guess else f"; its fields: {', '.join(valid)}"))
+    return out
+
+
 def _unknown_fields(raw: dict[str, Any], struct_type: type) -> list[tuple[str, list[str]]]:
     """Each unknown field's path, with the fields its mapping does define."""
     found: list[tuple[str, list[str]]] = []

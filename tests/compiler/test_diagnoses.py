@@ -278,6 +278,26 @@ spec:
     assert sorted(e.document.name for e in res.errors) == ["broken", "openai"]
 
 
+def test_a_destination_selector_with_no_label_takes_nothing() -> None:
+    """User trial: `selector: {matchLabel: {tier: cheap}}` (a typo) left an
+    empty selector, which took every provider of the namespace, an expensive
+    one included, with only an UnknownField warning. A selector naming no
+    label resolves to nothing (Incomplete), as a worker set's pod selector
+    does; the typo's warning names the file and the field meant."""
+    typo = pool("    - {kind: InferenceWorkerSet, name: gemma-4-12b}\n"
+                "    - {kind: InferenceProvider, selector: {matchLabel: {tier: cheap}}}\n")
+    res = compile_text(FLEET, typo)
+    st = res.pool_status[("default", "pool")]
+    assert [d for d in st.models for d in d.served_by] == ["gemma-4-12b"]
+    [u] = st.unresolved_destinations
+    assert (u.kind, u.reason, u.selector) == ("InferenceProvider", "Incomplete", {})
+    assert "names no label" in u.message and "every InferenceProvider in default" in u.message
+    [w] = [w for w in res.document_warnings if w.code == "UnknownField"]
+    assert w.message.endswith("did you mean `matchLabels`?")
+    empty = compile_text(FLEET, pool("    - {kind: InferenceWorkerSet, selector: {matchLabels: {}}}\n"))
+    assert empty.pool_status[("default", "pool")].destination_count == 0
+
+
 def test_resolved_refs_false_with_all_destinations_resolved_means_policy_missing() -> None:
     res = compile_text(FLEET, pool("    - {kind: InferenceWorkerSet, name: gemma-4-12b}\n", policy="nope"))
     st = res.pool_status[("default", "pool")]

@@ -99,6 +99,17 @@ def test_manifest_error_exits_1_naming_document_and_path(good: Path) -> None:
     assert kinfctl("lint", "--strict", str(good)).returncode == 1
 
 
+def test_a_document_warning_names_its_file_like_an_error(good: Path) -> None:
+    """User trial: an UnknownField warning of a worker set named no file and
+    offered no field; it now reads as an error does (file#N (Kind ns/name))."""
+    (good / "fleet.yaml").write_text(FLEET.replace("selector: {matchLabels: {app: gemma}}",
+                                                   "selector: {matchLabels: {app: gemma}}\n  prot: 8000", 1))
+    p = kinfctl("lint", str(good))
+    assert p.returncode == 0, p.stdout
+    assert f"warning UnknownField: {good / 'fleet.yaml'}#1 (InferenceWorkerSet default/gemma-4-12b) at spec.prot: " \
+           "'prot' is not a field of InferenceWorkerSet; the API server drops it; did you mean `port`?" in p.stdout
+
+
 def test_stdin_and_missing_files() -> None:
     p = kinfctl("lint", "-", stdin=(SEEDS / "001-guide-policy-3.yaml").read_text())
     assert p.returncode == 0 and "InferencePolicy default/policy-3: NotReferenced" in p.stdout

@@ -166,7 +166,8 @@ def print_text(res: CompileResult, out: TextIO) -> None:
                 if c.status != "True":
                     out.write(f"{kind} {ns}/{name} ({group}): Accepted=False ({c.reason}): {c.message}\n")
     for w in res.document_warnings:
-        out.write(f"warning {w.code}: {w.kind} {w.namespace}/{w.name} at {w.path}: {w.message}\n")
+        what = f"{w.kind} {w.namespace}/{w.name}"
+        out.write(f"warning {w.code}: {f'{w.source} ({what})' if w.source else what} at {w.path}: {w.message}\n")
     for w in res.notes:
         out.write(f"note {w.code}: {w.kind} {w.namespace}/{w.name}: {w.message}\n")
     for e in res.errors:

@@ -70,7 +70,7 @@ from kinference_common.manifests import (
     ManifestError,
     SkippedDocument,
     load_paths,
-    unknown_fields,
+    unknown_field_hints,
 )
 
 __all__ = ["CompileResult", "compile_documents", "compile_paths", "ROUTER_CONTROLLER"]
@@ -446,10 +446,10 @@ def _document_unknown_fields(res: CompileResult) -> None:
         if kind in ("InferencePolicy", "Service", "Gateway", "GatewayClass"):
             continue
         for lo in table.values():
-            for path in unknown_fields(lo.raw, type(lo.obj)):
+            for path, hint in unknown_field_hints(lo.raw, type(lo.obj)):
                 res.document_warnings.append(_doc_warning(
                     lo, "UnknownField", path,
-                    f"{path.rsplit('.', 1)[-1]!r} is not a field of {lo.obj.kind}; the API server drops it",
+                    f"{path.rsplit('.', 1)[-1]!r} is not a field of {lo.obj.kind}; the API server drops it{hint}",
                 ))
 
 

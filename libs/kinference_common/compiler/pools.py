@@ -16,7 +16,9 @@ did not resolve, each with its reason:
 - ``Incomplete``: no ``kind``, neither ``name`` nor ``selector``, a
   provider missing ``url``, ``auth.secretRef`` or ``models``, or an object
   named that exists but is invalid (its own error, which the message
-  repeats: a wrong type, a bad duration; not "no such object").
+  repeats: a wrong type, a bad duration; not "no such object"), or a
+  selector with no label (it would take every object of the kind in the
+  namespace: a typo such as ``matchLabel`` leaves it empty).
 
 An empty (or absent) ``destinations`` is every InferenceWorkerSet in the
 pool's namespace and no provider.
@@ -209,6 +211,12 @@ def resolve_pool(
                              namespace=d.namespace)
                     continue
                 matched = [obj]
+            elif d.selector is not None and not d.selector.match_labels:
+                fail(d.kind, "", "Incomplete",
+                     f"destinations[{i}]: the selector names no label, so it would take every {d.kind} in "
+                     f"{target_ns} (`matchLabel` for `matchLabels`?); give matchLabels, or name the destination",
+                     namespace=d.namespace, selector={})
+                continue
             elif d.selector is not None:
                 matched = [
                     o for (ons, _), o in sorted(objects.items())
