@@ -349,3 +349,27 @@ def test_an_empty_consider_is_a_manifest_error_and_drop_everything_is_not_called
     both = "route:\n  exclude: [{name: e, drop: {}}]\n  select: [{type: Local, minimize: PredictedTTFT}, {type: Provider}]"
     st, _ = compile_policy("rules:\n" + rule(both, "r"))
     assert [w.code for w in st.warnings] == ["DropsEverything"]
+
+
+def test_a_misspelt_pii_tag_says_what_it_was_meant_to_be_and_what_it_switches_off() -> None:
+    """User trial: `if: {tag: [pii-confirmd, pii-unknwn]}` in the PII guard
+    removed both tags, so the guard never applied and a PII request went to
+    the provider; lint said only that the tags 'can never be present'. Now
+    each warning offers the tag meant, the emptied condition says the
+    exclusion drops nothing, and the policy's Accepted message carries a
+    WARNING, as for the other ways PII can leave."""
+    guard = PII_STAYS.replace("pii-confirmed, pii-unknown", "pii-confirmd, pii-unknwn")
+    assert guard != PII_STAYS
+    body = ("route:\n  exclude:\n" + "".join("    " + line + "\n" for line in guard.strip("\n").splitlines())
+            + "  select: [{type: Local}, {type: Provider}]")
+    res = compile_text(FLEET, policy_yaml("p", "rules:\n" + rule(body, "r")), POOL_ALL.replace("POLICY", "p"))
+    st = res.policy_status[("default", "p")]
+    msgs = [w.message for w in st.warnings if w.code == "UnknownTag"]
+    assert any("did you mean 'pii-confirmed'?" in m for m in msgs)
+    assert any("did you mean 'pii-unknown'?" in m for m in msgs)
+    assert any("this exclusion never applies" in m for m in msgs)
+    assert "WARNING: a misspelt pii tag" in st.conditions[0].message
+    # a tag meant for a matches list says only that the list never holds
+    st, _ = compile_policy("rules:\n" + rule("matches: [{tag: [pii-confirmd]}]\n" + LOCAL, "m") + rule(LOCAL, "all"))
+    [w] = [w for w in st.warnings if w.code == "UnknownTag"]
+    assert "never applies" not in w.message and "did you mean 'pii-confirmed'?" in w.message

@@ -70,6 +70,7 @@ from kinference_common.compiled import (
 from kinference_common.compiler.status import PolicyWarning, RuleStatus
 from kinference_common.compiler.validate import WIRE_NAMES
 from kinference_common.durations import format_duration, parse_duration
+from kinference_common.manifests import closest
 
 POOL_DEPENDENT = frozenset({"UnknownDestination", "NoTierForConsidered", "UnknownModel", "ProviderOnlyOnOutage"})
 DEFAULT_TTFT = {"Local": "PredictedTTFT", "Provider": "EstimatedTTFT"}
@@ -294,6 +295,14 @@ def _models(ctx: _Ctx, rule: str, term: str, names: list[str]) -> list[str]:
     return out
 
 
+def _never_holds(term: str) -> str:
+    """What a request condition that can never hold does, said where it matters."""
+    if ".exclude[" in term:
+        return (": this exclusion never applies, so it drops nothing for the requests it was written for "
+                "(a PII guard with a misspelt tag keeps no PII from a provider)")
+    return ""
+
+
 def _request_test(ctx: _Ctx, rule: str, term: str, m: r.RequestMatch) -> RequestTest:
     tags = _as_list(m.tag)
     if tags is not None:
@@ -301,7 +310,8 @@ def _request_test(ctx: _Ctx, rule: str, term: str, m: r.RequestMatch) -> Request
         for t in tags:
             if cl.classifier_for_tag(t) is None:
                 owner = cl.classifier_for_prefix(t)
-                hint = (
+                guess = closest(t, cl.TAG_TO_CLASSIFIER)
+                hint = (f"did you mean {guess!r}? " if guess else "") + (
                     f"classifier {owner.name!r} emits only {', '.join(owner.tags)}"
                     if owner
                     else f"no classifier is named {t.split('-', 1)[0]!r}; tags that can occur: "
@@ -310,12 +320,13 @@ def _request_test(ctx: _Ctx, rule: str, term: str, m: r.RequestMatch) -> Request
                 ctx.warn(
                     "UnknownTag", rule, f"{term}.tag",
                     f"tag {t!r} can never be present ({hint}); it is removed"
-                    + ("" if len(tags) > 1 else ", and the emptied list can never hold"),
+                    + ("" if len(tags) > 1 else ", and the emptied list can never hold" + _never_holds(term)),
                 )
             elif t not in kept:
                 kept.append(t)
         if tags and not kept and len(tags) > 1:
-            ctx.warn("UnknownTag", rule, f"{term}.tag", "every tag was removed: this condition can never hold")
+            ctx.warn("UnknownTag", rule, f"{term}.tag", "every tag was removed: this condition can never hold"
+                     + _never_holds(term))
         tags = kept
     models = _as_list(m.model)
     return RequestTest(
