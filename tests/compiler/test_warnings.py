@@ -373,3 +373,14 @@ def test_a_misspelt_pii_tag_says_what_it_was_meant_to_be_and_what_it_switches_of
     st, _ = compile_policy("rules:\n" + rule("matches: [{tag: [pii-confirmd]}]\n" + LOCAL, "m") + rule(LOCAL, "all"))
     [w] = [w for w in st.warnings if w.code == "UnknownTag"]
     assert "never applies" not in w.message and "did you mean 'pii-confirmed'?" in w.message
+
+
+def test_a_misspelt_destination_in_a_guard_says_the_name_meant_and_that_the_guard_drops_nothing() -> None:
+    guard = PII_STAYS.replace("drop: {backend: {type: Provider}}", "drop: {backend: {type: Provider, names: [databrick]}}")
+    assert guard != PII_STAYS
+    body = ("route:\n  exclude:\n" + "".join("    " + line + "\n" for line in guard.strip("\n").splitlines())
+            + "  select: [{type: Local}, {type: Provider}]")
+    st, pol = compile_policy("rules:\n" + rule(body, "r"))
+    msgs = [w.message for w in st.warnings if w.code == "UnknownDestination"]
+    assert any("'databrick' names no destination (did you mean 'databricks'?)" in m for m in msgs), msgs
+    assert any("this exclusion now drops nothing" in m for m in msgs), msgs

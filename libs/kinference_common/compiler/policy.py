@@ -295,6 +295,11 @@ def _models(ctx: _Ctx, rule: str, term: str, names: list[str]) -> list[str]:
     return out
 
 
+def _did_you_mean(word: str, choices: Collection[str]) -> str:
+    guess = closest(word, choices)
+    return f" (did you mean {guess!r}?)" if guess else ""
+
+
 def _never_holds(term: str) -> str:
     """What a request condition that can never hold does, said where it matters."""
     if ".exclude[" in term:
@@ -358,7 +363,8 @@ def _names(
                 f"{n!r} is a destination the pool could not resolve ({why}: see the pool's "
                 f"unresolvedDestinations); it is removed until it resolves. Destinations: {known}."
                 if why is not None else
-                f"{n!r} names no destination; it is removed. Destinations: {known}.",
+                f"{n!r} names no destination{_did_you_mean(n, ctx.pool.destinations)}; it is removed. "
+                f"Destinations: {known}.",
             )
         elif want is not None and kind != want:
             ctx.warn(
@@ -367,6 +373,12 @@ def _names(
             )
         else:
             kept.append(n)
+    if names and not kept and ".drop.backend.names" in term:
+        ctx.warn(
+            "UnknownDestination", rule, term,
+            "every name was removed: this exclusion now drops nothing, so the requests it was meant to keep "
+            "from those destinations (PII, for a guard) are not kept from them; correct the name",
+        )
     return kept
 
 
