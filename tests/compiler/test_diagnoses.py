@@ -278,6 +278,18 @@ spec:
     assert sorted(e.document.name for e in res.errors) == ["broken", "openai"]
 
 
+def test_a_policy_that_exists_but_is_invalid_is_not_called_missing() -> None:
+    broken = policy_yaml("p", BURST.replace("greaterThan: 4", 'greaterThan: "four"'))
+    res = compile_text(FLEET, broken, pool("    - {kind: InferenceWorkerSet, name: gemma-4-12b}\n", policy="p"))
+    cond = {c.type: c for c in res.pool_status[("default", "pool")].conditions}["ResolvedRefs"]
+    assert cond.reason == "PolicyNotFound"
+    assert "an InferencePolicy in default that is invalid (spec.rules[0].route.exclude[0].drop.queuedPrompts" \
+           ".greaterThan: expected a number, got a string) and applies once fixed" in cond.message
+    missing = compile_text(FLEET, pool("    - {kind: InferenceWorkerSet, name: gemma-4-12b}\n", policy="p"))
+    cond = {c.type: c for c in missing.pool_status[("default", "pool")].conditions}["ResolvedRefs"]
+    assert "which is no InferencePolicy in default" in cond.message
+
+
 def test_a_destination_selector_with_no_label_takes_nothing() -> None:
     """User trial: `selector: {matchLabel: {tier: cheap}}` (a typo) left an
     empty selector, which took every provider of the namespace, an expensive

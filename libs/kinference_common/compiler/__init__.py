@@ -153,7 +153,7 @@ def compile_documents(
         inv.grants[lo.obj.metadata.namespace].append(lo.obj)  # type: ignore[arg-type]
     for err in res.errors:
         doc = err.document
-        if doc.kind in ("InferenceWorkerSet", "InferenceProvider") and doc.name \
+        if doc.kind in ("InferenceWorkerSet", "InferenceProvider", "InferencePolicy") and doc.name \
                 and (doc.namespace or "default", doc.name) not in res.objects[doc.kind]:
             inv.invalid.setdefault((doc.kind, doc.namespace or "default", doc.name),
                                    f"{err.path}: {err.message}" if err.path else err.message)
@@ -282,7 +282,7 @@ def compile_documents(
                 "the default policy is used"
             )
         if "PolicyNotFound" in qualifiers:
-            ref_problems.append(f"policyRef names {ref.name!r}, which is no InferencePolicy in {key[0]}; "  # type: ignore[union-attr]
+            ref_problems.append(f"policyRef names {ref.name!r}, {_no_policy(inv, key[0], ref.name)}; "  # type: ignore[union-attr]
                                 "the default policy is used (it never reaches a Provider)")
         if resolved.unresolved:
             ref_problems.append(
@@ -314,7 +314,7 @@ def compile_documents(
             if "PolicyNotFound" in qualifiers:
                 res.document_warnings.append(_doc_warning(
                     lo, "PolicyNotFound", f"metadata.annotations[{r.POLICY_ANNOTATION}]",
-                    f"names {ref.name!r}, which is no InferencePolicy in {key[0]}; the default policy "  # type: ignore[union-attr]
+                    f"names {ref.name!r}, {_no_policy(inv, key[0], ref.name)}; the default policy "  # type: ignore[union-attr]
                     "is used (it never reaches a Provider)", kind=GIE_POOL_KIND))
             for u in resolved.unresolved:
                 res.document_warnings.append(_doc_warning(
@@ -441,6 +441,14 @@ def _doc_warning(lo: LoadedObject, code: str, path: str, message: str, *, kind: 
         code=code, kind=kind or lo.obj.kind, namespace=lo.obj.metadata.namespace, name=lo.obj.metadata.name,
         path=path, message=message, source=str(lo.document.source) + f"#{lo.document.index}",
     )
+
+
+def _no_policy(inv: Inventory, namespace: str, name: str) -> str:
+    """Why a policyRef found no policy: none of that name, or one that is invalid."""
+    why = inv.invalid.get(("InferencePolicy", namespace, name))
+    if why is not None:
+        return f"an InferencePolicy in {namespace} that is invalid ({why}) and applies once fixed"
+    return f"which is no InferencePolicy in {namespace}"
 
 
 def _document_unknown_fields(res: CompileResult) -> None:
