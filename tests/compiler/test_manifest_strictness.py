@@ -326,3 +326,27 @@ spec:
     assert _errors(good) == []
     first = decode_document(yaml.safe_load(text.replace('url: https://x/v1', 'url: 5')), DocumentRef("x", 1))
     assert isinstance(first, ManifestError) and first.path == "spec.url"
+
+
+@pytest.mark.parametrize("meta, path", [
+    ("{name: Burst_Unless PII}", "metadata.name"),
+    ("{name: burst, namespace: Default}", "metadata.namespace"),
+    ("{name: -burst}", "metadata.name"),
+    ("{name: burst., namespace: default}", "metadata.name"),
+    ("{name: a, namespace: team.a}", "metadata.namespace"),
+])
+def test_a_name_the_api_server_refuses_is_an_error(meta: str, path: str) -> None:
+    """User trial: `name: "Burst_Unless PII"` and `namespace: Default` linted
+    clean, though the page says lint judges as `kubectl apply` would."""
+    text = FLEET.split("---")[0].replace("metadata: {name: gemma-4-12b, namespace: default}", f"metadata: {meta}")
+    assert text != FLEET.split("---")[0]
+    errors = [e for e in load_text(text, "t.yaml") if isinstance(e, ManifestError)]
+    res = compile_text(text)
+    assert [e.path for e in res.errors] == [path] and "(the API server refuses it)" in res.errors[0].message
+    assert not errors  # it reads; the rule is the API server's, checked beside the schema's
+
+
+def test_names_the_api_server_takes_are_fine() -> None:
+    text = FLEET.split("---")[0].replace("metadata: {name: gemma-4-12b, namespace: default}",
+                                         "metadata: {name: gemma.4-12b.v2, namespace: team-a}")
+    assert compile_text(text).errors == []

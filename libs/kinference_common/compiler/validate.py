@@ -9,11 +9,15 @@ API server, so ``kinfctl lint`` reports it as a manifest error, not a warning.
   ``flowControl.maxQueueWait``) must parse;
 - a select tier has at most one of ``minimize`` / ``order``;
 - a pool destination has at most one of ``name`` / ``selector``;
-- a pool's ``policyRef`` written as a list has at most one element.
+- a pool's ``policyRef`` written as a list has at most one element;
+- ``metadata.name`` is a DNS-1123 subdomain and ``metadata.namespace`` a
+  DNS-1123 label, as the API server requires of every object (it refuses
+  ``Burst_Unless PII`` or namespace ``Default``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from kinference_common import resources as r
@@ -124,11 +128,33 @@ def provider_problems(provider: r.InferenceProvider) -> list[Problem]:
     return out
 
 
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def metadata_problems(obj: object) -> list[Problem]:
+    """The API server's rules for an object's name and namespace."""
+    meta = getattr(obj, "metadata", None)
+    out: list[Problem] = []
+    name = getattr(meta, "name", None)
+    if isinstance(name, str) and name and (len(name) > 253 or not _SUBDOMAIN.fullmatch(name)):
+        out.append(("metadata.name", f"{name!r} is not a valid name: lowercase letters, digits, '-' and '.', "
+                                     "starting and ending with a letter or digit, at most 253 characters "
+                                     "(the API server refuses it)"))
+    ns = getattr(meta, "namespace", None)
+    if isinstance(ns, str) and ns and (len(ns) > 63 or not _LABEL.fullmatch(ns)):
+        out.append(("metadata.namespace", f"{ns!r} is not a valid namespace: lowercase letters, digits and '-', "
+                                          "starting and ending with a letter or digit, at most 63 characters "
+                                          "(the API server refuses it)"))
+    return out
+
+
 def problems(obj: r.Resource) -> list[Problem]:
+    found = metadata_problems(obj)
     if isinstance(obj, r.InferencePolicy):
-        return policy_problems(obj)
+        return found + policy_problems(obj)
     if isinstance(obj, r.InferencePool):
-        return pool_problems(obj)
+        return found + pool_problems(obj)
     if isinstance(obj, r.InferenceProvider):
-        return provider_problems(obj)
-    return []
+        return found + provider_problems(obj)
+    return found
