@@ -53,6 +53,7 @@ from kinference_common.kube.kinds import Kind
 from kinference_common.kube.status import StatusWriter
 from kinference_common.manifests import ManifestError
 from kinference_policy_compiler.kube_source import KubernetesSource
+from kinference_policy_compiler.statuses import with_refused_condition
 
 log = structlog.get_logger("policy-compiler.kube")
 
@@ -110,7 +111,7 @@ def with_refused(status: dict[str, Any], errs: list[ManifestError], observed: An
     cond = {"type": "ManifestValid", "status": "False", "reason": "InvalidManifest",
             "message": f"generation {generation} refused, the last good generation stays in force: {why}",
             "observedGeneration": generation}
-    return {**status, "conditions": [*status.get("conditions", []), cond]}
+    return {**status, "conditions": with_refused_condition(status.get("conditions", []), cond)}
 
 
 class KubernetesStatusSink:

@@ -88,6 +88,20 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+#: added to the first condition's message (the MESSAGE printer column) while a manifest is refused
+REFUSED_NOTE = "; WARNING: the current manifest is refused (ManifestValid=False), the last good version stays in force"
+
+
+def with_refused_condition(conditions: list[dict[str, Any]], refused: dict[str, Any]) -> list[dict[str, Any]]:
+    """``conditions`` plus the ``ManifestValid=False`` one; the first
+    condition's message also says so, since ``kubectl get`` shows that one
+    (MESSAGE) and a refused edit was otherwise seen only in ``-o yaml``."""
+    out = [dict(c) for c in conditions]
+    if out and not out[0].get("message", "").endswith(REFUSED_NOTE):
+        out[0]["message"] = out[0].get("message", "") + REFUSED_NOTE
+    return [*out, refused]
+
+
 def _broken_objects(errors: list[ManifestError], documents: Iterable[Any]) -> dict[tuple[str, str, str], dict]:
     """Status key -> the condition an object gets while its file's current
     version is broken and its last good version stays in force."""
@@ -150,7 +164,8 @@ class StatusDirectory:
         for key, st in sorted(current.items()):
             body = {"status": msgspec.to_builtins(st)}
             if key in broken:
-                body["status"]["conditions"] = [*body["status"].get("conditions", []), broken[key]]
+                body["status"]["conditions"] = with_refused_condition(body["status"].get("conditions", []),
+                                                                      broken[key])
             encoded = msgspec.json.encode(body)
             if self._written.get(key) == encoded:
                 continue

@@ -52,6 +52,12 @@ def test_a_predicate_typo_keeps_the_last_good_policy(tmp_path: Path) -> None:
     c = conditions()
     assert c["ManifestValid"]["status"] == "False" and c["ManifestValid"]["reason"] == "InvalidManifest"
     assert "queuedPrompt" in c["ManifestValid"]["message"]
+    # the first condition (kubectl get's MESSAGE column) says it too (user trial: it read "in force on ...")
+    first = yaml.safe_load(status_file.read_text())["status"]["conditions"][0]
+    assert first["type"] == "Accepted" and "WARNING: the current manifest is refused" in first["message"]
+    policy_file.write_text(policy_file.read_text().replace("queuedPrompt:", "queuedPrompts:"))
+    _pass(source, statuses)
+    assert set(conditions()) == {"Accepted"} and "refused" not in conditions()["Accepted"]["message"]
 
 
 def test_an_object_from_the_api_server_is_refused_the_same_way() -> None:
