@@ -603,6 +603,31 @@ def smoke_request(port: int) -> dict[str, object]:
                 "rule": r.headers.get("x-kinference-rule"), "body": json.loads(r.read())}
 
 
+def manifest_errors_note(stack: Stack) -> str:
+    """A warning for the banner when the manifests the stack started with
+    have errors (what they break is not in force: a policy with a typo leaves
+    its pool on the default policy, which never bursts), naming the first
+    few; empty when there are none."""
+    try:
+        errors = (yaml.safe_load((stack.run_dir / "status" / "errors.yaml").read_text()) or {}).get("errors") or []
+    except (OSError, yaml.YAMLError, AttributeError):
+        return ""
+    if not errors:
+        return ""
+    lines = []
+    for e in errors[:3]:
+        where = f"{Path(str(e.get('source', ''))).name}#{e.get('document')}"
+        what = f" ({e.get('kind')} {e.get('namespace')}/{e.get('name')})" if e.get("name") else ""
+        at = f" at {e['path']}" if e.get("path") else ""
+        lines.append(f"    {where}{what}{at}: {e.get('message')}")
+    more = f"    ... and {len(errors) - 3} more\n" if len(errors) > 3 else ""
+    n = len(errors)
+    return (f"WARNING: the manifests have {n} error{'s' if n > 1 else ''}; what they break is not in force:\n"
+            + "\n".join(lines) + "\n" + more
+            + f"  (all of them: {stack.run_dir / 'status' / 'errors.yaml'}, or "
+              f".venv/bin/kinfctl lint {stack.run_dir / 'manifests'})\n\n")
+
+
 def banner(stack: Stack) -> str:
     port, admin = stack.port(8080), stack.port(8081)
     gateway = ""
@@ -640,7 +665,7 @@ Watch decisions:
        --nats-user observer --nats-password-file {stack.run_dir / 'nats-auth' / 'observer'}
   (NATS requires a user per service; passwords in {stack.run_dir / 'nats-auth'}/)
 
-{cluster}Press Ctrl-C to stop everything.
+{cluster}{manifest_errors_note(stack)}Press Ctrl-C to stop everything.
 """
 
 
