@@ -250,12 +250,19 @@ def _allowed_values(struct_type: type, path: str) -> list[str]:
     return values
 
 
+#: fields whose value is a duration string (a number there is a common slip: `greaterThan: 500`)
+_DURATION_FIELD = re.compile(r"(?:(?:predictedTTFT|estimatedTTFT)\.(?:greaterThan|lessThan)|timeouts\.(?:connect|firstToken)"
+                             r"|maxQueueWait)$")
+
+
 def _rephrase(message: str, struct_type: type, path: str) -> str:
     """msgspec's wording, made to read as the API server's."""
     message = message.replace("Object missing required field", "missing required field")
     m = re.match(r"Expected `([^`]*)`, got `([^`]*)`", message)
     if m:
         message = f"expected {_type_words(m.group(1))}, got {_type_words(m.group(2))}"
+        if m.group(1) in ("str", "str | null") and _DURATION_FIELD.search(path):
+            message += ": a duration is written with its unit, such as '800ms', '2s' or '1m30s'"
     m = re.match(r"Expected `(array|object|str)` of length (>=|<=) (\d+)$", message)
     if m:
         what = {"array": "item", "object": "entry", "str": "character"}[m.group(1)]

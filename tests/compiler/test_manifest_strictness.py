@@ -350,3 +350,20 @@ def test_names_the_api_server_takes_are_fine() -> None:
     text = FLEET.split("---")[0].replace("metadata: {name: gemma-4-12b, namespace: default}",
                                          "metadata: {name: gemma.4-12b.v2, namespace: team-a}")
     assert compile_text(text).errors == []
+
+
+@pytest.mark.parametrize("where, doc", [
+    ("spec.rules[0].route.exclude[0].drop.predictedTTFT.greaterThan", policy_yaml("p", _rule(
+        "route:\n  exclude: [{name: s, drop: {backend: {type: Local}, predictedTTFT: {greaterThan: 500}}}]\n"
+        "  select: [{type: Local}]"))),
+    ("spec.timeouts.connect", "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceProvider\n"
+     "metadata: {name: p}\nspec:\n  url: http://x/v1\n  auth: {secretRef: {name: a, key: b}}\n"
+     "  models: [{name: m}]\n  timeouts: {connect: 2}\n"),
+])
+def test_a_number_where_a_duration_goes_says_how_to_write_one(where: str, doc: str) -> None:
+    """User trial: `predictedTTFT: {greaterThan: 500}` said only "expected a
+    string, got an integer", where "0.5" got a hint on durations."""
+    errors = [e for e in load_text(doc, "t.yaml") if isinstance(e, ManifestError)]
+    assert [(e.path, e.message) for e in errors] == [
+        (where, "expected a string, got an integer: a duration is written with its unit, such as '800ms', "
+                "'2s' or '1m30s'")]

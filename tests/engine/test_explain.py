@@ -124,6 +124,12 @@ def test_rejections_exit_zero(files, capsys, tmp_path) -> None:
                                                   "queuedPrompts: many}]"))], "queuedPrompts"),
         (lambda f, d: ["--telemetry", str(_write(d / "bad3.yaml", "providers: [{name: p, estimatedTTFT: soon}]"))],
          "estimatedTTFT"),
+        # the policy author's trial: msgspec's raw words, `$.endpoints[0]` and no field meant
+        (lambda f, d: ["--telemetry", str(_write(d / "bad4.yaml", "endpoints: [{workerSet: w, pod: x, "
+                                                  "queuedPrompt: 3}]"))],
+         "endpoints[0].queuedPrompt is not a field (did you mean `queuedPrompts`?)"),
+        (lambda f, d: ["--telemetry", str(_write(d / "bad5.yaml", "providers: [{name: p, errorRate: high}]"))],
+         "providers[0].errorRate: expected float | null, got str"),
         # the data port's words for the same bodies (kinference_common.request_body)
         (lambda f, d: ["--request", str(_write(d / "b.json", "[1]"))], "must be a JSON object"),
         (lambda f, d: ["--request", str(_write(d / "b2.json", "{\"messages\": []}"))], "lacks `model`"),

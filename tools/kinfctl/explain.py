@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import time
 import uuid
@@ -48,7 +49,7 @@ from kinference_common.durations import DurationError, format_duration, parse_du
 from kinference_common.engine import InFlightLedger, Snapshot, decide, interpret, rejection_status
 from kinference_common.engine.request import engine_request
 from kinference_common.engine.trace import ClassifierTrace, DecisionTrace, RuleTrace
-from kinference_common.manifests import Loaded, load_paths, load_text
+from kinference_common.manifests import Loaded, closest, load_paths, load_text
 from kinference_common.messages import EndpointState, ProviderState
 from kinference_common.request_body import BadRequest, ParsedBody, check_body, decode, parse, reads_as_chat
 
@@ -97,6 +98,24 @@ class TelemetryFile(_State, kw_only=True):
     providers: list[ProviderEntry] = []
 
 
+def _telemetry_error(text: str) -> str:
+    """msgspec's words, read as lint reads a manifest's: the field's path,
+    and the field meant for one it does not know."""
+    m = re.match(r"Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?$", text)
+    if m:
+        where = m.group(2) or ""
+        entry = {"endpoints": EndpointEntry, "providers": ProviderEntry}.get(where.split("[", 1)[0], TelemetryFile)
+        fields = [f.encode_name for f in msgspec.structs.fields(entry)]
+        guess = closest(m.group(1), fields)
+        hint = f"did you mean `{guess}`?" if guess else f"its fields: {', '.join(fields)}"
+        return f"{where + '.' if where else ''}{m.group(1)} is not a field ({hint})"
+    m = re.match(r"^(?P<msg>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", text, re.DOTALL)
+    assert m is not None
+    message = re.sub(r"Expected `([^`]*)`, got `([^`]*)`", r"expected \1, got \2", m.group("msg"))
+    message = message.replace("Object missing required field", "missing required field")
+    return f"{m.group('path')}: {message}" if m.group("path") else message
+
+
 def load_telemetry(path: str) -> TelemetryFile:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -111,7 +130,7 @@ def load_telemetry(path: str) -> TelemetryFile:
     try:
         state = msgspec.convert(raw, TelemetryFile, strict=False)
     except msgspec.ValidationError as exc:
-        raise CommandError(f"--telemetry {path}: {exc}") from None
+        raise CommandError(f"--telemetry {path}: {_telemetry_error(str(exc))}") from None
     for i, p in enumerate(state.providers):
         if isinstance(p.estimated_ttft, str):
             try:
