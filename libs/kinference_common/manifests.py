@@ -341,6 +341,9 @@ def _type_errors(doc: Any, struct_type: type, ref: DocumentRef, exc: msgspec.Val
             break
         expected = re.match(r"Expected `([a-z]+)`, got", m.group("msg"))
         stand_in = _STAND_IN.get(expected.group(1), _GONE) if expected else _GONE
+        if m.group("msg").startswith("Invalid enum value"):
+            allowed = _allowed_values(struct_type, path)
+            stand_in = allowed[0] if allowed else _GONE  # a required enum goes on past a wrong case
         smaller = _without(doc, path, stand_in)
         if smaller is None:
             break
@@ -408,7 +411,12 @@ def _decode(doc: Any, ref: DocumentRef) -> list[Loaded]:
     try:
         obj = msgspec.convert(doc, struct_type, strict=True)
     except msgspec.ValidationError as exc:
-        return _type_errors(doc, struct_type, ref, exc)
+        found = _type_errors(doc, struct_type, ref, exc)
+        if struct_type is r.InferencePolicy:  # its unknown fields are errors too: all of them in one run
+            typed = {e.path for e in found if isinstance(e, ManifestError)}
+            found += [ManifestError(ref, path, message) for path, message in policy_unknown_fields(doc)
+                      if path not in typed]
+        return found
     except (TypeError, ValueError, RecursionError) as exc:  # e.g. unhashable YAML keys
         return [ManifestError(ref, "", f"cannot be read: {exc}")]
     if struct_type is r.InferencePolicy:

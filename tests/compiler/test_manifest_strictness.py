@@ -367,3 +367,30 @@ def test_a_number_where_a_duration_goes_says_how_to_write_one(where: str, doc: s
     assert [(e.path, e.message) for e in errors] == [
         (where, "expected a string, got an integer: a duration is written with its unit, such as '800ms', "
                 "'2s' or '1m30s'")]
+
+
+def test_the_trials_six_mistakes_in_one_policy_are_reported_in_one_run() -> None:
+    """A policy author fixed six mistakes in six runs of lint (one type error
+    a run, then the unknown fields together). All six in one run now: wrong
+    enum values are stood in for by an allowed one (a required `type: local`
+    no longer ends the search) and a policy's unknown fields come with the
+    type errors."""
+    text = policy_yaml("p", """
+unmatched: reject
+rules:
+  - name: a
+    route:
+      exclude: [{name: s, drop: {backend: {type: local}, queuedPrompt: {greaterThan: 4}}}]
+      select: [{type: local, minimize: PredictedTTFt}, {type: Provider, order: databricks}]
+      onEmtpy: Reject
+""")
+    got = [e.path for e in load_text(text, "t.yaml") if isinstance(e, ManifestError)]
+    assert got == [
+        "spec.unmatched",
+        "spec.rules[0].route.exclude[0].drop.backend.type",
+        "spec.rules[0].route.select[0].type",
+        "spec.rules[0].route.select[0].minimize",
+        "spec.rules[0].route.select[1].order",
+        "spec.rules[0].route.exclude[0].drop.queuedPrompt",
+        "spec.rules[0].route.onEmtpy",
+    ]
