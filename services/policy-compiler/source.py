@@ -107,8 +107,9 @@ class DirectorySource:
         for path in list(self._files):
             if path not in seen:
                 del self._files[path]
-                self._order.pop(path, None)
                 changed = True
+        for path in [p for p in self._order if p not in seen]:
+            del self._order[path]  # gone (or restored but gone meanwhile): back later, it is a newcomer
         for path, stamp in sorted(seen.items()):
             prev = self._files.get(path)
             if prev is not None and prev.stamp == stamp:

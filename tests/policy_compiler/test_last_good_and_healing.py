@@ -246,3 +246,26 @@ async def _has_error(svc: PolicyCompilerService, source: str) -> bool:
 
 async def _rules_are(nc: nats.NATS, rules: list[str]) -> bool:
     return await rules_published(nc) == rules
+
+
+def test_a_file_removed_and_written_again_comes_back_as_a_newcomer(tmp_path: Path) -> None:
+    """The order in force forgets a removed file: written again later, it is
+    refused against a definition that came in force meanwhile."""
+    from kinference_common.compiler import compile_documents
+    from kinference_policy_compiler.source import DirectorySource
+
+    d = tmp_path / "m"
+    shutil.copytree(EXAMPLES, d)
+    src = DirectorySource(d)
+    src.poll()
+    policy = d / "10-burst-policy.yaml"
+    original = policy.read_text()
+    policy.unlink()
+    (d / "50-other.yaml").write_text(ALL_TO_PROVIDER)
+    src.poll()
+    policy.write_text(original)  # back, sorting first: still the newcomer
+    src.poll()
+    res = compile_documents(src.documents())
+    [err] = [e for e in res.errors if "defined twice" in e.message]
+    assert err.document.source.endswith("10-burst-policy.yaml") and "50-other.yaml#1 is used" in err.message
+    assert [r.name for r in res.pools[("default", "inference-all")].policy.rules] == ["all-to-provider"]
