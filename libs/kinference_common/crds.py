@@ -60,8 +60,8 @@ _STRUCT_RULES: dict[type, list[dict[str, str]]] = {
 }
 _FIELD_RULES[(r.GieInferencePoolSpec, "targetPorts")] = [{
     "rule": "self.all(p1, self.exists_one(p2, p1.number==p2.number))", "message": "port number must be unique"}]
-_STRING_OR_LIST_RULE = [{"rule": "type(self) == string || type(self) == list",
-                         "message": "a string or a list of strings"}]
+_STRING_OR_LIST_RULE = [{"rule": "type(self) == string || (type(self) == list && size(self) > 0)",
+                         "message": "a string or a non-empty list of strings"}]
 _DURATION_FIELDS = {
     (r.DurationComparison, "greaterThan"), (r.DurationComparison, "lessThan"),
     (r.ProviderTimeouts, "connect"), (r.ProviderTimeouts, "firstToken"),

@@ -394,3 +394,14 @@ rules:
         "spec.rules[0].route.exclude[0].drop.queuedPrompt",
         "spec.rules[0].route.onEmtpy",
     ]
+
+
+@pytest.mark.parametrize("field", ["tenant", "model", "tag", "objective"])
+def test_an_empty_list_in_a_request_condition_is_an_error(field: str) -> None:
+    """User trial: `matches: [{tenant: []}]` never matched and linted clean
+    (a matches entry *without* the field holds for every request)."""
+    res = compile_text(FLEET, policy_yaml("p", _rule(f"matches: [{{{field}: []}}]\nroute: {{select: [{{type: Local}}]}}")))
+    assert [(e.path, e.message.split(":")[0]) for e in res.errors] == [
+        (f"spec.rules[0].matches[0].{field}", "an empty list holds for no request")]
+    ok = compile_text(FLEET, policy_yaml("p", _rule(f"matches: [{{{field}: [x]}}]\nroute: {{select: [{{type: Local}}]}}")))
+    assert not [e for e in ok.errors if e.path.endswith(field)]

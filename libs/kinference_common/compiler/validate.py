@@ -10,6 +10,8 @@ API server, so ``kinfctl lint`` reports it as a manifest error, not a warning.
 - a select tier has at most one of ``minimize`` / ``order``;
 - a pool destination has at most one of ``name`` / ``selector``;
 - a pool's ``policyRef`` written as a list has at most one element;
+- a request condition's ``model``/``tenant``/``tag``/``objective`` written
+  as a list lists at least one (``tenant: []`` held for no request);
 - ``metadata.name`` is a DNS-1123 subdomain and ``metadata.namespace`` a
   DNS-1123 label, as the API server requires of every object (it refuses
   ``Burst_Unless PII`` or namespace ``Default``).
@@ -66,6 +68,10 @@ def _comparison(cmp: object, path: str) -> Iterator[Problem]:
 
 
 def _request_match(m: r.RequestMatch, path: str) -> Iterator[Problem]:
+    for field_name in ("model", "tenant", "tag", "objective"):
+        if getattr(m, field_name) == []:
+            yield (f"{path}.{field_name}", "an empty list holds for no request: list at least one, or leave "
+                                           "the field out (a matches entry without it holds for any)")
     if m.priority is not None:
         yield from _comparison(m.priority, f"{path}.priority")
     if m.prompt_tokens is not None:
