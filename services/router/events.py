@@ -18,10 +18,15 @@ that keeps it, ``KINFERENCE_RECORDS``) must also reach the stream, which
 stores only what arrives while it has a leader: on a cluster of three, the
 leader's death leaves it without one for a few seconds, and what was sent
 meanwhile was lost (a trial: every record of 4.5 s of traffic). So at most
-every ``confirm_every`` seconds the publisher asks the stream for its info
-(answered by its leader only); until it answers, the records sent since the
-last answer are kept, and sent again once it does. Those the stream had
-stored before its leader died are then stored twice (a ``Nats-Msg-Id``
+every ``confirm_every`` seconds the publisher asks the stream for its info.
+Records are confirmed only by two answers in a row that name the same
+leader, the one before they were sent and the one after: an answer naming
+no leader (a server left alone by the loss of two of three answers with
+``cluster.leader`` empty, and stores nothing), no answer, or a leader other
+than the last one (an election in between) keeps them, and they are sent
+again once, when the stream has a leader again (not at every check of an
+outage: a subscriber of the subject saw a decision 23 times after one).
+Those the stream had stored before its leader died are then stored twice (a ``Nats-Msg-Id``
 header would let the stream drop them, for about 10 us of the router's CPU
 a record, three a request: measured by ``make bench-router``); kinfctl
 reads each record once. A stream that does not exist is no outage (the router
@@ -69,6 +74,10 @@ class EventPublisher:
         #: records sent again because the stream had no leader when they were sent
         self.resent_stored = 0
         self._stream_away = False
+        #: the leader the last answer of the stream named ("" while it has none; None: no answer yet)
+        self._leader: str | None = None
+        #: of the records sent again, those of the current (or last) outage
+        self._resent_outage = 0
         self._linger = linger
         self._pending: deque[tuple[str, bytes]] = deque()
         self._capacity = capacity
@@ -162,28 +171,47 @@ class EventPublisher:
             await self._confirm_stored(nc)
 
     async def _confirm_stored(self, nc: nats.NATS) -> None:
-        """Ask the records' stream whether it is there (its leader answers);
-        if not, the records sent since it last answered go again, after a
-        pause (the two servers left elect a leader within seconds)."""
+        """Ask the records' stream for its leader. The records sent since the
+        last answer are stored if this answer and the last name the same
+        leader; if this one names none (or none answers), they are kept, and
+        the publisher waits (the two servers left elect a leader within
+        seconds; with one left, until another is back); once a leader
+        answers again, or another leader than the last, they go again, once."""
         assert self._stored is not None
         from nats.js.errors import NotFoundError
 
         self._checked = time.monotonic()
         try:
-            await nc.jetstream(timeout=min(self._confirm, 0.5)).stream_info(self._stored[1])
+            info = await nc.jetstream(timeout=min(self._confirm, 0.5)).stream_info(self._stored[1])
+            # one server alone answers for a stream it cannot store into: leader empty
+            leader = "" if info.cluster is None else (info.cluster.leader or None)
+            if leader is None:
+                raise RuntimeError("the stream has no leader (its servers have no quorum)")
         except NotFoundError:  # no such stream: records are not kept at all (the router said so)
-            pass
-        except Exception as exc:  # no leader (an election), or NATS away: send them again
+            self._unconfirmed = []
+            return
+        except Exception as exc:  # no leader (an election, no quorum), or NATS away: keep them
             if not self._stream_away:
                 self._stream_away = True
+                self._resent_outage = 0
                 log.warning("records_stream_unavailable", stream=self._stored[1], error=bus.describe(exc),
-                            held=len(self._unconfirmed), consequence="records held and sent again")
-            self.resent_stored += len(self._unconfirmed)
-            self._pending.extendleft(reversed(self._unconfirmed))
-            self._unconfirmed = []
+                            held=len(self._unconfirmed), consequence="records held, sent again once it has a leader")
+            self._leader = None
             await asyncio.sleep(0.25)
             return
+        if self._leader is not None and leader == self._leader:
+            self._unconfirmed = []  # the same leader before and after they were sent: stored
+        elif self._unconfirmed and (self._leader is not None or self._stream_away):
+            # an election since the last answer, or the first answer after an outage: what was sent
+            # meanwhile may be lost; once more (the same leader answers the next check)
+            self.resent_stored += len(self._unconfirmed)
+            self._resent_outage += len(self._unconfirmed)
+            self._pending.extendleft(reversed(self._unconfirmed))
+            self._unconfirmed = []
+        else:
+            self._unconfirmed = []  # the first answer since start: nothing was seen to fail
+        self._leader = leader
         if self._stream_away:
             self._stream_away = False
-            log.info("records_stream_available", stream=self._stored[1], resent=self.resent_stored)
-        self._unconfirmed = []
+            log.info("records_stream_available", stream=self._stored[1], leader=leader or "(one server)",
+                     resent=self._resent_outage)
