@@ -74,8 +74,12 @@ class EventPublisher:
         #: records sent again because the stream had no leader when they were sent
         self.resent_stored = 0
         self._stream_away = False
-        #: the leader the last answer of the stream named ("" while it has none; None: no answer yet)
+        #: the leader the last answer of the stream named ("": a single server; None: no answer yet)
         self._leader: str | None = None
+        #: the stream's last sequence before the records now unconfirmed were sent
+        self._seq: int | None = None
+        #: since when the same leader has not stored them (it lost its quorum)
+        self._held_since: float | None = None
         #: of the records sent again, those of the current (or last) outage
         self._resent_outage = 0
         self._linger = linger
@@ -146,6 +150,7 @@ class EventPublisher:
             batch = [pending.popleft() for _ in range(min(len(pending), 1000))]
             sent = 0
             prefix = self._stored[0] if self._stored is not None else None
+            connection = nc.stats["reconnects"]
             try:
                 for item in batch:
                     subject, data = item
@@ -153,7 +158,7 @@ class EventPublisher:
                     if prefix is not None and subject.startswith(prefix):
                         self._unconfirmed.append(item)
                     sent += 1
-                await bus.sync(nc, timeout=self._confirm)
+                await self._confirmed(nc, connection)
                 if self._unconfirmed and time.monotonic() - self._checked >= self._confirm_every:
                     await self._confirm_stored(nc)
             except MaxPayloadError:  # this message can never go
@@ -170,13 +175,37 @@ class EventPublisher:
                 and time.monotonic() - self._checked >= self._confirm_every:
             await self._confirm_stored(nc)
 
+    async def _confirmed(self, nc: nats.NATS, connection: int) -> None:
+        """Return once the server has the batch just written on this
+        connection; raise if the connection was replaced meanwhile (the batch
+        must go again). A server that is only slow, or frozen with its
+        connection open, is waited for on the same connection, never sent the
+        batch again there: a frozen server handed the copies on when it woke,
+        and a follower saw each decision up to 23 times (HA trial). A frozen
+        server is left within seconds (``bus.KEEPALIVE``), and then the
+        batch goes again on the new connection."""
+        while True:
+            try:
+                await bus.sync(nc, timeout=self._confirm)
+                return
+            except Exception:
+                if nc.is_closed or nc.stats["reconnects"] != connection:
+                    raise
+                if not nc.is_connected:  # reconnecting: what was written may be lost with the old socket
+                    raise
+                # still this connection: what was written is on its way, once
+
     async def _confirm_stored(self, nc: nats.NATS) -> None:
-        """Ask the records' stream for its leader. The records sent since the
-        last answer are stored if this answer and the last name the same
-        leader; if this one names none (or none answers), they are kept, and
-        the publisher waits (the two servers left elect a leader within
-        seconds; with one left, until another is back); once a leader
-        answers again, or another leader than the last, they go again, once."""
+        """Ask the records' stream for its leader and last sequence. The
+        records sent since the last answer are stored when this answer names
+        the leader the last one named and the stream's last sequence has
+        moved on by at least their number since (a leader that lost its
+        quorum still names itself for a while, and stores nothing: the
+        sequence stands still). Until then they are kept: while the stream
+        names no leader (one server left answers with none), does not answer,
+        or its leader stores nothing, the publisher waits and says so once;
+        once it has a leader again, or another leader than the last, they go
+        again, once."""
         assert self._stored is not None
         from nats.js.errors import NotFoundError
 
@@ -187,20 +216,26 @@ class EventPublisher:
             leader = "" if info.cluster is None else (info.cluster.leader or None)
             if leader is None:
                 raise RuntimeError("the stream has no leader (its servers have no quorum)")
+            seq = int(info.state.last_seq or 0)
         except NotFoundError:  # no such stream: records are not kept at all (the router said so)
             self._unconfirmed = []
             return
         except Exception as exc:  # no leader (an election, no quorum), or NATS away: keep them
-            if not self._stream_away:
-                self._stream_away = True
-                self._resent_outage = 0
-                log.warning("records_stream_unavailable", stream=self._stored[1], error=bus.describe(exc),
-                            held=len(self._unconfirmed), consequence="records held, sent again once it has a leader")
+            self._away(bus.describe(exc))
             self._leader = None
             await asyncio.sleep(0.25)
             return
-        if self._leader is not None and leader == self._leader:
-            self._unconfirmed = []  # the same leader before and after they were sent: stored
+        if self._leader is not None and leader == self._leader and self._seq is not None:
+            if seq - self._seq >= len(self._unconfirmed):
+                self._unconfirmed = []  # stored by the leader that was there before they were sent
+                self._seq, self._held_since = seq, None
+            else:  # not stored yet: the same leader, without its quorum (or slow); wait for it
+                now = time.monotonic()
+                self._held_since = self._held_since or now
+                if now - self._held_since >= 1.0:
+                    self._away(f"its leader {leader} stores nothing (the sequence stands at {seq})")
+                await asyncio.sleep(0.25)
+                return
         elif self._unconfirmed and (self._leader is not None or self._stream_away):
             # an election since the last answer, or the first answer after an outage: what was sent
             # meanwhile may be lost; once more (the same leader answers the next check)
@@ -208,10 +243,20 @@ class EventPublisher:
             self._resent_outage += len(self._unconfirmed)
             self._pending.extendleft(reversed(self._unconfirmed))
             self._unconfirmed = []
+            self._seq, self._held_since = seq, None
         else:
             self._unconfirmed = []  # the first answer since start: nothing was seen to fail
+            self._seq, self._held_since = seq, None
         self._leader = leader
         if self._stream_away:
             self._stream_away = False
             log.info("records_stream_available", stream=self._stored[1], leader=leader or "(one server)",
                      resent=self._resent_outage)
+
+    def _away(self, why: str) -> None:
+        if not self._stream_away:
+            self._stream_away = True
+            self._resent_outage = 0
+            assert self._stored is not None
+            log.warning("records_stream_unavailable", stream=self._stored[1], error=why,
+                        held=len(self._unconfirmed), consequence="records held, sent again once it stores")

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from kinference_common import subjects
 from kinference_common.bus import close as close_nats
+from kinference_common.bus import KEEPALIVE as NATS_KEEPALIVE
 from kinference_common.bus import servers as nats_servers
 from kinference_common.messages import EndpointState, Observation, ProviderKeyReport
 from kinference_common.tasks import cancel_and_wait
@@ -753,7 +754,8 @@ async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = Non
             return await nats.connect(
                 pool, name="kinference-telemetry-collector", max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5, connect_timeout=2, error_cb=on_error,
-                disconnected_cb=on_disconnected, reconnected_cb=on_reconnected, **(options or {}),
+                disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
+                **{**NATS_KEEPALIVE, **(options or {})},
             )
         except (TypeError, ValueError):  # options the client refuses: no retry makes them right
             raise

@@ -166,3 +166,32 @@ def test_availability_is_said_once_each_way() -> None:
     assert [e["event"] for e in logs] == ["config_store_unavailable", "config_store_available"]
     assert logs[0]["consequence"] == "serving from the last snapshot" and logs[0]["error"] == "TimeoutError"
     assert logs[1]["unavailable_s"] == 7.5 and a.available and a.outages == 1
+
+
+async def test_a_server_that_freezes_is_left_for_another_within_seconds(nats_cluster: natsserver.NatsCluster) -> None:
+    """HA trial: a NATS server stopped with SIGSTOP (its node lost, its TCP
+    connections left open) cut every service on it off for about 6 minutes
+    (nats-py's default: a PING every 120 s) while the two others kept quorum.
+    A client of bus.connect takes it for dead after two unanswered PINGs
+    (2 s apart) and goes to another server."""
+    import os
+    import signal
+
+    nc = await bus.connect(nats_cluster.url, name="test")
+    frozen = None
+    try:
+        port = nc.connected_url.port
+        frozen = next(s for s in nats_cluster.servers if s.port == port)
+        assert frozen.proc is not None
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        while nc.connected_url is None or nc.connected_url.port == port or not nc.is_connected:
+            assert loop.time() - started < 20, "still on the frozen server"
+            await asyncio.sleep(0.2)
+        await bus.sync(nc, timeout=5)  # served by another server
+        assert loop.time() - started < 20
+    finally:
+        if frozen is not None and frozen.proc is not None:
+            os.kill(frozen.proc.pid, signal.SIGCONT)
+        await bus.close(nc)

@@ -116,7 +116,7 @@ async def connect(args: argparse.Namespace) -> Any:
     try:
         # fail fast if NATS is not there at all ...
         return await nats.connect(bus.servers(args.nats_url), connect_timeout=args.timeout, max_reconnect_attempts=1,
-                                  reconnect_time_wait=0.2, error_cb=remember, **options)
+                                  reconnect_time_wait=0.2, error_cb=remember, **{**bus.KEEPALIVE, **options})
     except Exception as exc:
         offset = getattr(args, "resolved_offset", 0)
         raise CommandError(localstack.why_unreachable(args, offset, exc, errors[-1] if errors else None)) from None
