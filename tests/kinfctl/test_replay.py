@@ -409,3 +409,39 @@ def test_credentials_and_http_headers_are_not_recorded() -> None:
                "x-user-email": "jane@example.com", "x-forwarded-for": "10.0.0.1",
                "x-gateway-inference-objective": "batch"}
     assert recording.recordable_headers(headers) == {"x-team": "a", "x-gateway-inference-objective": "batch"}
+
+
+async def test_records_that_cannot_be_read_exit_3_not_1_which_means_pii_left(nats_server: NatsServer,
+                                                                          monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """HA trial: `kinfctl audit` right after a NATS server died printed a
+    traceback (js.subscribe timed out) and exited 1, which for audit means
+    "PII left the cluster". Reading failures are one line and exit 3."""
+    from kinference_common import natsserver
+    from kinfctl import events, records
+
+    closed = f"nats://127.0.0.1:{natsserver.free_port()}"
+    code, _, err = await kinfctl("audit", "--since", "1m", "--nats-url", closed)
+    assert code == records.EXIT_UNREADABLE == 3, err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+    class Stream:  # the stream is there, the consumer cannot be made: nats' TimeoutError
+        async def stream_info(self, name):  # type: ignore[no-untyped-def]
+            return type("I", (), {"state": type("S", (), {"messages": 5})()})()
+
+        async def subscribe(self, *a, **kw):  # type: ignore[no-untyped-def]
+            raise nats.errors.TimeoutError
+
+    class Conn:
+        def jetstream(self):  # type: ignore[no-untyped-def]
+            return Stream()
+
+        async def close(self) -> None:
+            pass
+
+    async def connect(args):  # type: ignore[no-untyped-def]
+        return Conn()
+
+    monkeypatch.setattr(events, "connect", connect)
+    code, _, err = await kinfctl("audit", "--since", "1m", "--nats-url", nats_server.url)
+    assert code == 3, err
+    assert "cannot read the decision records" in err and "Traceback" not in err and err.count("\n") == 1

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from kinference_common import natsauth, recording
+from kinference_common import bus, natsauth, recording
 from kinference_common.durations import DurationError, parse_duration
 from kinference_common.recording import DecisionRecord, Record, SnapshotRecord
 from kinfctl import events
@@ -92,12 +92,32 @@ def write_file(path: Path, records: Iterable[Record]) -> int:
     return n
 
 
+#: the exit code of ``kinfctl audit`` and ``replay`` when the records cannot be read (NATS
+#: unreachable or not answering): 1 means PII left (or would leave) the cluster, and a script
+#: must not take an outage for that, nor for "nothing left"
+EXIT_UNREADABLE = 3
+
+
 async def _fetch(args: argparse.Namespace, subject: str, start: float) -> list[Record]:
     """Every record on ``subject`` stored since ``start`` (wall clock), in order."""
+    try:
+        return await _fetch_from(args, subject, start)
+    except CommandError:
+        raise
+    except Exception as exc:  # NATS in between two servers, a timeout: one line, never a traceback
+        raise CommandError(f"cannot read the decision records on {args.nats_url}: {bus.describe(exc)} "
+                           "(a NATS server of a cluster just went away? try again in a few seconds)",
+                           code=EXIT_UNREADABLE) from None
+
+
+async def _fetch_from(args: argparse.Namespace, subject: str, start: float) -> list[Record]:
     from nats.js.api import ConsumerConfig, DeliverPolicy
     from nats.js.errors import NotFoundError
 
-    nc = await events.connect(args)
+    try:
+        nc = await events.connect(args)
+    except CommandError as exc:  # NATS unreachable
+        raise CommandError(str(exc), code=EXIT_UNREADABLE) from None
     try:
         js = nc.jetstream()
         try:
@@ -107,7 +127,7 @@ async def _fetch(args: argparse.Namespace, subject: str, start: float) -> list[R
                                "not exist (routers record unless started with --no-record)") from None
         except Exception as exc:
             raise CommandError(f"cannot read the stream {recording.STREAM} on {args.nats_url}: "
-                               f"{type(exc).__name__} {exc}".rstrip()) from None
+                               f"{type(exc).__name__} {exc}".rstrip(), code=EXIT_UNREADABLE) from None
         if not info.state.messages:
             return []
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
@@ -133,7 +153,8 @@ async def _fetch(args: argparse.Namespace, subject: str, start: float) -> list[R
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     pass  # a newer or damaged record: not ours to read
         except TimeoutError:
-            raise CommandError(f"the stream {recording.STREAM} stopped answering after {len(out)} records") from None
+            raise CommandError(f"the stream {recording.STREAM} stopped answering after {len(out)} records",
+                               code=EXIT_UNREADABLE) from None
         finally:
             await sub.unsubscribe()
         return out
