@@ -136,8 +136,12 @@ class ConfigPublisher:
             if self._published.get(key) == pool.revision:
                 continue
             data = encode_pool(pool)
-            await self._kv.put(subjects.config_key(*key), data)
+            # the subject first: routers follow it, and core NATS carries it through any server
+            # left, where the KV write needs the bucket's quorum (with two servers of three down
+            # an edit reached no router until quorum was back: HA trial); a failed KV write
+            # fails the pass, which is tried again, subject and all
             await self._nc.publish(subjects.config_subject(*key), data)
+            await self._kv.put(subjects.config_key(*key), data)
             self._published[key] = pool.revision
             published += 1
         if last_good is not None:
@@ -148,8 +152,8 @@ class ConfigPublisher:
                                    msgspec.json.encode(SourceRecord(name, text, order)))
                 self._sources[name] = (text, order)
         for key in sorted(set(self._published) - set(pools)):
-            await self._kv.delete(subjects.config_key(*key))
             await self._nc.publish(subjects.config_subject(*key), b"")
+            await self._kv.delete(subjects.config_key(*key))
             del self._published[key]
             deleted += 1
         if last_good is not None:

@@ -269,3 +269,42 @@ def test_a_file_removed_and_written_again_comes_back_as_a_newcomer(tmp_path: Pat
     [err] = [e for e in res.errors if "defined twice" in e.message]
     assert err.document.source.endswith("10-burst-policy.yaml") and "50-other.yaml#1 is used" in err.message
     assert [r.name for r in res.pools[("default", "inference-all")].policy.rules] == ["all-to-provider"]
+
+
+@pytest.mark.nats
+async def test_an_edit_reaches_routers_while_the_cluster_has_no_quorum(nats_cluster, manifests: Path) -> None:  # type: ignore[no-untyped-def]
+    """HA trial: with two servers of three down, an edit compiled ("reconciled")
+    but reached no router until quorum was back: the KV write, which needs the
+    quorum, came first and failed, and the subject (which routers follow,
+    through any server left) was never sent. The subject goes first now; the
+    bucket is written once quorum is back."""
+    survivor = nats_cluster.urls[0]
+    svc = compiler(survivor, manifests, kv_replicas=3)
+    await svc.start()
+    watcher = await nats.connect(survivor)
+    seen: list[list[str]] = []
+
+    async def on(msg):  # type: ignore[no-untyped-def]
+        if msg.data:
+            seen.append([r.name for r in decode_pool(msg.data).policy.rules])
+
+    try:
+        await watcher.subscribe(subjects.config_subject("default", "inference-all"), cb=on)
+        await watcher.flush()
+        nats_cluster.kill(1)
+        nats_cluster.kill(2)
+        await asyncio.sleep(1.0)
+        policy = manifests / "10-burst-policy.yaml"
+        policy.write_text(policy.read_text().replace("local-first-then-provider-unless-pii", "renamed-rule"))
+        await eventually(lambda: _seen(seen, ["renamed-rule"]), timeout=10)
+        nats_cluster.restart(1)
+        nats_cluster.restart(2)
+        await asyncio.to_thread(nats_cluster.wait_healthy, 60)
+        await eventually(lambda: _rules_are(watcher, ["renamed-rule"]), timeout=30)
+    finally:
+        await svc.stop()
+        await watcher.close()
+
+
+async def _seen(seen: list[list[str]], rules: list[str]) -> bool:
+    return rules in seen
