@@ -216,6 +216,12 @@ KINDS: list[dict[str, Any]] = [
 ]
 
 
+#: the annotation a CRD of a ``*.k8s.io`` group must carry (Kubernetes API review)
+API_APPROVAL = "api-approved.kubernetes.io"
+UNAPPROVED = ("unapproved, Kinference's copy of the Gateway API Inference Extension's CRD, for clusters "
+              "without it")
+
+
 def crd(entry: dict[str, Any]) -> dict[str, Any]:
     spec_schema = schema_of(msgspec.inspect.type_info(entry["spec"]))
     status_schema = schema_of(msgspec.inspect.type_info(entry["status"]))
@@ -250,10 +256,15 @@ def crd(entry: dict[str, Any]) -> dict[str, Any]:
     if entry.get("spec_required"):
         root["required"] = ["spec"]
     version["schema"] = {"openAPIV3Schema": root}
+    metadata: dict[str, Any] = {"name": f"{entry['plural']}.{group}"}
+    if group == "k8s.io" or group.endswith((".k8s.io", ".kubernetes.io")):
+        # a protected group: the API server refuses a CRD without this annotation
+        # (KEP-1111); "unapproved, ..." is accepted, and says this copy is not the upstream's
+        metadata["annotations"] = {API_APPROVAL: UNAPPROVED}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{entry['plural']}.{group}"},
+        "metadata": metadata,
         "spec": {
             "group": group,
             "scope": "Namespaced",
