@@ -413,6 +413,21 @@ def test_the_router_admin_port_takes_no_connections_from_the_network() -> None:
             assert all(rule.get("ports") for rule in pol["spec"].get("ingress", []))
 
 
+def test_the_example_overlay_runs_its_three_nats_servers_on_one_node() -> None:
+    """HA trial: on a one-node kind or minikube cluster (which getting
+    started names) the example overlay kept base's required anti-affinity,
+    so two NATS servers stayed Pending, JetStream had no quorum and the
+    routers never got a configuration. The example prefers one server per
+    node; base still requires it."""
+    example = of_kind(build(EXAMPLE), "StatefulSet")["nats"]["spec"]["template"]["spec"]["affinity"]
+    anti = example["podAntiAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+    (pref,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pref["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    base = of_kind(build(K8S), "StatefulSet")["nats"]["spec"]["template"]["spec"]["affinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in base["podAntiAffinity"]
+
+
 def test_example_overlay_is_the_repository_examples() -> None:
     for src, copy in (("00-fleet.yaml", "fleet.yaml"), ("10-burst-policy.yaml", "policy.yaml"),
                       ("20-pool.yaml", "pool.yaml")):
