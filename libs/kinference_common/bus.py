@@ -501,7 +501,7 @@ class Availability:
     ``consequence``, ``<what>_available`` with how long it was away);
     :attr:`available` is for a metric or a readiness condition."""
 
-    def __init__(self, what: str, consequence: str, *, logger: Any = None,
+    def __init__(self, what: str, consequence: str | Callable[[], str], *, logger: Any = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.what, self.consequence = what, consequence
         self._log = logger or log
@@ -515,7 +515,8 @@ class Availability:
         if self.available:
             self.available, self.since = False, self._clock()
             self.outages += 1
-            self._log.warning(f"{self.what}_unavailable", consequence=self.consequence,
+            consequence = self.consequence() if callable(self.consequence) else self.consequence
+            self._log.warning(f"{self.what}_unavailable", consequence=consequence,
                               error=describe(exc) if exc is not None else None)
 
     def ok(self) -> None:

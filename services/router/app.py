@@ -146,8 +146,13 @@ class Router:
         self.events = EventPublisher(self.nc, self.metrics.dropped_events,
                                      stored=(f"{recording.PREFIX}.", recording.STREAM)
                                      if self.settings.record is not None else None)
+        self.metrics.watch_bus("connection", lambda: self.nc is not None and self.nc.is_connected)
+        store = getattr(self.keeper, "store", None)
+        if store is not None:
+            self.metrics.watch_bus("config_store", lambda: store.available)
         self.recorder: Recorder | None = None
         if self.settings.record is not None:
+            self.metrics.watch_bus("records_stream", self.events.storing)
             self.recorder = Recorder(self.events, self.settings.namespace, self.settings.pool, self.settings.record)
             self.keeper.record_inputs = True
         self._record_stream: asyncio.Task[bool] | None = None

@@ -123,7 +123,8 @@ class Director:
         tenant = self.authenticate(headers)
         parsed = self.read(body, too_large, chat)
         if self.keeper.snapshot is None:
-            raise ApiError(503, "no_capacity", "the router has no configuration yet", retry_after=1)
+            raise ApiError(503, "no_capacity", "the router has no configuration yet (it has not read its pool "
+                           "from NATS: see its config_store log lines and kinference_bus_available)", retry_after=1)
         req = self.engine_request(headers, parsed, tenant)
         # classified lazily: only when a classifier's answer can change the decision
         return self.classification.start(req, parsed, decision_id)

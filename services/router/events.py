@@ -92,6 +92,11 @@ class EventPublisher:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="event-publisher")
 
+    def storing(self) -> bool:
+        """False while the records' stream is taken to store nothing (no
+        leader, no answer, a leader without its quorum)."""
+        return not self._stream_away
+
     async def stop(self, timeout: float = 1.0) -> None:
         """Stop the task; what is still queued is published (within
         ``timeout``) or counted as dropped, never silently lost."""

@@ -4,6 +4,7 @@ counts something takes a :class:`RouterMetrics` and uses :meth:`RouterMetrics.ch
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -95,6 +96,14 @@ class RouterMetrics:
         #: the HTTP servers whose limits are exported, by name (data, admin)
         self._http: dict[str, Any] = {}
         r.register(_HttpCollector(self._http))
+        #: part of NATS the router uses -> checks, each True while it works (routers of several pools
+        #: share this: the part works when every pool's check says so)
+        self._bus: dict[str, list[Callable[[], bool]]] = {}
+        r.register(_BusCollector(self._bus))
+
+    def watch_bus(self, part: str, works: Callable[[], bool]) -> None:
+        """Export ``kinference_bus_available{part}``: 1 while ``works()``."""
+        self._bus.setdefault(part, []).append(works)
 
     def watch_http(self, name: str, server: Any) -> None:
         """Export ``server``'s connections, pending body bytes and refusals
@@ -169,6 +178,25 @@ class _InflightCollector(Collector):
         g = GaugeMetricFamily("kinference_inflight", "Requests open upstream", labels=["backend"])
         for backend, n in list(self._counts.items()):
             g.add_metric([backend], n)
+        yield g
+
+
+class _BusCollector(Collector):
+    """``kinference_bus_available{part}``, read at scrape time: 1 while the
+    part of NATS the router uses works, 0 while it does not (``connection``:
+    connected to a server; ``config_store``: the configuration bucket answers,
+    which needs a JetStream quorum; ``records_stream``: the decision records'
+    stream stores them). A NATS cluster that lost its quorum showed only in
+    the logs (HA trial)."""
+
+    def __init__(self, parts: dict[str, list[Callable[[], bool]]]) -> None:
+        self._parts = parts
+
+    def collect(self) -> Any:
+        g = GaugeMetricFamily("kinference_bus_available", "1 while this part of NATS works for the router",
+                              labels=["part"])
+        for part, checks in list(self._parts.items()):
+            g.add_metric([part], 1.0 if all(check() for check in checks) else 0.0)
         yield g
 
 

@@ -86,9 +86,15 @@ class SnapshotKeeper:
         #: the KV buckets answering: checked every ``store_probe`` seconds; an
         #: outage (a NATS cluster without a quorum) is said once, and once when over
         self.store_probe = store_probe
-        self.store = bus.Availability(
-            "config_store", "routing on the last snapshot; telemetry and configuration still arrive on their "
-            "subjects, a restarted router would wait for the buckets", logger=log)
+        self.store = bus.Availability("config_store", self._without_store, logger=log)
+
+    def _without_store(self) -> str:
+        """What the config bucket's outage means for this router, now."""
+        if self.pool is None:
+            return ("no configuration yet: requests are answered 503 (the router has no configuration yet) "
+                    "until the bucket answers or the policy-compiler publishes the pool on its subject")
+        return ("routing on the last snapshot; telemetry and configuration still arrive on their subjects, "
+                "a restarted router would wait for the buckets")
 
     # ------------------------------------------------------------- inputs
 
