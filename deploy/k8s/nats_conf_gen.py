@@ -101,8 +101,14 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="nats_conf_gen.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="exit 1 when the file differs; write nothing")
+    args = p.parse_args(argv)  # --help prints the page and writes nothing
     text = render()
-    if "--check" in argv:
+    if args.check:
         if not OUT.exists() or OUT.read_text() != text:
             print(f"{OUT} is out of date: run .venv/bin/python deploy/k8s/nats_conf_gen.py", file=sys.stderr)
             return 1

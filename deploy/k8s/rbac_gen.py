@@ -141,8 +141,14 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="rbac_gen.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="exit 1 when the file differs; write nothing")
+    args = p.parse_args(argv)  # --help prints the page and writes nothing
     text = render()
-    if "--check" in argv:
+    if args.check:
         if OUT.read_text() != text:
             print(f"{OUT} is out of date: run .venv/bin/python deploy/k8s/rbac_gen.py", file=sys.stderr)
             return 1

@@ -66,3 +66,19 @@ def test_the_route_password_is_named_where_the_statefulset_reads_it() -> None:
     doc = " ".join((load("nats_conf_gen.py").__doc__ or "").split())
     assert "from key ``route`` of the Secret ``kinference-nats-auth``" in doc, doc
     assert "``kinference-nats-routes``" not in doc  # no such Secret (kinference-nats-routes-tls holds TLS)
+
+
+@pytest.mark.parametrize("name", GENERATORS)
+def test_help_prints_the_page_and_writes_nothing(name: str) -> None:
+    """HA trial: `nats_conf_gen.py --help` rewrote base/nats.conf (any
+    argument but --check did) instead of printing help."""
+    target = load(name).OUT
+    before = target.stat().st_mtime_ns
+    out = subprocess.run([sys.executable, str(K8S / name), "--help"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith(f"usage: {name}") and "--check" in out.stdout
+    assert "wrote" not in out.stdout
+    assert target.stat().st_mtime_ns == before  # not rewritten (the same text would hide it)
+    bad = subprocess.run([sys.executable, str(K8S / name), "--chek"], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "unrecognized arguments: --chek" in bad.stderr
