@@ -408,8 +408,10 @@ class Stack:
             print(f"  started {proc.name:<22} pid {proc.process.pid}", flush=True)
 
     def _ports(self) -> list[int]:
-        return [self.port(p) for p in (PORTS | (ENVOY_PORTS if self.envoy else {})
-                                       | (NATS_CLUSTER_PORTS if self.nats_cluster else {})).values()]
+        """Every port the stack listens on, each once (the cluster's first NATS
+        server is the single server's port: a refusal listed it twice)."""
+        return list(dict.fromkeys(self.port(p) for p in (PORTS | (ENVOY_PORTS if self.envoy else {})
+                                                          | (NATS_CLUSTER_PORTS if self.nats_cluster else {})).values()))
 
     # ---------------------------------------------------------- supervision
 

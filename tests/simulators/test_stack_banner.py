@@ -55,3 +55,11 @@ def test_the_banner_warns_when_the_manifests_it_started_with_have_errors(tmp_pat
            "spec.rules[0].route.exclude[0].drop.queuedPrompt:" in text
     assert f"kinfctl lint {stack.run_dir / 'manifests'}" in text
     assert text.index("WARNING") < text.index("Press Ctrl-C")
+
+
+def test_each_port_of_a_stack_is_named_once() -> None:
+    """HA trial: a refused `make run-ha` listed port 4522 twice (the cluster's
+    first NATS server is the single server's port)."""
+    for options in ({}, {"nats_cluster": True}, {"envoy": True}, {"envoy": True, "nats_cluster": True}):
+        ports = Stack(Path("/nonexistent/.run-300"), 300, **options)._ports()  # type: ignore[arg-type]
+        assert len(ports) == len(set(ports)), options
