@@ -199,6 +199,7 @@ class EventPublisher:
                 if not nc.is_connected:  # reconnecting: what was written may be lost with the old socket
                     raise
                 # still this connection: what was written is on its way, once
+                await asyncio.sleep(0.05)
 
     async def _confirm_stored(self, nc: nats.NATS) -> None:
         """Ask the records' stream for its leader and last sequence. The
