@@ -122,6 +122,9 @@ class Result:
     # ---- NATS as a cluster of three (make chaos runs these faults on a second stack)
     #: answered requests whose decision event no observer received (three observers, one per server)
     decisions_lost: int | None = None
+    #: decisions of the phase with no record on the KINFERENCE_RECORDS stream (read once every
+    #: server is back: records held through an outage are sent again then)
+    records_lost: int | None = None
     #: KV writes (a probe key, every 100 ms): acknowledged ones missing afterwards, the longest time
     #: without a successful write, and the writes that failed
     kv_acked_lost: int | None = None
@@ -522,6 +525,37 @@ class ClusterProbe:
         self._ncs += [self.compiler, self.collector]
         self._writer = asyncio.create_task(self._write())
 
+    async def recorded_ids(self, timeout: float = 60.0) -> set[str]:
+        """The decision ids the KINFERENCE_RECORDS stream holds (what
+        ``kinfctl audit`` and ``replay`` read), once the routers have sent
+        what they held: read until two reads a few seconds apart agree."""
+        from kinference_common import recording
+
+        js = self._ncs[0].jetstream(timeout=5.0)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        last: set[str] | None = None
+        while True:
+            got: set[str] = set()
+            try:
+                total = (await js.stream_info(recording.STREAM)).state.messages
+                sub = await js.subscribe(f"{recording.PREFIX}.>", stream=recording.STREAM, ordered_consumer=True)
+                try:
+                    for _ in range(total):
+                        rec = recording.decode((await sub.next_msg(timeout=5)).data)
+                        if isinstance(rec, recording.DecisionRecord):
+                            got.add(rec.decision_id)
+                finally:
+                    await sub.unsubscribe()
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
+                continue
+            if got == last or time.monotonic() > deadline:
+                return got
+            last = got
+            await asyncio.sleep(3.0)
+
     async def _write(self) -> None:
         from kinference_common import subjects
 
@@ -637,6 +671,8 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
             chaos.probe = ClusterProbe(stack)
             await chaos.probe.start()
         connector = aiohttp.TCPConnector(limit=512)
+        #: each HA phase's result and its decision ids, for the records read at the end
+        phase_ids: list[tuple[Result, set[str]]] = []
         async with aiohttp.ClientSession(connector=connector) as http:
             for phase, (name, fault) in enumerate(ha_faults() if nats_cluster else faults()):
                 if only is not None and name not in only:
@@ -665,6 +701,7 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
                 if chaos.probe is not None:
                     await asyncio.sleep(1.0)  # the last events on their way
                     ids = {s.decision_id for s in shots if s.decision_id}
+                    phase_ids.append((result, ids))
                     result.decisions_lost = len(ids - chaos.probe.seen)
                     result.kv_acked_lost = await chaos.probe.acked_lost()
                     result.kv_longest_unwritable_s = round(chaos.probe.longest, 2)
@@ -678,6 +715,10 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
                 say(f"  {name:<32} {result.requests:>4} requests, {result.success_rate:.1%} ok, "
                     f"recovery {result.recovery_s}s, pii leaked {result.pii_leaked}")
                 await chaos.healthy()
+            if chaos.probe is not None and phase_ids:
+                recorded = await chaos.probe.recorded_ids()
+                for result, ids in phase_ids:
+                    result.records_lost = len(ids - recorded)
     finally:
         if chaos.probe is not None:
             await chaos.probe.stop()
@@ -697,11 +738,12 @@ def table(results: list[Result]) -> str:
                      f"{r.to_provider:>8} {rec:>10} {r.pii_leaked_message:>7} {r.pii_leaked_side:>8} {r.hung:>5}")
     ha = [r for r in results if r.decisions_lost is not None]
     if ha:
-        head = (f"{'NATS cluster fault':<32} {'decisions lost':>14} {'kv acked lost':>13} {'kv unwritable s':>15} "
-                f"{'kv failed':>9} {'catch-up s':>10} {'router said':>11}")
+        head = (f"{'NATS cluster fault':<32} {'decisions lost':>14} {'records lost':>12} {'kv acked lost':>13} "
+                f"{'kv unwritable s':>15} {'kv failed':>9} {'catch-up s':>10} {'router said':>11}")
         lines += ["", head, "-" * len(head)]
         for r in ha:
-            lines.append(f"{r.fault:<32} {r.decisions_lost:>14} {r.kv_acked_lost:>13} "
+            lines.append(f"{r.fault:<32} {r.decisions_lost:>14} {'-' if r.records_lost is None else r.records_lost:>12} "
+                         f"{r.kv_acked_lost:>13} "
                          f"{r.kv_longest_unwritable_s:>15.2f} {r.kv_writes_failed:>9} "
                          f"{'-' if r.catchup_s is None else f'{r.catchup_s:.2f}':>10} {r.router_said_unavailable:>11}")
     return "\n".join(lines)

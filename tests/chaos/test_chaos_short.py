@@ -56,6 +56,6 @@ async def test_short_nats_cluster_loses_one_server_and_nothing_else(tmp_path: Pa
     print(table([r]))
     assert r.requests >= 20 and r.hung == 0 and r.no_http_answer == 0, r
     assert r.success_rate >= 0.8 and r.recovery_s is not None, r
-    assert r.decisions_lost == 0 and r.kv_acked_lost == 0, r
+    assert r.decisions_lost == 0 and r.kv_acked_lost == 0 and r.records_lost == 0, r
     assert r.kv_writes_failed is not None and r.kv_longest_unwritable_s is not None, r
     assert r.catchup_s is not None and r.router_said_unavailable <= 1, r
