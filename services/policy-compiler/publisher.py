@@ -65,6 +65,8 @@ class ConfigPublisher:
         self._kv: KeyValue | None = None
         #: what the bucket held when last read, plus what was written since
         self._published: dict[tuple[str, str], str] = {}  # pool key -> revision
+        #: what went on the pools' subjects (pool key -> revision), whatever the bucket holds
+        self._announced: dict[tuple[str, str], str] = {}
         self._sources: dict[str, tuple[str, int]] = {}  # file name -> (text, order)
         self._stale = True  # read the bucket again before the next write
         self._opened_once = False
@@ -81,6 +83,8 @@ class ConfigPublisher:
         good texts by file name, for the source to restore, in the order the
         files came in force."""
         await self._sync()
+        # the bucket holds what the routers were last told: a restart announces nothing again
+        self._announced = dict(self._published)
         return {name: text for name, (text, _) in sorted(self._sources.items(), key=lambda kv: (kv[1][1], kv[0]))}
 
     async def _sync(self) -> None:
@@ -121,12 +125,29 @@ class ConfigPublisher:
         in the order the files came in force (None: the source keeps no such
         records)."""
         try:
+            await self._announce(pools)
             if self._stale or self._kv is None:
                 await self._sync()
             return await self._write(pools, last_good)
         except BaseException:
             self._stale = True  # a half-done pass: read the bucket before trusting memory again
             raise
+
+    async def _announce(self, pools: dict[tuple[str, str], CompiledPool]) -> None:
+        """Each pool that changed since it was last announced, on its
+        subject, before anything touches the bucket: routers follow the
+        subjects, and core NATS carries them through any server left, where
+        the bucket needs its quorum (with two servers of three down an edit
+        reached no router until quorum was back, HA trial; and once a KV
+        write had failed, the next pass stopped at reading the bucket, so a
+        second edit did not go out either). A pool gone is announced empty."""
+        for key, pool in sorted(pools.items()):
+            if self._announced.get(key) != pool.revision:
+                await self._nc.publish(subjects.config_subject(*key), encode_pool(pool))
+                self._announced[key] = pool.revision
+        for key in sorted(set(self._announced) - set(pools)):
+            await self._nc.publish(subjects.config_subject(*key), b"")
+            del self._announced[key]
 
     async def _write(self, pools: dict[tuple[str, str], CompiledPool],
                      last_good: dict[str, str] | None) -> tuple[int, int]:
@@ -135,13 +156,8 @@ class ConfigPublisher:
         for key, pool in sorted(pools.items()):
             if self._published.get(key) == pool.revision:
                 continue
-            data = encode_pool(pool)
-            # the subject first: routers follow it, and core NATS carries it through any server
-            # left, where the KV write needs the bucket's quorum (with two servers of three down
-            # an edit reached no router until quorum was back: HA trial); a failed KV write
-            # fails the pass, which is tried again, subject and all
-            await self._nc.publish(subjects.config_subject(*key), data)
-            await self._kv.put(subjects.config_key(*key), data)
+            # on its subject already (_announce); a failed write fails the pass, tried again
+            await self._kv.put(subjects.config_key(*key), encode_pool(pool))
             self._published[key] = pool.revision
             published += 1
         if last_good is not None:
@@ -152,7 +168,7 @@ class ConfigPublisher:
                                    msgspec.json.encode(SourceRecord(name, text, order)))
                 self._sources[name] = (text, order)
         for key in sorted(set(self._published) - set(pools)):
-            await self._nc.publish(subjects.config_subject(*key), b"")
+            await self._nc.publish(subjects.config_subject(*key), b"")  # also one gone before a restart
             await self._kv.delete(subjects.config_key(*key))
             del self._published[key]
             deleted += 1

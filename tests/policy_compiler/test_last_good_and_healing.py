@@ -297,10 +297,13 @@ async def test_an_edit_reaches_routers_while_the_cluster_has_no_quorum(nats_clus
         policy = manifests / "10-burst-policy.yaml"
         policy.write_text(policy.read_text().replace("local-first-then-provider-unless-pii", "renamed-rule"))
         await eventually(lambda: _seen(seen, ["renamed-rule"]), timeout=10)
+        await asyncio.sleep(1.0)  # the pass that failed at the bucket; the next reads it first, and fails there
+        policy.write_text(policy.read_text().replace("renamed-rule", "renamed-again"))
+        await eventually(lambda: _seen(seen, ["renamed-again"]), timeout=10)  # a second edit in the outage
         nats_cluster.restart(1)
         nats_cluster.restart(2)
         await asyncio.to_thread(nats_cluster.wait_healthy, 60)
-        await eventually(lambda: _rules_are(watcher, ["renamed-rule"]), timeout=30)
+        await eventually(lambda: _rules_are(watcher, ["renamed-again"]), timeout=30)
     finally:
         await svc.stop()
         await watcher.close()
