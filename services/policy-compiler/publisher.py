@@ -75,8 +75,12 @@ class ConfigPublisher:
         self.syncs = 0
 
     def resync(self) -> None:
-        """Read the bucket again before the next write (reconnect, periodic)."""
+        """Read the bucket again before the next write (reconnect, periodic),
+        and announce every pool on its subject again: a router that started
+        while the bucket had no quorum waits for its pool, and gets it so
+        within a resync (the others ignore a revision they have)."""
         self._stale = True
+        self._announced.clear()
 
     async def start(self) -> dict[str, str]:
         """Open (or create) the bucket and read it; returns the stored last

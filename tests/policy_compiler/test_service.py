@@ -188,3 +188,26 @@ def test_help_and_waiting_for_nats(tmp_path: Path) -> None:
     _, rest = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert "Traceback" not in line + rest
+
+
+async def test_every_resync_announces_the_pools_again(nats_server: NatsServer, manifests: Path) -> None:
+    """A router started while the config bucket has no quorum reads nothing
+    from it (it answered 503 for 38 s in an HA trial): each resync announces
+    every pool on its subject again, so such a router gets its pool within
+    one; unchanged, routers that have it ignore the repeat."""
+    svc = PolicyCompilerService(Settings(manifests=manifests, nats_url=nats_server.url, interval=0.05, resync=0.5))
+    await svc.start()
+    nc = await nats.connect(nats_server.url)
+    seen: list[str] = []
+
+    async def on_msg(msg):  # type: ignore[no-untyped-def]
+        seen.append(decode_pool(msg.data).revision)
+
+    try:
+        await nc.subscribe("kinference.config.>", cb=on_msg)
+        await nc.flush()
+        await asyncio.sleep(1.6)
+        assert len(seen) >= 2 and len(set(seen)) == 1, seen  # the same revision, again
+    finally:
+        await svc.stop()
+        await nc.close()
