@@ -84,6 +84,17 @@ class DirectorySource:
     _restored: dict[Path, tuple[str, list[Loaded]]] = field(default_factory=dict)
     #: file -> its place in the order files were first read (restored ones first)
     _order: dict[Path, int] = field(default_factory=dict)
+    #: the next place: only ever grows (a removed file must not hand its number to a newcomer)
+    _next: int = 0
+    #: object (group, kind, namespace, name) -> a digest of the definition in force, so that it
+    #: stays first among definitions of that object whichever file holds it (a file renamed)
+    _in_force: dict[tuple[str, str, str, str], tuple[bytes, str]] = field(default_factory=dict)
+
+    def _place(self, path: Path) -> int:
+        if path not in self._order:
+            self._order[path] = self._next
+            self._next += 1
+        return self._order[path]
 
     def _scan(self) -> dict[Path, tuple[int, int, int]]:
         found: dict[Path, tuple[int, int, int]] = {}
@@ -115,7 +126,7 @@ class DirectorySource:
             if prev is not None and prev.stamp == stamp:
                 continue
             text, loaded, errors = self._read(path)
-            seq = self._order.setdefault(path, len(self._order))
+            seq = self._place(path)
             if errors:
                 if prev is not None and prev.good is not None:
                     good, good_text = prev.good, prev.good_text
@@ -151,7 +162,7 @@ class DirectorySource:
     def restore_last_good(self, texts: dict[str, str]) -> None:
         for name, text in texts.items():
             path = self.root / name
-            self._order.setdefault(path, len(self._order))  # stored in the order they were in force
+            self._place(path)  # stored in the order they were in force
             loaded, errors = _load(text, str(path))
             if not errors:  # a stored version is good by construction; never trust it blindly
                 self._restored[path] = (text, loaded)
@@ -163,12 +174,37 @@ class DirectorySource:
             return str(path)
 
     def documents(self) -> list[Loaded]:
-        """Files in force earlier first: of an object defined twice, the
-        compiler keeps the definition in force and refuses the newcomer."""
+        """Files in force earlier first, and of an object defined more than
+        once the definition in force first: the compiler keeps the first, so
+        it keeps the one in force and refuses a newcomer, also when the file
+        in force was renamed (its definition, unchanged, stays first) or
+        edited (its file came first). The first is then the one in force."""
         out: list[Loaded] = []
         for _path, f in self._in_force_order():
             if f.good:
                 out.extend(f.good)
+        by_key: dict[tuple[str, str, str, str], list[int]] = {}
+        digests: list[bytes | None] = []
+        for i, item in enumerate(out):
+            digest = None
+            if isinstance(item, LoadedObject):
+                key = _object_key(item)
+                by_key.setdefault(key, []).append(i)
+                digest = _digest(item)
+            digests.append(digest)
+        for key, places in by_key.items():
+            if len(places) > 1 and key in self._in_force:
+                held, where = self._in_force[key]
+                # the same definition (wherever it moved), else the file it was in (edited)
+                first = next((i for i in places if digests[i] == held), None)
+                if first is None:
+                    first = next((i for i in places if out[i].document.source == where), places[0])
+                if first != places[0]:  # put the definition in force in the first place
+                    out[places[0]], out[first] = out[first], out[places[0]]
+                    digests[places[0]], digests[first] = digests[first], digests[places[0]]
+            self._in_force[key] = (digests[places[0]], out[places[0]].document.source)  # type: ignore[assignment]
+        for key in [k for k in self._in_force if k not in by_key]:
+            del self._in_force[key]
         return out
 
     def errors(self) -> list[ManifestError]:
@@ -177,6 +213,24 @@ class DirectorySource:
     def kept_at_last_good(self) -> list[str]:
         """Files whose current version is bad but whose last good one is in force."""
         return [str(p) for p, f in sorted(self._files.items()) if f.current_errors and f.good]
+
+
+def _object_key(item: LoadedObject) -> tuple[str, str, str, str]:
+    meta = item.obj.metadata
+    return item.group, item.obj.kind, meta.namespace, meta.name
+
+
+def _digest(item: LoadedObject) -> bytes:
+    """The definition's content, wherever it is written."""
+    import hashlib
+
+    import msgspec
+
+    try:
+        data = msgspec.json.encode(item.raw, order="sorted")
+    except (TypeError, msgspec.EncodeError):
+        data = repr(item.raw).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _load(text: str, source: str) -> tuple[list[Loaded], list[ManifestError]]:

@@ -311,3 +311,53 @@ async def test_an_edit_reaches_routers_while_the_cluster_has_no_quorum(nats_clus
 
 async def _seen(seen: list[list[str]], rules: list[str]) -> bool:
     return rules in seen
+
+
+def _winner(src) -> list[str]:  # type: ignore[no-untyped-def]
+    from kinference_common.compiler import compile_documents
+
+    res = compile_documents(src.documents())
+    return [r.name for r in res.pools[("default", "inference-all")].policy.rules]
+
+
+def test_a_newcomer_never_takes_a_number_that_puts_it_before_the_policy_in_force(tmp_path: Path) -> None:
+    """Review: files removed meanwhile handed their places to a newcomer
+    (the place was the count of files), which then sorted before the file in
+    force and replaced its policy (a PII prompt went to the provider)."""
+    from kinference_policy_compiler.source import DirectorySource
+
+    d = tmp_path / "m"
+    shutil.copytree(EXAMPLES, d)
+    src = DirectorySource(d)
+    (d / "30-h1.yaml").write_text("# nothing\n")
+    (d / "31-h2.yaml").write_text("# nothing\n")
+    src.poll()
+    policy = d / "10-burst-policy.yaml"
+    policy.rename(d / "40-burst-policy.yaml")
+    src.poll()
+    (d / "30-h1.yaml").unlink()
+    (d / "31-h2.yaml").unlink()
+    src.poll()
+    (d / "99-other.yaml").write_text(ALL_TO_PROVIDER)
+    src.poll()
+    assert _winner(src) == ["local-first-then-provider-unless-pii"]
+
+
+def test_renaming_the_file_in_force_keeps_its_policy_before_a_refused_duplicate(tmp_path: Path) -> None:
+    from kinference_policy_compiler.source import DirectorySource
+
+    d = tmp_path / "m"
+    shutil.copytree(EXAMPLES, d)
+    src = DirectorySource(d)
+    src.poll()
+    (d / "50-other.yaml").write_text(ALL_TO_PROVIDER)  # refused: the example's policy is in force
+    src.poll()
+    assert _winner(src) == ["local-first-then-provider-unless-pii"]
+    (d / "10-burst-policy.yaml").rename(d / "90-burst-policy.yaml")  # now the newer file
+    src.poll()
+    assert _winner(src) == ["local-first-then-provider-unless-pii"]
+    # an edit of the policy in force keeps it in force too (its file, not its old text, is first)
+    p = d / "90-burst-policy.yaml"
+    p.write_text(p.read_text().replace("local-first-then-provider-unless-pii", "edited"))
+    src.poll()
+    assert _winner(src) == ["edited"]
