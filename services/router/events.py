@@ -155,6 +155,12 @@ class EventPublisher:
             batch = [pending.popleft() for _ in range(min(len(pending), 1000))]
             sent = 0
             prefix = self._stored[0] if self._stored is not None else None
+            if prefix is not None and not self._unconfirmed and not self._stream_away \
+                    and (self._seq is None or time.monotonic() - self._checked >= 4 * self._confirm_every) \
+                    and any(subject.startswith(prefix) for subject, _ in batch):
+                # the stream's sequence also counts other routers' records: a base read long ago
+                # would take theirs for these (a review); read it again before sending
+                await self._rebase(nc)
             connection = nc.stats["reconnects"]
             try:
                 for item in batch:
@@ -225,12 +231,15 @@ class EventPublisher:
             seq = int(info.state.last_seq or 0)
         except NotFoundError:  # no such stream: records are not kept at all (the router said so)
             self._unconfirmed = []
+            self._seq = self._leader = None  # a stream made again starts its sequence again
             return
         except Exception as exc:  # no leader (an election, no quorum), or NATS away: keep them
             self._away(bus.describe(exc))
             self._leader = None
             await asyncio.sleep(0.25)
             return
+        if self._seq is not None and seq < self._seq:
+            self._leader = None  # the stream was made again (or purged): its sequence started over
         if self._leader is not None and leader == self._leader and self._seq is not None:
             if seq - self._seq >= len(self._unconfirmed):
                 self._unconfirmed = []  # stored by the leader that was there before they were sent
@@ -239,7 +248,7 @@ class EventPublisher:
                 now = time.monotonic()
                 self._held_since = self._held_since or now
                 if now - self._held_since >= 1.0:
-                    self._away(f"its leader {leader} stores nothing (the sequence stands at {seq})")
+                    self._away(f"its leader {leader or '(one server)'} stores nothing (the sequence stands at {seq})")
                 await asyncio.sleep(0.25)
                 return
         elif self._unconfirmed and (self._leader is not None or self._stream_away):
@@ -258,6 +267,26 @@ class EventPublisher:
             self._stream_away = False
             log.info("records_stream_available", stream=self._stored[1], leader=leader or "(one server)",
                      resent=self._resent_outage)
+
+    async def _rebase(self, nc: nats.NATS) -> None:
+        """The stream's leader and last sequence now, before records go
+        (nothing is confirmed or sent again here); no answer: the next check
+        takes what is sent for sent during an outage."""
+        assert self._stored is not None
+        self._checked = time.monotonic()
+        from nats.js.errors import NotFoundError
+
+        try:
+            info = await nc.jetstream(timeout=min(self._confirm, 0.5)).stream_info(self._stored[1])
+            leader = "" if info.cluster is None else (info.cluster.leader or None)
+            if leader is None:
+                raise RuntimeError("the stream has no leader (its servers have no quorum)")
+            self._seq, self._leader = int(info.state.last_seq or 0), leader
+        except NotFoundError:  # records are not kept (the router said so)
+            self._seq = self._leader = None
+        except Exception as exc:  # what goes now is taken for sent during an outage: once more later
+            self._seq = self._leader = None
+            self._away(bus.describe(exc))
 
     def _away(self, why: str) -> None:
         if not self._stream_away:

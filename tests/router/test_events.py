@@ -220,3 +220,98 @@ async def test_records_sent_while_the_cluster_has_no_quorum_are_stored_once_it_i
         await bus.close(router)
         await watcher.close()
 
+
+
+@pytest.mark.nats
+async def test_records_are_confirmed_again_after_their_stream_is_made_again(nats_server) -> None:  # type: ignore[no-untyped-def]
+    """Review: a stream deleted and made again starts its sequence over, the
+    publisher waited for it to pass the old one, never confirmed a record
+    again, and at its capacity dropped every new one (storing() False for
+    good) while the stream stored them."""
+    from kinference_common import bus
+    from kinference_router.recording import RecordSettings, ensure_stream
+
+    router = await bus.connect(nats_server.url, name="router")
+    try:
+        assert await ensure_stream(router, RecordSettings(), attempts=5, wait=0.2)
+        js = router.jetstream()
+        dropped = Counter("dropped", "d", registry=CollectorRegistry())
+        pub = EventPublisher(router, dropped, capacity=200, stored=("kinference.record.", "KINFERENCE_RECORDS"))
+        pub.start()
+        for i in range(100):
+            pub.publish("kinference.record.d.x", f"first {i}".encode())
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.5)
+        await js.delete_stream("KINFERENCE_RECORDS")
+        assert await ensure_stream(router, RecordSettings(), attempts=5, wait=0.2)
+        for i in range(300):
+            pub.publish("kinference.record.d.x", f"second {i}".encode())
+            await asyncio.sleep(0.005)
+        for _ in range(100):
+            if not pub._unconfirmed and not pub._pending and pub.storing():
+                break
+            await asyncio.sleep(0.1)
+        await pub.stop()
+        assert pub.storing() and not pub._unconfirmed and dropped._value.get() == 0
+        got = set()
+        sub = await js.subscribe("kinference.record.>", stream="KINFERENCE_RECORDS", ordered_consumer=True)
+        for _ in range((await js.stream_info("KINFERENCE_RECORDS")).state.messages):
+            got.add((await sub.next_msg(timeout=5)).data)
+        await sub.unsubscribe()
+        assert {f"second {i}".encode() for i in range(300)} <= got
+    finally:
+        await bus.close(router)
+
+
+class _Info:
+    def __init__(self, leader: str, seq: int) -> None:
+        self.cluster = type("C", (), {"leader": leader})()
+        self.state = type("S", (), {"last_seq": seq})()
+
+
+class _ScriptedStream:
+    """A records stream whose answers a test sets: its leader and last sequence."""
+
+    def __init__(self) -> None:
+        self.leader, self.seq = "nats-0", 10
+
+    def jetstream(self, timeout: float = 1.0):  # type: ignore[no-untyped-def]
+        stream = self
+
+        class JS:
+            async def stream_info(self, name):  # type: ignore[no-untyped-def]
+                return _Info(stream.leader, stream.seq)
+        return JS()
+
+
+async def test_an_idle_router_reads_the_stream_again_before_its_records_go() -> None:
+    """Review: the sequence counts every router's records. A router idle for
+    a while kept a base read long before; other routers' records moved the
+    sequence on, and records it then sent to a leader without its quorum
+    (which stores nothing) were taken for stored. The base is read again
+    before records go after a pause."""
+    nc = FakeNats()
+    script = _ScriptedStream()
+    nc.jetstream = script.jetstream  # type: ignore[attr-defined]
+    dropped = Counter("dropped", "d", registry=CollectorRegistry())
+    pub = EventPublisher(nc, dropped, linger=0, stored=("kinference.record.", "KINFERENCE_RECORDS"))  # type: ignore[arg-type]
+    pub.start()
+    try:
+        pub.publish("kinference.record.x", b"a")
+        for _ in range(50):
+            await asyncio.sleep(0.02)
+            script.seq = 11  # stored
+            if not pub._unconfirmed:
+                break
+        assert not pub._unconfirmed
+        await asyncio.sleep(0.5)  # idle; meanwhile other routers' records
+        script.seq = 60
+        await asyncio.sleep(0.1)
+        # the leader loses its quorum: it still names itself, and stores nothing from now on
+        for i in range(5):
+            pub.publish("kinference.record.x", f"lost {i}".encode())
+        await asyncio.sleep(1.5)
+        assert len(pub._unconfirmed) == 5, "taken for stored on other routers' records"
+        assert not pub.storing()  # said after a second of a leader that stores nothing
+    finally:
+        await pub.stop()
