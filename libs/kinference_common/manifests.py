@@ -263,6 +263,10 @@ def _rephrase(message: str, struct_type: type, path: str) -> str:
         message = f"expected {_type_words(m.group(1))}, got {_type_words(m.group(2))}"
         if m.group(1) in ("str", "str | null") and _DURATION_FIELD.search(path):
             message += ": a duration is written with its unit, such as '800ms', '2s' or '1m30s'"
+    m = re.match(r"Expected `(int|float)` (>=|<=|>|<) (-?[0-9.]+)$", message)
+    if m:
+        words = {">=": "at least", "<=": "at most", ">": "more than", "<": "less than"}[m.group(2)]
+        message = f"must be {words} {m.group(3)}"
     m = re.match(r"Expected `(array|object|str)` of length (>=|<=) (\d+)$", message)
     if m:
         what = {"array": "item", "object": "entry", "str": "character"}[m.group(1)]
@@ -332,7 +336,7 @@ def _type_errors(doc: Any, struct_type: type, ref: DocumentRef, exc: msgspec.Val
         m = _AT.match(str(exc))
         assert m is not None
         path = _path_of(m.group("path"))
-        if path in seen or any(f"{path}.{missing}" in seen for missing in
+        if path in seen or any((f"{path}.{missing}" if path else missing) in seen for missing in
                                re.findall(r"^Object missing required field `([^`]*)`", m.group("msg"))):
             break  # the field taken out was required: what it says next is of our making
         seen.add(path)
@@ -341,9 +345,9 @@ def _type_errors(doc: Any, struct_type: type, ref: DocumentRef, exc: msgspec.Val
             break
         expected = re.match(r"Expected `([a-z]+)`, got", m.group("msg"))
         stand_in = _STAND_IN.get(expected.group(1), _GONE) if expected else _GONE
-        if m.group("msg").startswith("Invalid enum value"):
-            allowed = _allowed_values(struct_type, path)
-            stand_in = allowed[0] if allowed else _GONE  # a required enum goes on past a wrong case
+        allowed = _allowed_values(struct_type, path) if expected or m.group("msg").startswith("Invalid enum") else []
+        if allowed:  # a field of a few values (engine, onEmpty, type): one of them, not "x"
+            stand_in = allowed[0]
         smaller = _without(doc, path, stand_in)
         if smaller is None:
             break

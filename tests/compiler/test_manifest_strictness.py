@@ -405,3 +405,21 @@ def test_an_empty_list_in_a_request_condition_is_an_error(field: str) -> None:
         (f"spec.rules[0].matches[0].{field}", "an empty list holds for no request")]
     ok = compile_text(FLEET, policy_yaml("p", _rule(f"matches: [{{{field}: [x]}}]\nroute: {{select: [{{type: Local}}]}}")))
     assert not [e for e in ok.errors if e.path.endswith(field)]
+
+
+def test_the_search_for_type_errors_makes_none_up_and_goes_past_enum_fields() -> None:
+    """Review: a bad value at the top (metadata as a list) was also reported
+    as a missing `metadata`; a wrong type in a field of a few values
+    (`engine: 1`) was stood in for by "x", which failed there again and ended
+    the search (`port: "8000"` after it went unreported); bounds read as
+    msgspec's `Expected int >= 1`."""
+    root = "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePool\nmetadata: [default, x]\nspec: {}\n"
+    assert _errors(root) == [("metadata", "expected a mapping, got a list")]
+    ws = FLEET.split("---")[0].replace("selector: {matchLabels: {app: gemma}}",
+                                       'selector: {matchLabels: {app: gemma}}\n  engine: 1\n  port: "8000"')
+    assert _errors(ws) == [("spec.engine", "expected a string, got an integer"),
+                           ("spec.port", "expected an integer, got a string")]
+    bound = ("apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferenceProvider\nmetadata: {name: p}\nspec:\n"
+             "  url: http://x/v1\n  auth: {secretRef: {name: a, key: b}}\n  models: [{name: m}]\n"
+             "  limits: {requestsPerMinute: 0}\n")
+    assert _errors(bound) == [("spec.limits.requestsPerMinute", "must be at least 1")]
