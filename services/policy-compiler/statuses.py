@@ -89,7 +89,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 
 
 #: added to the first condition's message (the MESSAGE printer column) while a manifest is refused
-REFUSED_NOTE = "; WARNING: the current manifest is refused (ManifestValid=False), the last good version stays in force"
+REFUSED_NOTE = "; WARNING: a manifest of it is refused (ManifestValid=False says which and why)"
 
 
 def with_refused_condition(conditions: list[dict[str, Any]], refused: dict[str, Any]) -> list[dict[str, Any]]:
@@ -115,9 +115,15 @@ def _broken_objects(errors: list[ManifestError], documents: Iterable[Any]) -> di
             continue
         errs = by_source[doc.source]
         message = "; ".join(str(e) for e in errs[:3]) + (f" (and {len(errs) - 3} more)" if len(errs) > 3 else "")
-        out[(doc.kind, doc.namespace or "default", doc.name)] = {
+        twice = all("is defined twice" in e.message for e in errs)
+        key = (doc.kind, doc.namespace or "default", doc.name)
+        if twice and key in out:
+            continue  # the definition in force's own file is broken too: that says more
+        out[key] = {
             "type": "ManifestValid", "status": "False", "reason": "InvalidManifest",
-            "message": f"the file's current version is broken, its last good version stays in force: {message}"}
+            "message": (f"another file defines it too, and that definition is refused (this one stays in "
+                        f"force): {message}" if twice else
+                        f"the file's current version is broken, its last good version stays in force: {message}")}
     return out
 
 

@@ -302,4 +302,4 @@ async def test_a_refused_generation_says_so_in_the_status(kube_api, kube_compile
     c = refused()
     assert c["status"] == "False" and c["reason"] == "InvalidManifest" and c["observedGeneration"] == 2
     assert "generation 2 refused" in c["message"] and policy()["ruleCount"] == 1  # the last good one
-    assert "WARNING: the current manifest is refused" in policy()["conditions"][0]["message"]  # MESSAGE column
+    assert "WARNING: a manifest of it is refused" in policy()["conditions"][0]["message"]  # MESSAGE column

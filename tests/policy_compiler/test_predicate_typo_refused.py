@@ -54,7 +54,7 @@ def test_a_predicate_typo_keeps_the_last_good_policy(tmp_path: Path) -> None:
     assert "queuedPrompt" in c["ManifestValid"]["message"]
     # the first condition (kubectl get's MESSAGE column) says it too (user trial: it read "in force on ...")
     first = yaml.safe_load(status_file.read_text())["status"]["conditions"][0]
-    assert first["type"] == "Accepted" and "WARNING: the current manifest is refused" in first["message"]
+    assert first["type"] == "Accepted" and "WARNING: a manifest of it is refused" in first["message"]
     policy_file.write_text(policy_file.read_text().replace("queuedPrompt:", "queuedPrompts:"))
     _pass(source, statuses)
     assert set(conditions()) == {"Accepted"} and "refused" not in conditions()["Accepted"]["message"]
@@ -70,3 +70,27 @@ def test_an_object_from_the_api_server_is_refused_the_same_way() -> None:
     decoded = KubernetesSource._decode(kinds.INFERENCE_POLICY, "default", "burst-unless-pii", "1", doc)
     [err] = decoded.errors
     assert err.path == "spec.rules[0].route.exclude[0].drop.queuedPrompt"
+
+
+def test_a_second_definition_refused_is_not_called_a_broken_file(tmp_path: Path) -> None:
+    """Review: the policy in force, whose own file is fine, was told "the
+    file's current version is broken, its last good version stays in force"
+    when another file defined it too."""
+    manifests = tmp_path / "manifests"
+    shutil.copytree(REPO / "deploy" / "examples", manifests)
+    source, statuses = DirectorySource(manifests), StatusDirectory(tmp_path / "status")
+    _pass(source, statuses)
+    (manifests / "05-other.yaml").write_text(
+        "apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\n"
+        "metadata: {name: burst-unless-pii, namespace: default}\n"
+        "spec: {rules: [{name: all-out, route: {select: [{type: Provider}]}}]}\n")
+    res = _pass(source, statuses)
+    assert [r.name for r in res.pools[("default", "inference-all")].policy.rules] == [
+        "local-first-then-provider-unless-pii"]
+    status = yaml.safe_load((tmp_path / "status" / "InferencePolicy" / "default" / "burst-unless-pii.yaml")
+                            .read_text())["status"]
+    c = {x["type"]: x for x in status["conditions"]}
+    assert c["ManifestValid"]["message"].startswith("another file defines it too, and that definition is refused")
+    assert "05-other.yaml" in c["ManifestValid"]["message"] and "broken" not in c["ManifestValid"]["message"]
+    assert status["conditions"][0]["message"].endswith("WARNING: a manifest of it is refused (ManifestValid=False "
+                                                       "says which and why)")
