@@ -305,7 +305,8 @@ def test_a_destination_selector_with_no_label_takes_nothing() -> None:
     assert (u.kind, u.reason, u.selector) == ("InferenceProvider", "Incomplete", {})
     assert "names no label" in u.message and "every InferenceProvider in default" in u.message
     [w] = [w for w in res.document_warnings if w.code == "UnknownField"]
-    assert w.message.endswith("did you mean `matchLabels`?")
+    assert w.message == ("'matchLabel' is not a field of `spec.destinations[1].selector` of InferencePool; "
+                         "the API server drops it; did you mean `matchLabels`?")
     empty = compile_text(FLEET, pool("    - {kind: InferenceWorkerSet, selector: {matchLabels: {}}}\n"))
     assert empty.pool_status[("default", "pool")].destination_count == 0
 

@@ -107,7 +107,7 @@ def test_a_document_warning_names_its_file_like_an_error(good: Path) -> None:
     p = kinfctl("lint", str(good))
     assert p.returncode == 0, p.stdout
     assert f"warning UnknownField: {good / 'fleet.yaml'}#1 (InferenceWorkerSet default/gemma-4-12b) at spec.prot: " \
-           "'prot' is not a field of InferenceWorkerSet; the API server drops it; did you mean `port`?" in p.stdout
+           "'prot' is not a field of `spec` of InferenceWorkerSet; the API server drops it; did you mean `port`?" in p.stdout
 
 
 def test_stdin_and_missing_files() -> None:

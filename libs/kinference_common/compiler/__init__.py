@@ -460,9 +460,11 @@ def _document_unknown_fields(res: CompileResult) -> None:
             continue
         for lo in table.values():
             for path, hint in unknown_field_hints(lo.raw, type(lo.obj)):
+                parent, _, name = path.rpartition(".")
+                where = f"`{parent}` of {lo.obj.kind}" if parent else lo.obj.kind
                 res.document_warnings.append(_doc_warning(
                     lo, "UnknownField", path,
-                    f"{path.rsplit('.', 1)[-1]!r} is not a field of {lo.obj.kind}; the API server drops it{hint}",
+                    f"{name!r} is not a field of {where}; the API server drops it{hint}",
                 ))
 
 
