@@ -223,12 +223,7 @@ class EventPublisher:
 
         self._checked = time.monotonic()
         try:
-            info = await nc.jetstream(timeout=min(self._confirm, 0.5)).stream_info(self._stored[1])
-            # one server alone answers for a stream it cannot store into: leader empty
-            leader = "" if info.cluster is None else (info.cluster.leader or None)
-            if leader is None:
-                raise RuntimeError("the stream has no leader (its servers have no quorum)")
-            seq = int(info.state.last_seq or 0)
+            leader, seq = await self._ask_stream(nc)
         except NotFoundError:  # no such stream: records are not kept at all (the router said so)
             self._unconfirmed = []
             self._seq = self._leader = None  # a stream made again starts its sequence again
@@ -268,20 +263,27 @@ class EventPublisher:
             log.info("records_stream_available", stream=self._stored[1], leader=leader or "(one server)",
                      resent=self._resent_outage)
 
+    async def _ask_stream(self, nc: nats.NATS) -> tuple[str, int]:
+        """The records stream's leader ("" for a single server) and last
+        sequence; NotFoundError when there is no such stream, an error when it
+        has no leader (a server left alone answers for a stream it cannot
+        store into, with the leader empty) or does not answer."""
+        assert self._stored is not None
+        info = await nc.jetstream(timeout=min(self._confirm, 0.5)).stream_info(self._stored[1])
+        leader = "" if info.cluster is None else (info.cluster.leader or None)
+        if leader is None:
+            raise RuntimeError("the stream has no leader (its servers have no quorum)")
+        return leader, int(info.state.last_seq or 0)
+
     async def _rebase(self, nc: nats.NATS) -> None:
         """The stream's leader and last sequence now, before records go
         (nothing is confirmed or sent again here); no answer: the next check
         takes what is sent for sent during an outage."""
-        assert self._stored is not None
-        self._checked = time.monotonic()
         from nats.js.errors import NotFoundError
 
+        self._checked = time.monotonic()
         try:
-            info = await nc.jetstream(timeout=min(self._confirm, 0.5)).stream_info(self._stored[1])
-            leader = "" if info.cluster is None else (info.cluster.leader or None)
-            if leader is None:
-                raise RuntimeError("the stream has no leader (its servers have no quorum)")
-            self._seq, self._leader = int(info.state.last_seq or 0), leader
+            self._leader, self._seq = await self._ask_stream(nc)
         except NotFoundError:  # records are not kept (the router said so)
             self._seq = self._leader = None
         except Exception as exc:  # what goes now is taken for sent during an outage: once more later
