@@ -76,12 +76,12 @@ class EventPublisher:
         self._stream_away = False
         #: the leader the last answer of the stream named ("": a single server; None: no answer yet)
         self._leader: str | None = None
-        #: the stream's last sequence before the records now unconfirmed were sent
-        self._seq: int | None = None
-        #: since when the same leader has not stored them (it lost its quorum)
-        self._held_since: float | None = None
         #: of the records sent again, those of the current (or last) outage
         self._resent_outage = 0
+        #: the stream's last sequence at the last answer, and since when it has stood still
+        #: while records waited (a leader that stores nothing)
+        self._seq: int | None = None
+        self._frozen_since: float | None = None
         self._linger = linger
         self._pending: deque[tuple[str, bytes]] = deque()
         self._capacity = capacity
@@ -109,6 +109,9 @@ class EventPublisher:
         if self._pending:
             self._dropped.inc(len(self._pending))
             self._pending.clear()
+        if self._unconfirmed and self._stream_away:  # held for a stream that stores nothing: lost, counted
+            self._dropped.inc(len(self._unconfirmed))
+            self._unconfirmed = []
 
     def publish(self, subject: str, data: bytes) -> None:
         if len(self._pending) + len(self._unconfirmed) >= self._capacity:
@@ -130,7 +133,7 @@ class EventPublisher:
                     if self._pending:
                         await self._drain()
                     continue
-            else:
+            elif not self._pending:  # (a check at the end of a drain may have queued records again)
                 await self._wake.wait()
             if self._linger:
                 # let a few more requests' messages join this batch: one
@@ -155,12 +158,6 @@ class EventPublisher:
             batch = [pending.popleft() for _ in range(min(len(pending), 1000))]
             sent = 0
             prefix = self._stored[0] if self._stored is not None else None
-            if prefix is not None and not self._unconfirmed and not self._stream_away \
-                    and (self._seq is None or time.monotonic() - self._checked >= 4 * self._confirm_every) \
-                    and any(subject.startswith(prefix) for subject, _ in batch):
-                # the stream's sequence also counts other routers' records: a base read long ago
-                # would take theirs for these (a review); read it again before sending
-                await self._rebase(nc)
             connection = nc.stats["reconnects"]
             try:
                 for item in batch:
@@ -209,15 +206,17 @@ class EventPublisher:
 
     async def _confirm_stored(self, nc: nats.NATS) -> None:
         """Ask the records' stream for its leader and last sequence. The
-        records sent since the last answer are stored when this answer names
-        the leader the last one named and the stream's last sequence has
-        moved on by at least their number since (a leader that lost its
-        quorum still names itself for a while, and stores nothing: the
-        sequence stands still). Until then they are kept: while the stream
-        names no leader (one server left answers with none), does not answer,
-        or its leader stores nothing, the publisher waits and says so once;
-        once it has a leader again, or another leader than the last, they go
-        again, once."""
+        records sent since the last answer are taken for stored when this
+        answer names the leader the last one named and the sequence has moved
+        on (the stream stores: a leader left without its quorum still names
+        itself for a while, and its sequence stands still). While it names no
+        leader (a server left alone answers so), does not answer, or stores
+        nothing, they are kept and the publisher says so once; once a leader
+        answers again, or another leader than the last (an election in
+        between), or a sequence that started over (the stream made again),
+        they are sent again, once. A stream that is not there, or NATS
+        without JetStream, keeps nothing: the router said so when it could
+        not make the stream."""
         assert self._stored is not None
         from nats.js.errors import NotFoundError
 
@@ -226,7 +225,7 @@ class EventPublisher:
             leader, seq = await self._ask_stream(nc)
         except NotFoundError:  # no such stream: records are not kept at all (the router said so)
             self._unconfirmed = []
-            self._seq = self._leader = None  # a stream made again starts its sequence again
+            self._leader = self._seq = None
             return
         except Exception as exc:  # no leader (an election, no quorum), or NATS away: keep them
             self._away(bus.describe(exc))
@@ -235,17 +234,18 @@ class EventPublisher:
             return
         if self._seq is not None and seq < self._seq:
             self._leader = None  # the stream was made again (or purged): its sequence started over
-        if self._leader is not None and leader == self._leader and self._seq is not None:
-            if seq - self._seq >= len(self._unconfirmed):
-                self._unconfirmed = []  # stored by the leader that was there before they were sent
-                self._seq, self._held_since = seq, None
-            else:  # not stored yet: the same leader, without its quorum (or slow); wait for it
+        if self._leader is not None and leader == self._leader:
+            if self._unconfirmed and seq == self._seq:
+                # the same leader stores nothing (one left without its quorum still names itself
+                # for a while): keep them; they are stored when the sequence moves on, or go again
+                # when another leader answers
                 now = time.monotonic()
-                self._held_since = self._held_since or now
-                if now - self._held_since >= 1.0:
-                    self._away(f"its leader {leader or '(one server)'} stores nothing (the sequence stands at {seq})")
-                await asyncio.sleep(0.25)
+                self._frozen_since = self._frozen_since or now
+                if now - self._frozen_since >= 1.0:
+                    self._away(f"its leader {leader or '(one server)'} stores nothing (the sequence "
+                               f"stands at {seq})")
                 return
+            self._unconfirmed = []  # the same leader before and after they were sent, storing: stored
         elif self._unconfirmed and (self._leader is not None or self._stream_away):
             # an election since the last answer, or the first answer after an outage: what was sent
             # meanwhile may be lost; once more (the same leader answers the next check)
@@ -253,11 +253,9 @@ class EventPublisher:
             self._resent_outage += len(self._unconfirmed)
             self._pending.extendleft(reversed(self._unconfirmed))
             self._unconfirmed = []
-            self._seq, self._held_since = seq, None
         else:
             self._unconfirmed = []  # the first answer since start: nothing was seen to fail
-            self._seq, self._held_since = seq, None
-        self._leader = leader
+        self._leader, self._seq, self._frozen_since = leader, seq, None
         if self._stream_away:
             self._stream_away = False
             log.info("records_stream_available", stream=self._stored[1], leader=leader or "(one server)",
@@ -265,30 +263,25 @@ class EventPublisher:
 
     async def _ask_stream(self, nc: nats.NATS) -> tuple[str, int]:
         """The records stream's leader ("" for a single server) and last
-        sequence; NotFoundError when there is no such stream, an error when it
-        has no leader (a server left alone answers for a stream it cannot
-        store into, with the leader empty) or does not answer."""
+        sequence; NotFoundError
+        when there is no such stream or NATS has no JetStream (the router
+        routes on, unrecorded, and said so); an error when it has no leader
+        (a server left alone answers for a stream it cannot store into, with
+        the leader empty) or does not answer."""
+        from nats.js.errors import NotFoundError, ServiceUnavailableError
+
         assert self._stored is not None
-        info = await nc.jetstream(timeout=min(self._confirm, 0.5)).stream_info(self._stored[1])
+        try:
+            info = await nc.jetstream(timeout=min(self._confirm, 0.5)).stream_info(self._stored[1])
+        except ServiceUnavailableError as exc:
+            if getattr(exc, "err_code", None) is None and getattr(exc, "description", None) is None:
+                # no responders: no JetStream at all (a cluster without quorum answers with a code)
+                raise NotFoundError() from exc
+            raise
         leader = "" if info.cluster is None else (info.cluster.leader or None)
         if leader is None:
             raise RuntimeError("the stream has no leader (its servers have no quorum)")
         return leader, int(info.state.last_seq or 0)
-
-    async def _rebase(self, nc: nats.NATS) -> None:
-        """The stream's leader and last sequence now, before records go
-        (nothing is confirmed or sent again here); no answer: the next check
-        takes what is sent for sent during an outage."""
-        from nats.js.errors import NotFoundError
-
-        self._checked = time.monotonic()
-        try:
-            self._leader, self._seq = await self._ask_stream(nc)
-        except NotFoundError:  # records are not kept (the router said so)
-            self._seq = self._leader = None
-        except Exception as exc:  # what goes now is taken for sent during an outage: once more later
-            self._seq = self._leader = None
-            self._away(bus.describe(exc))
 
     def _away(self, why: str) -> None:
         if not self._stream_away:

@@ -263,33 +263,31 @@ async def test_records_are_confirmed_again_after_their_stream_is_made_again(nats
         await bus.close(router)
 
 
-class _Info:
-    def __init__(self, leader: str, seq: int) -> None:
-        self.cluster = type("C", (), {"leader": leader})()
-        self.state = type("S", (), {"last_seq": seq})()
-
-
 class _ScriptedStream:
-    """A records stream whose answers a test sets: its leader and last sequence."""
+    """A records stream whose answers a test sets: its leader, or an error to raise."""
 
     def __init__(self) -> None:
-        self.leader, self.seq = "nats-0", 10
+        self.leader: str | None = "nats-0"
+        self.error: Exception | None = None
 
     def jetstream(self, timeout: float = 1.0):  # type: ignore[no-untyped-def]
         stream = self
 
         class JS:
             async def stream_info(self, name):  # type: ignore[no-untyped-def]
-                return _Info(stream.leader, stream.seq)
+                if stream.error is not None:
+                    raise stream.error
+                return type("I", (), {"cluster": type("C", (), {"leader": stream.leader})(),
+                                      "state": type("S", (), {"last_seq": 0})()})()
         return JS()
 
 
-async def test_an_idle_router_reads_the_stream_again_before_its_records_go() -> None:
-    """Review: the sequence counts every router's records. A router idle for
-    a while kept a base read long before; other routers' records moved the
-    sequence on, and records it then sent to a leader without its quorum
-    (which stores nothing) were taken for stored. The base is read again
-    before records go after a pause."""
+async def test_records_sent_again_at_the_end_of_a_drain_do_not_stop_the_publisher() -> None:
+    """Review: records put back on the queue by the check at the end of a
+    drain (a new leader, or the end of an outage) left the publisher waiting
+    for a wake-up that never came (publish() wakes it only when the queue
+    goes from empty to one): every later record and event piled up and was
+    dropped."""
     nc = FakeNats()
     script = _ScriptedStream()
     nc.jetstream = script.jetstream  # type: ignore[attr-defined]
@@ -297,21 +295,45 @@ async def test_an_idle_router_reads_the_stream_again_before_its_records_go() -> 
     pub = EventPublisher(nc, dropped, linger=0, stored=("kinference.record.", "KINFERENCE_RECORDS"))  # type: ignore[arg-type]
     pub.start()
     try:
-        pub.publish("kinference.record.x", b"a")
-        for _ in range(50):
+        pub.publish("kinference.record.x", b"r0")
+        await asyncio.sleep(0.2)  # confirmed under nats-0
+        script.leader = None  # an outage: held
+        pub.publish("kinference.record.x", b"r1")
+        await asyncio.sleep(0.4)
+        assert pub._stream_away and pub._unconfirmed
+        script.leader = "nats-1"  # back, another leader: r1 goes again, once
+        for i in range(30):
+            pub.publish("kinference.decisions.x", f"e{i}".encode())
             await asyncio.sleep(0.02)
-            script.seq = 11  # stored
-            if not pub._unconfirmed:
-                break
-        assert not pub._unconfirmed
-        await asyncio.sleep(0.5)  # idle; meanwhile other routers' records
-        script.seq = 60
-        await asyncio.sleep(0.1)
-        # the leader loses its quorum: it still names itself, and stores nothing from now on
-        for i in range(5):
-            pub.publish("kinference.record.x", f"lost {i}".encode())
-        await asyncio.sleep(1.5)
-        assert len(pub._unconfirmed) == 5, "taken for stored on other routers' records"
-        assert not pub.storing()  # said after a second of a leader that stores nothing
+        await asyncio.sleep(0.5)
+        sent = [d for _, d in nc.sent]
+        assert all(f"e{i}".encode() in sent for i in range(30)), sent[-5:]
+        assert sent.count(b"r1") == 2 and not pub._pending and dropped._value.get() == 0
+    finally:
+        await pub.stop()
+
+
+async def test_nats_without_jetstream_keeps_no_records_and_holds_none() -> None:
+    """Review: with recording on and NATS without JetStream (the router
+    routes on, unrecorded, and says so), records were held for a stream that
+    cannot exist until the queue filled, and then decision events were
+    dropped too."""
+    from nats.js.errors import ServiceUnavailableError
+
+    nc = FakeNats()
+    script = _ScriptedStream()
+    script.error = ServiceUnavailableError()  # what nats-py raises when no JetStream answers
+    nc.jetstream = script.jetstream  # type: ignore[attr-defined]
+    dropped = Counter("dropped", "d", registry=CollectorRegistry())
+    pub = EventPublisher(nc, dropped, linger=0, capacity=50,  # type: ignore[arg-type]
+                         stored=("kinference.record.", "KINFERENCE_RECORDS"))
+    pub.start()
+    try:
+        for i in range(120):
+            pub.publish("kinference.record.x", f"r{i}".encode())
+            pub.publish("kinference.decisions.x", f"e{i}".encode())
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.3)
+        assert dropped._value.get() == 0 and not pub._unconfirmed and pub.storing()
     finally:
         await pub.stop()
