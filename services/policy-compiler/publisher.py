@@ -161,7 +161,11 @@ class ConfigPublisher:
             if self._published.get(key) == pool.revision:
                 continue
             # on its subject already (_announce); a failed write fails the pass, tried again
-            await self._kv.put(subjects.config_key(*key), encode_pool(pool))
+            data = encode_pool(pool)
+            await self._kv.put(subjects.config_key(*key), data)
+            # and again once written: a router that read the bucket in between (a reconnect, a
+            # start) took the older pool there, and would keep it until its next resync (a review)
+            await self._nc.publish(subjects.config_subject(*key), data)
             self._published[key] = pool.revision
             published += 1
         if last_good is not None:

@@ -177,8 +177,11 @@ class DirectorySource:
         """Files in force earlier first, and of an object defined more than
         once the definition in force first: the compiler keeps the first, so
         it keeps the one in force and refuses a newcomer, also when the file
-        in force was renamed (its definition, unchanged, stays first) or
-        edited (its file came first). The first is then the one in force."""
+        in force was edited (its file stays first) or renamed (its
+        definition, unchanged, is found in the new file). The first is then
+        the one in force. Not kept: a rename and an edit of the file in
+        force seen in one poll, and, after a restart, a rename made while
+        the duplicate was there (the order stored is the files')."""
         out: list[Loaded] = []
         for _path, f in self._in_force_order():
             if f.good:
@@ -195,10 +198,11 @@ class DirectorySource:
         for key, places in by_key.items():
             if len(places) > 1 and key in self._in_force:
                 held, where = self._in_force[key]
-                # the same definition (wherever it moved), else the file it was in (edited)
-                first = next((i for i in places if digests[i] == held), None)
+                # the file it was in (edited or not), else the same definition moved (a rename; a
+                # copy of it next to the file in force is not taken for it: a review)
+                first = next((i for i in places if out[i].document.source == where), None)
                 if first is None:
-                    first = next((i for i in places if out[i].document.source == where), places[0])
+                    first = next((i for i in places if digests[i] == held), places[0])
                 if first != places[0]:  # put the definition in force in the first place
                     out[places[0]], out[first] = out[first], out[places[0]]
                     digests[places[0]], digests[first] = digests[first], digests[places[0]]

@@ -304,6 +304,9 @@ async def test_an_edit_reaches_routers_while_the_cluster_has_no_quorum(nats_clus
         nats_cluster.restart(2)
         await asyncio.to_thread(nats_cluster.wait_healthy, 60)
         await eventually(lambda: _rules_are(watcher, ["renamed-again"]), timeout=30)
+        # and on the subject again once written: a router that read the bucket while it still held
+        # the old pool (a reconnect in between) ends on the new one (second review)
+        await eventually(lambda: _twice(seen, ["renamed-again"]), timeout=10)
     finally:
         await svc.stop()
         await watcher.close()
@@ -361,3 +364,30 @@ def test_renaming_the_file_in_force_keeps_its_policy_before_a_refused_duplicate(
     p.write_text(p.read_text().replace("local-first-then-provider-unless-pii", "edited"))
     src.poll()
     assert _winner(src) == ["edited"]
+
+
+def test_a_copy_of_the_file_in_force_does_not_take_over_when_the_original_is_edited(tmp_path: Path) -> None:
+    """Second review: `cp 10-burst-policy.yaml 50-copy.yaml` (refused), then an
+    edit of the original: the copy matched the definition in force by its
+    text and took over, and its later edits went into force."""
+    from kinference_policy_compiler.source import DirectorySource
+
+    d = tmp_path / "m"
+    shutil.copytree(EXAMPLES, d)
+    src = DirectorySource(d)
+    src.poll()
+    original = d / "10-burst-policy.yaml"
+    (d / "50-copy.yaml").write_text(original.read_text())
+    src.poll()
+    assert _winner(src) == ["local-first-then-provider-unless-pii"]
+    original.write_text(original.read_text().replace("local-first-then-provider-unless-pii", "edited"))
+    src.poll()
+    assert _winner(src) == ["edited"]
+    copy = d / "50-copy.yaml"
+    copy.write_text(copy.read_text().replace("local-first-then-provider-unless-pii", "copy-edited"))
+    src.poll()
+    assert _winner(src) == ["edited"]
+
+
+async def _twice(seen: list[list[str]], rules: list[str]) -> bool:
+    return seen.count(rules) >= 2

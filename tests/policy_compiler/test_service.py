@@ -68,7 +68,8 @@ async def test_publishes_compiled_pools_and_follows_changes(nats_server: NatsSer
     try:
         pool = await kv_pool(nc)
         assert pool.policy.name == "burst-unless-pii"
-        assert decode_pool(await asyncio.wait_for(updates.get(), 10)) == pool  # the first publish
+        first = await asyncio.wait_for(updates.get(), 10)
+        assert decode_pool(first) == pool  # the first publish (announced, and again once written)
         assert [d.name for d in pool.destinations] == ["databricks", "qwen-2-5-32b", "qwen-2-5-32b-spot"]
         # statuses readable by the operator
         st = yaml.safe_load((status_dir / "InferencePolicy" / "default" / "burst-unless-pii.yaml").read_text())
@@ -79,11 +80,14 @@ async def test_publishes_compiled_pools_and_follows_changes(nats_server: NatsSer
         # a change: the exclusion threshold moves; routers hear it on the subject
         policy = manifests / "10-burst-policy.yaml"
         policy.write_text(policy.read_text().replace("greaterThan: 4", "greaterThan: 8"))
-        data = await asyncio.wait_for(updates.get(), 10)
+        data = await _next_change(updates, first)
         changed = decode_pool(data)
         assert changed.policy.rules[0].exclude[0].drop.signals[0].range.greater_than == 8
         assert (await kv_pool(nc)).revision == changed.revision
 
+        await asyncio.sleep(0.3)
+        while not updates.empty():  # the same pool once written: nothing else
+            assert updates.get_nowait() == data
         # a broken file: reported, skipped, last good version stays in force
         policy.write_text("apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\n"
                           "metadata: {name: burst-unless-pii}\nspec:\n  rules: [{name: x, route: {}}]\n")
@@ -94,7 +98,7 @@ async def test_publishes_compiled_pools_and_follows_changes(nats_server: NatsSer
 
         # the pool is removed: deleted from KV, announced with an empty body
         (manifests / "20-pool.yaml").unlink()
-        assert await asyncio.wait_for(updates.get(), 10) == b""
+        assert await _next_change(updates, data) == b""
         kv = await nc.jetstream().key_value(subjects.CONFIG_BUCKET)
         with pytest.raises(nats.js.errors.KeyNotFoundError):
             await kv.get("default.inference-all")
@@ -211,3 +215,12 @@ async def test_every_resync_announces_the_pools_again(nats_server: NatsServer, m
     finally:
         await svc.stop()
         await nc.close()
+
+
+async def _next_change(updates: asyncio.Queue[bytes], last: bytes) -> bytes:
+    """The next message on the pool's subject that is not ``last`` again (a
+    pool goes out when announced and again once written to the bucket)."""
+    while True:
+        data = await asyncio.wait_for(updates.get(), 10)
+        if data != last:
+            return data
