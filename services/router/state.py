@@ -219,7 +219,12 @@ class SnapshotKeeper:
             entry = await kv.get(subjects.config_key(self.namespace, self.pool_name))
             if entry.value:
                 self._apply_config(entry.value)
-        except (BucketNotFoundError, KeyNotFoundError):
+        except KeyNotFoundError:
+            if self.pool is not None:  # deleted while this router did not hear it (a reconnect)
+                self._apply_config(b"")
+            else:
+                log.info("no configuration yet", pool=f"{self.namespace}/{self.pool_name}")
+        except BucketNotFoundError:  # NATS lost its storage: the compiler writes it again; keep what we have
             log.info("no configuration yet", pool=f"{self.namespace}/{self.pool_name}")
         except Exception as exc:  # NATS went away mid-resync: resync_soon tries again
             failed = f"configuration: {bus.describe(exc)}"
@@ -243,7 +248,10 @@ class SnapshotKeeper:
             entry = await kv.get(subjects.config_key(self.namespace, self.pool_name))
             if entry.value:
                 self._apply_config(entry.value)
-        except (BucketNotFoundError, KeyNotFoundError):
+        except KeyNotFoundError:
+            if self.pool is not None:  # the pool was deleted and its empty announcement missed (a review)
+                self._apply_config(b"")
+        except BucketNotFoundError:
             pass
         except Exception as exc:  # NATS away or JetStream not ready: the next period retries
             log.debug("configuration resync failed", error=str(exc))

@@ -108,3 +108,39 @@ async def test_a_configuration_read_that_fails_does_not_skip_the_telemetry(nats_
         assert k.endpoints["default/ws-a/p0"].queued == 4  # read all the same
     finally:
         await nc.close()
+
+
+async def test_a_pool_deleted_while_the_router_did_not_hear_it_goes_at_its_next_read(nats_server: Any) -> None:
+    """Second review: a pool deleted while a single-pool router was away (its
+    empty announcement missed) was kept for good: a missing key was taken for
+    "no configuration yet". A router that has a pool and finds its key gone
+    drops it; a bucket that is gone (NATS lost its storage) keeps it."""
+    from pathlib import Path
+
+    from kinference_common.compiled import encode_pool
+    from kinference_common.compiler import compile_paths
+
+    examples = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+    pool = compile_paths([examples]).pools[("default", "inference-all")]
+
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket=subjects.CONFIG_BUCKET, history=1))
+        await kv.put(subjects.config_key("default", "inference-all"), encode_pool(pool))
+        k = SnapshotKeeper("default", "inference-all", InFlightLedger())
+        k._nc = nc
+        await k.resync_config()
+        assert k.pool is not None and k.pool.revision == pool.revision
+        await js.delete_key_value(subjects.CONFIG_BUCKET)  # storage lost: keep what we have
+        await k.resync_config()
+        assert k.pool is not None
+        kv = await js.create_key_value(KeyValueConfig(bucket=subjects.CONFIG_BUCKET, history=1))
+        await kv.put(subjects.config_key("default", "inference-all"), encode_pool(pool))
+        await kv.delete(subjects.config_key("default", "inference-all"))  # deleted, unheard
+        with capture_logs() as logs:
+            await k.resync_config()
+        assert k.pool is None
+        assert any(e["event"] == "pool removed from configuration" for e in logs)
+    finally:
+        await nc.close()
