@@ -230,13 +230,22 @@ def _type_words(spec: str) -> str:
     return " or ".join(_TYPE_WORDS.get(p, p) for p in parts) or "null"
 
 
+#: one step of a field path: ``name`` or ``[index]`` (``spec.rules[0].name``)
+_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _steps(path: str) -> list[tuple[str | None, int | None]]:
+    """``spec.rules[0].name`` -> ``[("spec", None), ("rules", None), (None, 0), ("name", None)]``."""
+    return [(m.group(1), None if m.group(2) is None else int(m.group(2))) for m in _STEP.finditer(path)]
+
+
 def _allowed_values(struct_type: type, path: str) -> list[str]:
     """The enum values of the field at ``path`` (e.g. ``spec.rules[0].route.onEmpty``)."""
     t: Any = _type_info(struct_type)
-    for part in re.findall(r"[^.\[\]]+|\[\d+\]", path):
+    for part, index in _steps(path):
         while isinstance(t, msgspec.inspect.UnionType):
             t = next((m for m in t.types if not isinstance(m, msgspec.inspect.NoneType)), None)
-        if part.startswith("["):
+        if index is not None:
             t = getattr(t, "item_type", None)
         elif isinstance(t, msgspec.inspect.StructType):
             t = next((f.type for f in t.fields if f.encode_name == part), None)
@@ -284,9 +293,6 @@ def _rephrase(message: str, struct_type: type, path: str) -> str:
 
 #: type errors reported per document at most (each costs a decode)
 MAX_TYPE_ERRORS = 20
-_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
-
-
 _GONE = object()
 #: a value of each simple type msgspec names, standing in for one of the wrong type
 _STAND_IN = {"str": "x", "int": 1, "float": 1.0, "bool": False}
@@ -297,29 +303,26 @@ def _without(doc: Any, path: str, value: Any = _GONE) -> Any | None:
     (``spec.rules[0].name``), or with ``value`` there; None when ``path`` is
     not one (a list item, a map key msgspec does not spell out, the document
     itself)."""
-    steps = [(m.group(1), m.group(2)) for m in _STEP.finditer(path)]
+    steps = _steps(path)
     spelled = "".join(f".{k}" if k is not None else f"[{i}]" for k, i in steps).lstrip(".")
-    if not steps or spelled != path or steps[-1][0] is None:
+    if not steps or spelled != path or steps[-1][0] is None or not isinstance(doc, dict):
         return None
-    copy = root = copy_of = dict(doc) if isinstance(doc, dict) else None
-    if copy_of is None:
-        return None
-    node: Any = doc
+    root = node = dict(doc)  # copies along the path only: the rest is shared with ``doc``
     for key, index in steps[:-1]:
-        node = node.get(key) if key is not None and isinstance(node, dict) else (
-            node[int(index)] if index is not None and isinstance(node, list) and int(index) < len(node) else None)
-        if node is None or not isinstance(node, dict | list):
+        child = node.get(key) if key is not None and isinstance(node, dict) else (
+            node[index] if isinstance(node, list) and index is not None and index < len(node) else None)
+        if not isinstance(child, dict | list):
             return None
-        node = dict(node) if isinstance(node, dict) else list(node)
-        parent_key = key if key is not None else int(index)
-        copy[parent_key] = node  # type: ignore[index]
-        copy = node
-    if not isinstance(copy, dict) or steps[-1][0] not in copy:
+        child = dict(child) if isinstance(child, dict) else list(child)
+        node[key if key is not None else index] = child  # type: ignore[index]
+        node = child
+    last = steps[-1][0]
+    if not isinstance(node, dict) or last not in node:
         return None
     if value is _GONE:
-        del copy[steps[-1][0]]
+        del node[last]
     else:
-        copy[steps[-1][0]] = value
+        node[last] = value
     return root
 
 
@@ -567,9 +570,7 @@ def policy_unknown_fields(raw: dict[str, Any]) -> list[tuple[str, str]]:
     (``exlude`` drops a rule's exclusions, a PII one included; ``matchs``
     makes a rule match every request; ``onEmtpy`` keeps the default)."""
     out: list[tuple[str, str]] = []
-    for path, valid in _unknown_fields(raw, r.InferencePolicy):
-        guess = closest(path.rsplit(".", 1)[-1], valid)
-        hint = f"; did you mean `{guess}`?" if guess else f"; its fields: {', '.join(valid)}"
+    for path, hint in unknown_field_hints(raw, r.InferencePolicy):
         for pattern, what, about in PREDICATES:
             m = pattern.match(path)
             if m is None:
