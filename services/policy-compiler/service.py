@@ -197,14 +197,15 @@ class PolicyCompilerService:
     def reconcile(self) -> CompileResult:
         """Compile the documents in force and write statuses (no NATS)."""
         started = time.perf_counter()
-        res = compile_documents(self.source.documents(), watched_namespaces=self.settings.watched_namespaces,
+        documents = self.source.documents()  # once: the order of definitions in force is settled here
+        res = compile_documents(documents, watched_namespaces=self.settings.watched_namespaces,
                                in_process_classifiers=self.settings.in_process_classifiers,
                                services_visible=getattr(self.source, "services_visible", False))
         errors = [*self.source.errors(), *res.errors]
         self.last_errors = errors
         self._sink_pending = self.status_sink is not None
         if self.statuses is not None:
-            self.statuses.write(res, errors, self.source.documents())
+            self.statuses.write(res, errors, documents)
         self.metrics.warnings.clear()
         for (ns, name), st in res.policy_status.items():
             self.metrics.warnings.labels(ns, name).set(len(st.warnings))

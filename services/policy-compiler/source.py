@@ -26,10 +26,13 @@ last good version in force instead of deleting what it published.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+import msgspec
 
 from kinference_common.manifests import (
     MANIFEST_SUFFIXES,
@@ -72,8 +75,6 @@ class _File:
     current_errors: list[ManifestError]
     good: list[Loaded] | None  # last good documents, None if never good
     good_text: str | None = None  # the text they were read from
-    #: when the file was first read (files in force earlier come first)
-    seq: int = 0
 
 
 @dataclass
@@ -86,8 +87,8 @@ class DirectorySource:
     _order: dict[Path, int] = field(default_factory=dict)
     #: the next place: only ever grows (a removed file must not hand its number to a newcomer)
     _next: int = 0
-    #: object (group, kind, namespace, name) -> a digest of the definition in force, so that it
-    #: stays first among definitions of that object whichever file holds it (a file renamed)
+    #: object (group, kind, namespace, name) -> (a digest of the definition in force, its file):
+    #: it stays first among definitions of that object (its file edited, or renamed)
     _in_force: dict[tuple[str, str, str, str], tuple[bytes, str]] = field(default_factory=dict)
 
     def _place(self, path: Path) -> int:
@@ -126,7 +127,7 @@ class DirectorySource:
             if prev is not None and prev.stamp == stamp:
                 continue
             text, loaded, errors = self._read(path)
-            seq = self._place(path)
+            self._place(path)
             if errors:
                 if prev is not None and prev.good is not None:
                     good, good_text = prev.good, prev.good_text
@@ -134,10 +135,10 @@ class DirectorySource:
                     good_text, good = self._restored[path]
                 else:
                     good, good_text = None, None
-                self._files[path] = _File(stamp, errors, good, good_text, seq)
+                self._files[path] = _File(stamp, errors, good, good_text)
                 changed = True  # errors to report
             else:
-                self._files[path] = _File(stamp, [], loaded, text, seq)
+                self._files[path] = _File(stamp, [], loaded, text)
                 changed = True
             self._restored.pop(path, None)  # read once; from now on memory has it
         return changed
@@ -152,7 +153,7 @@ class DirectorySource:
         return text, loaded, errors
 
     def _in_force_order(self) -> list[tuple[Path, _File]]:
-        return sorted(self._files.items(), key=lambda pf: (pf[1].seq, pf[0]))
+        return sorted(self._files.items(), key=lambda pf: (self._order[pf[0]], pf[0]))
 
     def last_good_texts(self) -> dict[str, str]:
         """In the order the files were first read (a restart reads them back so)."""
@@ -226,10 +227,6 @@ def _object_key(item: LoadedObject) -> tuple[str, str, str, str]:
 
 def _digest(item: LoadedObject) -> bytes:
     """The definition's content, wherever it is written."""
-    import hashlib
-
-    import msgspec
-
     try:
         data = msgspec.json.encode(item.raw, order="sorted")
     except (TypeError, msgspec.EncodeError):
