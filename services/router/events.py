@@ -18,14 +18,9 @@ that keeps it, ``KINFERENCE_RECORDS``) must also reach the stream, which
 stores only what arrives while it has a leader: on a cluster of three, the
 leader's death leaves it without one for a few seconds, and what was sent
 meanwhile was lost (a trial: every record of 4.5 s of traffic). So at most
-every ``confirm_every`` seconds the publisher asks the stream for its info.
-Records are confirmed only by two answers in a row that name the same
-leader, the one before they were sent and the one after: an answer naming
-no leader (a server left alone by the loss of two of three answers with
-``cluster.leader`` empty, and stores nothing), no answer, or a leader other
-than the last one (an election in between) keeps them, and they are sent
-again once, when the stream has a leader again (not at every check of an
-outage: a subscriber of the subject saw a decision 23 times after one).
+every ``confirm_every`` seconds the publisher asks the stream for its
+leader and last sequence (:meth:`EventPublisher._confirm_stored` says when
+records count as stored, and when they are kept and sent again, once).
 Those the stream had stored before its leader died are then stored twice (a ``Nats-Msg-Id``
 header would let the stream drop them, for about 10 us of the router's CPU
 a record, three a request: measured by ``make bench-router``); kinfctl
@@ -197,9 +192,8 @@ class EventPublisher:
                 await bus.sync(nc, timeout=self._confirm)
                 return
             except Exception:
-                if nc.is_closed or nc.stats["reconnects"] != connection:
-                    raise
-                if not nc.is_connected:  # reconnecting: what was written may be lost with the old socket
+                # closed, replaced, or reconnecting: what was written may be lost with the old socket
+                if nc.is_closed or not nc.is_connected or nc.stats["reconnects"] != connection:
                     raise
                 # still this connection: what was written is on its way, once
                 await asyncio.sleep(0.05)
@@ -263,11 +257,10 @@ class EventPublisher:
 
     async def _ask_stream(self, nc: nats.NATS) -> tuple[str, int]:
         """The records stream's leader ("" for a single server) and last
-        sequence; NotFoundError
-        when there is no such stream or NATS has no JetStream (the router
-        routes on, unrecorded, and said so); an error when it has no leader
-        (a server left alone answers for a stream it cannot store into, with
-        the leader empty) or does not answer."""
+        sequence; NotFoundError when there is no such stream or NATS has no
+        JetStream (the router routes on, unrecorded, and said so); an error
+        when it has no leader (a server left alone answers for a stream it
+        cannot store into, with the leader empty) or does not answer."""
         from nats.js.errors import NotFoundError, ServiceUnavailableError
 
         assert self._stored is not None
