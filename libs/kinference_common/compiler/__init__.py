@@ -370,11 +370,9 @@ def compile_documents(
         if falls:
             leak_note += (f"; WARNING: tagged requests a rule keeps local can fall through to a provider "
                           f"(TaggedFallThrough in {', '.join(falls)})")
-        typos = sorted({w.rule or w.term for w in warnings
-                        if w.code == "UnknownTag" and "did you mean 'pii-" in w.message})
-        if typos:
+        if comp.pii_typos:
             leak_note += (f"; WARNING: a misspelt pii tag is removed, so a condition about PII does not "
-                          f"hold for it (UnknownTag in {', '.join(typos)})")
+                          f"hold for it (UnknownTag in {', '.join(comp.pii_typos)})")
         res.policy_status[key] = PolicyStatus(
             rule_count=len(comp.policy.rules),
             referenced_by=refs,

@@ -101,12 +101,15 @@ class PolicyCompilation:
     policy: CompiledPolicy
     rules: list[RuleStatus]
     warnings: list[PolicyWarning]
+    #: rules where a misspelt pii tag was removed (a PII condition that does not hold: said loudly)
+    pii_typos: list[str] = field(default_factory=list)
 
 
 @dataclass
 class _Ctx:
     pool: PoolContext | None
     warnings: list[PolicyWarning] = field(default_factory=list)
+    pii_typos: list[str] = field(default_factory=list)
 
     def warn(self, code: str, rule: str, term: str, message: str) -> None:
         if code in POOL_DEPENDENT and self.pool is not None:
@@ -177,7 +180,7 @@ def compile_policy(
         generation=policy.metadata.generation,
         in_process_classifiers=sorted(set(in_process) & set(cl.BUILTIN_CLASSIFIERS)),
     )
-    return PolicyCompilation(compiled_policy, statuses, ctx.warnings)
+    return PolicyCompilation(compiled_policy, statuses, ctx.warnings, sorted(set(ctx.pii_typos)))
 
 
 def _replace(rule: CompiledRule, **changes: Any) -> CompiledRule:
@@ -316,6 +319,8 @@ def _request_test(ctx: _Ctx, rule: str, term: str, m: r.RequestMatch) -> Request
             if cl.classifier_for_tag(t) is None:
                 owner = cl.classifier_for_prefix(t)
                 guess = closest(t, cl.TAG_TO_CLASSIFIER)
+                if guess is not None and cl.classifier_for_tag(guess).name == "pii":  # type: ignore[union-attr]
+                    ctx.pii_typos.append(rule)
                 hint = (f"did you mean {guess!r}? " if guess else "") + (
                     f"classifier {owner.name!r} emits only {', '.join(owner.tags)}"
                     if owner
@@ -434,13 +439,6 @@ def _exclusion(ctx: _Ctx, rule: str, term: str, ex: r.Exclusion) -> CompiledExcl
         )
     if out_of_range and not signals:
         return None
-    if ex.if_ is None and btype is None and names is None and not signals:
-        ctx.warn(
-            "DropsEverything", rule, f"{term}.drop",
-            f"exclusion {ex.name!r} has no `if` and its drop names no backend and no signal, so it drops "
-            "every candidate of every request: this rule never picks, and every request it matches meets its "
-            "onEmpty. Say what to drop (backend.type, a signal such as queuedPrompts), or give it an `if`.",
-        )
 
     for s in signals:
         scope = SIGNAL_SCOPE[s.signal]
@@ -456,7 +454,7 @@ def _exclusion(ctx: _Ctx, rule: str, term: str, ex: r.Exclusion) -> CompiledExcl
             return None
 
     when = _request_test(ctx, rule, f"{term}.if", ex.if_) if ex.if_ is not None else None
-    return CompiledExclusion(
+    compiled = CompiledExclusion(
         name=ex.name,
         term=term,
         when=when,
@@ -467,6 +465,19 @@ def _exclusion(ctx: _Ctx, rule: str, term: str, ex: r.Exclusion) -> CompiledExcl
         ),
         live=bool(signals),
     )
+    if _drops_everything(compiled):
+        ctx.warn(
+            "DropsEverything", rule, f"{term}.drop",
+            f"exclusion {ex.name!r} has no `if` and its drop names no backend and no signal, so it drops "
+            "every candidate of every request: this rule never picks, and every request it matches meets its "
+            "onEmpty. Say what to drop (backend.type, a signal such as queuedPrompts), or give it an `if`.",
+        )
+    return compiled
+
+
+def _drops_everything(e: CompiledExclusion) -> bool:
+    """No ``if`` and a drop that names nothing: every candidate of every request goes."""
+    return e.when is None and e.drop.backend_type is None and e.drop.backend_names is None and not e.drop.signals
 
 
 def _tier(
@@ -590,8 +601,7 @@ def _check_provider_only_on_outage(ctx: _Ctx, rule: CompiledRule) -> None:
         return
     if any(e.live and e.drop.backend_type in ("Local", None) for e in rule.exclude):
         return
-    if any(e.when is None and e.drop.backend_type is None and e.drop.backend_names is None and not e.drop.signals
-           for e in rule.exclude):
+    if any(_drops_everything(e) for e in rule.exclude):
         return  # no tier ever picks: DropsEverything says so
     ctx.warn(
         "ProviderOnlyOnOutage", rule.name, provider.term,
