@@ -206,6 +206,15 @@ def _flatten_lists(doc: Any, source: str, index: int) -> list[Loaded]:
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 
 
+def split_validation_error(text: str) -> tuple[str, str]:
+    """msgspec's ``ValidationError`` text -> (the field's path, as lint
+    writes it, and msgspec's message): ``"Expected `int`, got `str` - at
+    `$.spec.port`"`` -> ``("spec.port", "Expected `int`, got `str`")``."""
+    m = _AT.match(text)
+    assert m is not None  # the pattern matches any text
+    return _path_of(m.group("path")), m.group("msg")
+
+
 def _path_of(msgspec_path: str | None) -> str:
     """``$.spec.rules[0].name`` -> ``spec.rules[0].name``."""
     if not msgspec_path:
@@ -336,19 +345,17 @@ def _type_errors(doc: Any, struct_type: type, ref: DocumentRef, exc: msgspec.Val
     found: list[Loaded] = []
     seen: set[str] = set()
     while True:
-        m = _AT.match(str(exc))
-        assert m is not None
-        path = _path_of(m.group("path"))
+        path, msg = split_validation_error(str(exc))
         if path in seen or any((f"{path}.{missing}" if path else missing) in seen for missing in
-                               re.findall(r"^Object missing required field `([^`]*)`", m.group("msg"))):
+                               re.findall(r"^Object missing required field `([^`]*)`", msg)):
             break  # the field taken out was required: what it says next is of our making
         seen.add(path)
-        found.append(ManifestError(ref, path, _rephrase(m.group("msg"), struct_type, path)))
-        if len(found) >= MAX_TYPE_ERRORS or m.group("msg").startswith("Object missing required field"):
+        found.append(ManifestError(ref, path, _rephrase(msg, struct_type, path)))
+        if len(found) >= MAX_TYPE_ERRORS or msg.startswith("Object missing required field"):
             break
-        expected = re.match(r"Expected `([a-z]+)`, got", m.group("msg"))
+        expected = re.match(r"Expected `([a-z]+)`, got", msg)
         stand_in = _STAND_IN.get(expected.group(1), _GONE) if expected else _GONE
-        allowed = _allowed_values(struct_type, path) if expected or m.group("msg").startswith("Invalid enum") else []
+        allowed = _allowed_values(struct_type, path) if expected or msg.startswith("Invalid enum") else []
         if allowed:  # a field of a few values (engine, onEmpty, type): one of them, not "x"
             stand_in = allowed[0]
         smaller = _without(doc, path, stand_in)

@@ -80,6 +80,7 @@ from pathlib import Path
 
 import yaml
 
+from kinference_common.manifests import DocumentRef, ManifestError
 from kinference_common.natsauth import LocalAuth
 from kinference_common.natsserver import cluster_members, find_binary
 from kinference_common.tasks import cancel_and_wait
@@ -616,12 +617,12 @@ def manifest_errors_note(stack: Stack) -> str:
         return ""
     if not errors:
         return ""
+    # written as lint writes them (the file's name alone: they all lie in the manifests directory)
     lines = []
     for e in errors[:3]:
-        where = f"{Path(str(e.get('source', ''))).name}#{e.get('document')}"
-        what = f" ({e.get('kind')} {e.get('namespace')}/{e.get('name')})" if e.get("name") else ""
-        at = f" at {e['path']}" if e.get("path") else ""
-        lines.append(f"    {where}{what}{at}: {e.get('message')}")
+        ref = DocumentRef(Path(str(e.get("source", ""))).name, e.get("document") or 0,
+                          e.get("kind"), e.get("namespace"), e.get("name"))
+        lines.append(f"    {ManifestError(ref, e.get('path') or '', str(e.get('message')))}")
     more = f"    ... and {len(errors) - 3} more\n" if len(errors) > 3 else ""
     n = len(errors)
     return (f"WARNING: the manifests have {n} error{'s' if n > 1 else ''}; what they break is not in force:\n"

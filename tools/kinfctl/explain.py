@@ -49,7 +49,7 @@ from kinference_common.durations import DurationError, format_duration, parse_du
 from kinference_common.engine import InFlightLedger, Snapshot, decide, interpret, rejection_status
 from kinference_common.engine.request import engine_request
 from kinference_common.engine.trace import ClassifierTrace, DecisionTrace, RuleTrace
-from kinference_common.manifests import Loaded, closest, load_paths, load_text
+from kinference_common.manifests import Loaded, closest, load_paths, load_text, split_validation_error
 from kinference_common.messages import EndpointState, ProviderState
 from kinference_common.request_body import BadRequest, ParsedBody, check_body, decode, parse, reads_as_chat
 
@@ -101,19 +101,17 @@ class TelemetryFile(_State, kw_only=True):
 def _telemetry_error(text: str) -> str:
     """msgspec's words, read as lint reads a manifest's: the field's path,
     and the field meant for one it does not know."""
-    m = re.match(r"Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?$", text)
-    if m:
-        where = m.group(2) or ""
+    where, message = split_validation_error(text)
+    unknown = re.match(r"Object contains unknown field `([^`]*)`$", message)
+    if unknown:
         entry = {"endpoints": EndpointEntry, "providers": ProviderEntry}.get(where.split("[", 1)[0], TelemetryFile)
         fields = [f.encode_name for f in msgspec.structs.fields(entry)]
-        guess = closest(m.group(1), fields)
+        guess = closest(unknown.group(1), fields)
         hint = f"did you mean `{guess}`?" if guess else f"its fields: {', '.join(fields)}"
-        return f"{where + '.' if where else ''}{m.group(1)} is not a field ({hint})"
-    m = re.match(r"^(?P<msg>.*?)(?: - at `\$\.?(?P<path>[^`]*)`)?$", text, re.DOTALL)
-    assert m is not None
-    message = re.sub(r"Expected `([^`]*)`, got `([^`]*)`", r"expected \1, got \2", m.group("msg"))
+        return f"{where + '.' if where else ''}{unknown.group(1)} is not a field ({hint})"
+    message = re.sub(r"Expected `([^`]*)`, got `([^`]*)`", r"expected \1, got \2", message)
     message = message.replace("Object missing required field", "missing required field")
-    return f"{m.group('path')}: {message}" if m.group("path") else message
+    return f"{where}: {message}" if where else message
 
 
 def load_telemetry(path: str) -> TelemetryFile:
