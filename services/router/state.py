@@ -215,17 +215,8 @@ class SnapshotKeeper:
         js = self._nc.jetstream()
         failed = None
         try:
-            kv = await js.key_value(subjects.CONFIG_BUCKET)
-            entry = await kv.get(subjects.config_key(self.namespace, self.pool_name))
-            if entry.value:
-                self._apply_config(entry.value)
-        except KeyNotFoundError:
-            if self.pool is not None:  # deleted while this router did not hear it (a reconnect)
-                self._apply_config(b"")
-            else:
+            if not await self._read_config(js):
                 log.info("no configuration yet", pool=f"{self.namespace}/{self.pool_name}")
-        except BucketNotFoundError:  # NATS lost its storage: the compiler writes it again; keep what we have
-            log.info("no configuration yet", pool=f"{self.namespace}/{self.pool_name}")
         except Exception as exc:  # NATS went away mid-resync: resync_soon tries again
             failed = f"configuration: {bus.describe(exc)}"
         # telemetry is read whatever became of the configuration
@@ -244,17 +235,29 @@ class SnapshotKeeper:
         if self._nc is None or not self._nc.is_connected:
             return
         try:
-            kv = await self._nc.jetstream().key_value(subjects.CONFIG_BUCKET)
-            entry = await kv.get(subjects.config_key(self.namespace, self.pool_name))
-            if entry.value:
-                self._apply_config(entry.value)
-        except KeyNotFoundError:
-            if self.pool is not None:  # the pool was deleted and its empty announcement missed (a review)
-                self._apply_config(b"")
-        except BucketNotFoundError:
-            pass
+            await self._read_config(self._nc.jetstream())
         except Exception as exc:  # NATS away or JetStream not ready: the next period retries
             log.debug("configuration resync failed", error=str(exc))
+
+    async def _read_config(self, js: Any) -> bool:
+        """Apply the pool the config bucket holds; False when it holds none.
+        A key gone while this router has a pool: the pool was deleted and its
+        empty announcement missed (a reconnect), so it goes too. A bucket gone
+        (NATS lost its storage): what the router has stays, the compiler
+        writes it again. Other errors are the caller's."""
+        try:
+            kv = await js.key_value(subjects.CONFIG_BUCKET)
+            entry = await kv.get(subjects.config_key(self.namespace, self.pool_name))
+        except KeyNotFoundError:
+            if self.pool is None:
+                return False
+            self._apply_config(b"")
+            return True
+        except BucketNotFoundError:
+            return False
+        if entry.value:
+            self._apply_config(entry.value)
+        return True
 
     async def probe_store(self) -> None:
         """Read this pool's key from the config bucket's stream (one request,
