@@ -433,12 +433,16 @@ class InferenceModelRewrite(_Model, kw_only=True):
 # The fields of GIE api/v1/inferencepool_types.go and shared_types.go, with
 # their validation; the CRD in deploy/k8s/crds is generated from these.
 
+#: Kubernetes' DNS-1123 label (a namespace) and subdomain (an object's name, an API group)
+DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_SUBDOMAIN = DNS1123_LABEL + r"(\." + DNS1123_LABEL + r")*"
+
 PortNumber = Annotated[int, Meta(ge=1, le=65535)]
-GieGroup = Annotated[str, Meta(max_length=253, pattern=r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
+GieGroup = Annotated[str, Meta(max_length=253, pattern=rf"^$|^{DNS1123_SUBDOMAIN}$")]
 GieKind = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$")]
-GieNamespace = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+GieNamespace = Annotated[str, Meta(min_length=1, max_length=63, pattern=rf"^{DNS1123_LABEL}$")]
 GieControllerName = Annotated[str, Meta(min_length=1, max_length=253, pattern=(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/[A-Za-z0-9\/\-._~%!$&'()*+,;=:]+$"))]
+    rf"^{DNS1123_SUBDOMAIN}\/[A-Za-z0-9\/\-._~%!$&'()*+,;=:]+$"))]
 
 
 class GiePort(_Model, kw_only=True):

@@ -134,8 +134,8 @@ def provider_problems(provider: r.InferenceProvider) -> list[Problem]:
     return out
 
 
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SUBDOMAIN = re.compile(r.DNS1123_SUBDOMAIN)
+_LABEL = re.compile(r.DNS1123_LABEL)
 
 
 def metadata_problems(obj: object) -> list[Problem]:
