@@ -56,9 +56,19 @@ FULL_PARSE_EVERY = 1.0
 #: seconds between two whole rebuilds of the GPU index while exporters leave this
 #: replica (an exporter's new stats update the index for its own pods only)
 GPU_INDEX_EVERY = 0.1
-#: an unchanged DCGM page's stats are shared with the other replicas this often
-#: (they drop an exporter's stats after ``dcgm_stale_after``, 90 s by default)
-GPU_SHARE_UNCHANGED_EVERY = 10.0
+#: an unchanged DCGM page's stats are shared with the other replicas every this
+#: fraction of ``dcgm_stale_after`` (after which they drop an exporter's stats):
+#: 30 s by default, so two shares can be lost before the stats age out. An
+#: exporter collects every 30 s by default, and a changed page is shared at once,
+#: which counts as a refresh: at every 10 s, most shares between four replicas
+#: sharing 1,000 pods were the same stats again
+GPU_SHARE_UNCHANGED_FRACTION = 1 / 3
+#: the GPU stats a replica shares within this many seconds go out in one message
+#: (each message wakes every other replica: one per exporter woke each of four
+#: replicas sharing 125 exporters about ten times a second)
+GPU_SHARE_BATCH = 0.05
+#: at most this many exporters' stats in one message (eight GPUs each: ~30 KB)
+GPU_SHARE_MAX_EXPORTERS = 64
 
 
 def phase(key: str, interval: float) -> float:
@@ -268,7 +278,11 @@ class Collector:
         return tuple(self.shard.members) if self.shard is not None else ()
 
     def reassign(self) -> None:
-        """The replicas changed: take this replica's share of the last discovered targets."""
+        """The replicas changed: take this replica's share of the last discovered
+        targets, and share every exporter's stats again at its next scrape (a
+        replica that just joined has none of the others' yet)."""
+        for d in self._dcgm.values():
+            d.shared_at = float("-inf")
         if self.running:
             self.apply_targets(self._discovered)
 
@@ -434,7 +448,8 @@ class Collector:
                 self.metrics.dcgm_unchanged.inc()
             d.last_success = now
             d.errors = 0
-            if self.share_gpu is not None and (changed or now - d.shared_at >= GPU_SHARE_UNCHANGED_EVERY):
+            refresh = self.config.dcgm_stale_after * GPU_SHARE_UNCHANGED_FRACTION
+            if self.share_gpu is not None and (changed or now - d.shared_at >= refresh):
                 d.shared_at = now
                 self.share_gpu(d.target.address, d.stats)
         except asyncio.CancelledError:
@@ -549,7 +564,7 @@ class Collector:
 
     def on_remote_gpu(self, address: str, stats: dict[tuple[str, str], GpuStats]) -> None:
         """Another replica scraped the DCGM exporter at ``address``. The same
-        stats again (sent every ``GPU_SHARE_UNCHANGED_EVERY`` while the exporter
+        stats again (sent every ``GPU_SHARE_UNCHANGED_FRACTION`` of ``dcgm_stale_after`` while the exporter
         has not collected) only keep them fresh: the index is updated when they
         changed, or had aged out of it."""
         now = self._clock()
@@ -772,40 +787,76 @@ async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = Non
 _gpu_enc = msgspec.json.Encoder()
 
 
+_GpuPods = list[tuple[str, str, float | None, float | None, int | None, int]]
+
+
 class _GpuShare(msgspec.Struct, array_like=True):
+    """One exporter's stats, as replicas before 2026-12-06 send them (still read,
+    so that a rolling upgrade loses no share)."""
     replica: str
     address: str
     #: (namespace, pod, utilization, memory usage, xid, gpus)
-    pods: list[tuple[str, str, float | None, float | None, int | None, int]]
+    pods: _GpuPods
+
+
+class _GpuShares(msgspec.Struct, array_like=True):
+    """The stats of the exporters a replica scraped within ``GPU_SHARE_BATCH``."""
+    replica: str
+    #: (exporter address, its pods as in :class:`_GpuShare`)
+    exporters: list[tuple[str, _GpuPods]]
 
 
 async def share_between_replicas(nc: Any, collector: Collector, *, status: bool) -> list[Any]:
     """Wire a sharded collector to the others: GPU stats of the DCGM exporters
     each replica scrapes go to every replica (an engine pod and its node's
-    exporter may belong to different replicas), and with ``status`` (the
+    exporter may belong to different replicas), those of one turn of scrapes
+    in one message (:data:`GPU_SHARE_BATCH`), and with ``status`` (the
     leader writes the Kubernetes statuses) every endpoint state is followed
     while this replica leads (:class:`StateFollower`)."""
     assert collector.shard is not None
     me = collector.shard.id
-    dec = msgspec.json.Decoder(_GpuShare)
-    pending: set[asyncio.Task[None]] = set()
+    dec, dec_one = msgspec.json.Decoder(_GpuShares), msgspec.json.Decoder(_GpuShare)
+    loop = asyncio.get_running_loop()
+    sending: set[asyncio.Task[None]] = set()
+    waiting: dict[str, dict[tuple[str, str], GpuStats]] = {}
+    flush_at: list[asyncio.TimerHandle] = []
+
+    def flush() -> None:
+        flush_at.clear()
+        batch = list(waiting.items())
+        waiting.clear()
+        for k in range(0, len(batch), GPU_SHARE_MAX_EXPORTERS):
+            msg = _GpuShares(me, [(address, [(ns, pod, g.utilization, g.memory_usage, g.xid_error, g.gpus)
+                                             for (ns, pod), g in stats.items()])
+                                  for address, stats in batch[k:k + GPU_SHARE_MAX_EXPORTERS]])
+            t = asyncio.create_task(nc.publish(subjects.COLLECTOR_GPU_SUBJECT, _gpu_enc.encode(msg)))
+            sending.add(t)
+            t.add_done_callback(lambda t: (sending.discard(t), t.cancelled() or t.exception()))
 
     def share(address: str, stats: dict[tuple[str, str], GpuStats]) -> None:
         if len(collector.shard.members) == 1:  # type: ignore[union-attr]
             return
-        msg = _GpuShare(me, address, [(ns, pod, g.utilization, g.memory_usage, g.xid_error, g.gpus)
-                                      for (ns, pod), g in stats.items()])
-        t = asyncio.create_task(nc.publish(subjects.COLLECTOR_GPU_SUBJECT, _gpu_enc.encode(msg)))
-        pending.add(t)
-        t.add_done_callback(lambda t: (pending.discard(t), t.cancelled() or t.exception()))
+        waiting[address] = stats
+        if not flush_at:
+            flush_at.append(loop.call_later(GPU_SHARE_BATCH, flush))
+
+    def take(address: str, pods: _GpuPods) -> None:
+        collector.on_remote_gpu(address, {(ns, pod): GpuStats(u, mem, x, n) for ns, pod, u, mem, x, n in pods})
 
     async def on_gpu(msg: Any) -> None:
         try:
             m = dec.decode(msg.data)
         except msgspec.DecodeError:
+            try:
+                one = dec_one.decode(msg.data)
+            except msgspec.DecodeError:
+                return
+            if one.replica != me:
+                take(one.address, one.pods)
             return
         if m.replica != me:
-            collector.on_remote_gpu(m.address, {(ns, pod): GpuStats(u, mem, x, n) for ns, pod, u, mem, x, n in m.pods})
+            for address, pods in m.exporters:
+                take(address, pods)
 
     collector.share_gpu = share
     subs: list[Any] = [await nc.subscribe(subjects.COLLECTOR_GPU_SUBJECT, cb=on_gpu)]

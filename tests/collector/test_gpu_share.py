@@ -1,0 +1,154 @@
+"""GPU stats shared between collector replicas: what goes on the wire and when.
+
+Every message on the share subject wakes every other replica, so the stats of
+the exporters a replica scrapes in one turn go out together, and stats that
+did not change go out again only as often as the receivers need to keep them
+(a third of ``dcgm_stale_after``), or at once when the replicas change."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+
+from kinference_collector import pages
+from kinference_collector.derive import GpuStats
+from kinference_collector.discovery import ListDiscovery, Target
+from kinference_collector.publish import Publisher
+from kinference_collector.service import Collector, CollectorConfig, _Dcgm, share_between_replicas
+from kinference_common import subjects
+
+PATIENCE = 10.0
+
+
+class Bus:
+    async def put(self, subject: str, key: str, data: bytes) -> None:
+        pass
+
+    async def store(self, key: str, data: bytes) -> None:
+        pass
+
+    async def delete(self, subject: str, key: str, data: bytes) -> None:
+        pass
+
+
+class Shard:
+    def __init__(self, me: str) -> None:
+        self.id, self.members, self.leader = me, ["a", "b"], me == "a"
+        self.dropped: dict[str, int] = {}
+
+    def share(self, targets: list[Target]) -> list[Target]:
+        return targets
+
+
+def replica(me: str, clock: Any = None, **config: Any) -> Collector:
+    cfg = CollectorConfig(interval=60.0, **config)
+    kw = {"clock": clock} if clock is not None else {}
+    return Collector(cfg, ListDiscovery([]), Publisher(Bus(), 1.0), shard=Shard(me), **kw)  # type: ignore[arg-type]
+
+
+def stats(exporter: int, util: float) -> dict[tuple[str, str], GpuStats]:
+    return {("ns", f"p-{exporter}-{g}"): GpuStats(util, 0.5, 0, 1) for g in range(8)}
+
+
+@pytest.fixture
+async def wire(nats_server: Any) -> AsyncIterator[tuple[Any, list[bytes]]]:
+    """A connection for the replicas, and every message on the share subject."""
+    nc = await nats.connect(nats_server.url)
+    seen: list[bytes] = []
+
+    async def cb(msg: Any) -> None:
+        seen.append(msg.data)
+
+    await nc.subscribe(subjects.COLLECTOR_GPU_SUBJECT, cb=cb)
+    yield nc, seen
+    await nc.drain()
+
+
+async def _until(pred: Any) -> None:
+    async with asyncio.timeout(PATIENCE):
+        while not pred():
+            await asyncio.sleep(0.01)
+
+
+async def test_one_turn_of_shares_is_one_message_and_every_exporter_reaches_the_others(
+        wire: tuple[Any, list[bytes]]) -> None:
+    nc, seen = wire
+    a, b = replica("a"), replica("b")
+    subs = [*await share_between_replicas(nc, a, status=False), *await share_between_replicas(nc, b, status=False)]
+    assert a.share_gpu is not None
+    for k in range(5):  # five exporters scraped in one turn
+        a.share_gpu(f"10.0.0.{k}:9400", stats(k, 0.1 * k))
+    await _until(lambda: len(b._gpu_index) == 40)
+    await asyncio.sleep(0.2)  # anything else on its way
+    assert len(seen) == 1  # one message, not one per exporter
+    assert b._gpu_index[("ns", "p-3-0")].utilization == pytest.approx(0.3)
+    assert a._gpu_index == {}  # a replica ignores its own shares
+    for s in subs:
+        await s.unsubscribe()
+
+
+async def test_a_large_turn_is_cut_into_messages_of_bounded_size(wire: tuple[Any, list[bytes]]) -> None:
+    from kinference_collector.service import GPU_SHARE_MAX_EXPORTERS
+
+    nc, seen = wire
+    a, b = replica("a"), replica("b")
+    subs = [*await share_between_replicas(nc, a, status=False), *await share_between_replicas(nc, b, status=False)]
+    n = 2 * GPU_SHARE_MAX_EXPORTERS + 1
+    for k in range(n):
+        a.share_gpu(f"10.1.{k // 250}.{k % 250}:9400", stats(k, 0.5))  # type: ignore[misc]
+    await _until(lambda: len(b._gpu_index) == 8 * n)
+    assert len(seen) == 3
+    for s in subs:
+        await s.unsubscribe()
+
+
+async def test_a_share_in_the_one_exporter_form_of_earlier_replicas_is_still_read(
+        wire: tuple[Any, list[bytes]]) -> None:
+    """During a rolling upgrade the replicas not upgraded yet send one message
+    per exporter: their stats still count."""
+    nc, _ = wire
+    b = replica("b")
+    subs = await share_between_replicas(nc, b, status=False)
+    old = msgspec.json.encode(["a", "10.0.0.9:9400", [["ns", "p-9", 0.25, 0.5, None, 8]]])
+    await nc.publish(subjects.COLLECTOR_GPU_SUBJECT, old)
+    await nc.publish(subjects.COLLECTOR_GPU_SUBJECT, b"not a share")  # ignored
+    await _until(lambda: ("ns", "p-9") in b._gpu_index)
+    assert b._gpu_index[("ns", "p-9")] == GpuStats(0.25, 0.5, None, 8)
+    for s in subs:
+        await s.unsubscribe()
+
+
+async def test_unchanged_stats_are_shared_again_at_a_third_of_the_staleness_bound(page_server: Any) -> None:
+    dcgm = await page_server()
+    dcgm.text = pages.render_dcgm([pages.Gpu(0, "GPU-0", "ns", "p-0", util_percent=40)],
+                                  hostname_label="hostname", pod_label="pod_name", namespace_label="pod_namespace")
+    now = [1000.0]
+    c = replica("a", clock=lambda: now[0], dcgm_stale_after=90.0)
+    shared: list[float] = []
+    c.share_gpu = lambda address, st: shared.append(now[0])
+    d = _Dcgm(Target(kind="dcgm", address=dcgm.address))
+    await c.start()
+    try:
+        for t in (0.0, 10.0, 20.0, 29.0, 30.0, 45.0, 59.0, 60.0):
+            now[0] = 1000.0 + t
+            await c.scrape_dcgm(d)
+        assert [s - 1000.0 for s in shared] == [0.0, 30.0, 60.0]  # the page never changed
+        dcgm.text = pages.render_dcgm([pages.Gpu(0, "GPU-0", "ns", "p-0", util_percent=70)],
+                                      hostname_label="hostname", pod_label="pod_name",
+                                      namespace_label="pod_namespace")
+        now[0] = 1061.0
+        await c.scrape_dcgm(d)  # a new page: at once
+        assert shared[-1] == 1061.0
+        # the replicas changed: the next scrape shares again, for a replica that just joined
+        c._dcgm[d.target.key] = d
+        c.reassign()
+        now[0] = 1062.0
+        await c.scrape_dcgm(d)
+        assert shared[-1] == 1062.0
+    finally:
+        await c.stop()
