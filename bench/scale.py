@@ -106,8 +106,9 @@ class Replica:
              "--http-host", "127.0.0.1", "--http-port", str(port), "--log-level", "warning",
              "--stale-after", str(max(1.0, 3 * interval)),
              # on two shared cores a replica's event loop can lag past the default
-             # 1.5 s TTL, and a replica that looks dead hands its share to the others
-             "--heartbeat", "0.5", "--member-ttl", "4"],
+             # 1.5 s TTL, and a replica that looks dead hands its share to the others;
+             # the heartbeat follows the TTL (a third of it, as the operations page says)
+             "--member-ttl", "4"],
             stdout=subprocess.DEVNULL, stderr=self.log)
 
     async def metrics(self, http: aiohttp.ClientSession) -> dict[str, float]:

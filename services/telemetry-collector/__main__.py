@@ -89,8 +89,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--replica-id", default="",
                    help="this replica's name among the collectors sharing the fleet (default: $POD_NAME, "
                         "else host-pid); replicas find each other in the NATS KV bucket kinference-collectors")
-    p.add_argument("--heartbeat", type=_above_zero, default=0.5,
-                   help="seconds between a replica's heartbeats (default 0.5)")
+    p.add_argument("--heartbeat", type=_above_zero, default=None,
+                   help="seconds between a replica's heartbeats, below --member-ttl (default: a third of "
+                        "--member-ttl, 0.5 with its default; each beat is read by every replica)")
     p.add_argument("--member-ttl", type=_above_zero, default=1.5,
                    help="a replica silent this long is dead and its share is taken over (default 1.5)")
     p.add_argument("--probe-misses", type=_whole_at_least(0), default=2,
@@ -130,8 +131,20 @@ async def run_kubernetes(config: ServiceConfig, args: argparse.Namespace) -> int
         await api.close()
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with what one flag's default takes from another's."""
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.heartbeat is None:
+        args.heartbeat = args.member_ttl / 3
+    elif args.heartbeat >= args.member_ttl:
+        ap.error(f"--heartbeat {args.heartbeat:g} must be below --member-ttl {args.member_ttl:g} (a third of it "
+                 "lets two beats be late before the others take this replica for dead)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         args.nats_url = bus.check_url(args.nats_url)
     except bus.NatsUrlError as exc:  # a configuration error: one line, exit 1, never retried

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from kinference_collector.__main__ import main, parser
+from kinference_collector.__main__ import main, parse_args, parser
 from kinference_collector.discovery import DiscoveryError, StaticDiscovery, Target, parse_endpoint_file
 from kinference_collector.publish import Publisher
 from kinference_common.messages import EndpointState, ProviderState
@@ -272,6 +272,18 @@ def test_cli_help_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
         assert flag in out
     args = parser().parse_args(["--interval", "0.05", "--timeout", "0.2", "--dcgm", "a:1", "--dcgm", "b:2"])
     assert args.interval == 0.05 and args.timeout == 0.2 and args.dcgm == ["a:1", "b:2"]
+
+
+def test_the_heartbeat_follows_the_member_ttl_unless_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every beat is read by every replica: a TTL raised (a slow machine's event
+    loop lagging past it) slows the beats with it, a third of it by default."""
+    assert parse_args([]).heartbeat == 0.5
+    assert parse_args(["--member-ttl", "4"]).heartbeat == pytest.approx(4 / 3)
+    assert parse_args(["--member-ttl", "4", "--heartbeat", "0.5"]).heartbeat == 0.5
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--member-ttl", "2", "--heartbeat", "2"])
+    assert exc.value.code == 2
+    assert "--heartbeat 2 must be below --member-ttl 2" in capsys.readouterr().err
 
 
 async def test_the_publisher_sleeps_while_nothing_is_due_and_republishes_when_it_is() -> None:
