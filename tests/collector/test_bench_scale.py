@@ -64,14 +64,19 @@ def test_router_rows_time_the_rebuild_by_what_changed_and_render() -> None:
     assert [r["endpoints"] for r in router] == [40, 120]
     for r in router:
         for key in ("rebuild_whole_ms", "rebuild_none_ms", "rebuild_1s_ms", "rebuild_100ms_ms",
-                    "rebuild_cpu_share_busy_1s", "rebuild_cpu_share_busy_100ms", "apply_us_per_update"):
+                    "rebuild_cpu_share_busy_1s", "rebuild_cpu_share_busy_100ms", "apply_us_per_update",
+                    "apply_us_per_update_every_pod"):
             assert r[key] > 0, key
+        assert r["apply_changing_pods"] == 40  # the same pods change at each size: the smallest fleet's
     text = scale.table({"rows": [], "router": router, "api_server": None})
     r = router[1]
-    assert (f"| 120 endpoints | {r['apply_us_per_update']:.1f} us | {r['rebuild_whole_ms']:.2f} / "
+    assert (f"| 120 endpoints | {r['apply_us_per_update']:.1f} / {r['apply_us_per_update_every_pod']:.1f} us | "
+            f"{r['rebuild_whole_ms']:.2f} / "
             f"{r['rebuild_none_ms']:.2f} / {r['rebuild_1s_ms']:.2f} / {r['rebuild_100ms_ms']:.2f} ms |") in text
     row = {"pods": 1000, "collectors": 1, "share_max_dev": 0.0, "cpu_s_per_1000_scrapes": 1.0,
            "cores_for_1000_pods_at_100ms": 3.0, "pipeline_lag_p99_ms": 20.0}
+    (flat,) = [v for v in scale.verdicts([row], router) if "apply one update flat" in v]
+    assert "the same 40 pods changing at each size; with every pod changing in turn" in flat
     (follows,) = [v for v in scale.verdicts([row], router) if "rebuild follows what changed" in v]
     assert "at 120 endpoints" in follows and f"{r['rebuild_whole_ms']:.1f} ms whole" in follows
 
