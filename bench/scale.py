@@ -11,7 +11,7 @@ cost rather than the whole fleet's rate:
   ``/proc``); per run: scrapes per second, CPU per 1,000 scrapes (all
   replicas together), and the interval each replica count sustains (each
   replica on one core: its share of the pods times its CPU per scrape). In
-  each of ``--rounds`` rounds (3) the replica counts run side by side, each
+  each of ``--rounds`` rounds (5) the replica counts run side by side, each
   on a fleet and a nats-server of its own, measured over the same seconds
   (run one after another, one run here moved by up to 45% from the next run
   of the same thing); each count's row is its median run, and the flat-CPU
@@ -973,9 +973,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the run of as many replicas as the most, sharing nothing (each its own NATS server "
                          "and share of the pods): the same load per replica on a machine as busy, to tell "
                          "replication's own cost from the machine's")
-    ap.add_argument("--rounds", type=int, default=3,
+    ap.add_argument("--rounds", type=int, default=5,
                     help="rounds in which the replica counts run side by side; each count's row is its median "
-                         "run, and the flat-CPU goal is judged on each round's own figures (default %(default)s)")
+                         "run, and the flat-CPU goal is judged on the median of the rounds' own figures (default "
+                         "%(default)s: one round's figure moves by several points here, and three rounds' median "
+                         "moved across the goal from one run to the next)")
     ap.add_argument("--no-split", dest="split", action="store_false",
                     help="skip the run of one replica at twice the interval (the per-scrape / per-pod cost split)")
     ap.add_argument("--router-sizes", type=int, nargs="*", default=[100, 1000, 10000],
