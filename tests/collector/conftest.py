@@ -11,6 +11,19 @@ from aiohttp import web
 from kinference_collector import pages
 
 
+class NullBus:
+    """A publisher's bus that sends nothing (tests of what is offered and when)."""
+
+    async def put(self, subject: str, key: str, data: bytes) -> None:
+        pass
+
+    async def store(self, key: str, data: bytes) -> None:
+        pass
+
+    async def delete(self, subject: str, key: str, data: bytes) -> None:
+        pass
+
+
 class PageServer:
     """An aiohttp server on localhost serving ``/metrics`` from a mutable page.
 

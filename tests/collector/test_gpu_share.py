@@ -21,19 +21,9 @@ from kinference_collector.discovery import ListDiscovery, Target
 from kinference_collector.publish import Publisher
 from kinference_collector.service import Collector, CollectorConfig, _Dcgm, share_between_replicas
 from kinference_common import subjects
+from tests.collector.conftest import NullBus
 
 PATIENCE = 10.0
-
-
-class Bus:
-    async def put(self, subject: str, key: str, data: bytes) -> None:
-        pass
-
-    async def store(self, key: str, data: bytes) -> None:
-        pass
-
-    async def delete(self, subject: str, key: str, data: bytes) -> None:
-        pass
 
 
 class Shard:
@@ -48,7 +38,7 @@ class Shard:
 def replica(me: str, clock: Any = None, **config: Any) -> Collector:
     cfg = CollectorConfig(interval=60.0, **config)
     kw = {"clock": clock} if clock is not None else {}
-    return Collector(cfg, ListDiscovery([]), Publisher(Bus(), 1.0), shard=Shard(me), **kw)  # type: ignore[arg-type]
+    return Collector(cfg, ListDiscovery([]), Publisher(NullBus(), 1.0), shard=Shard(me), **kw)  # type: ignore[arg-type]
 
 
 def stats(exporter: int, util: float) -> dict[tuple[str, str], GpuStats]:

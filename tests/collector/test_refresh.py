@@ -13,17 +13,7 @@ from kinference_collector.discovery import ListDiscovery, Target
 from kinference_collector.publish import Publisher
 from kinference_collector.service import Collector, CollectorConfig, _Dcgm
 from kinference_common.tasks import cancel_and_wait
-
-
-class Bus:
-    async def put(self, subject: str, key: str, data: bytes) -> None:
-        pass
-
-    async def store(self, key: str, data: bytes) -> None:
-        pass
-
-    async def delete(self, subject: str, key: str, data: bytes) -> None:
-        pass
+from tests.collector.conftest import NullBus
 
 
 class Shard:
@@ -47,7 +37,7 @@ def pods(n: int, ready: bool = True) -> list[Target]:
 
 def collector(targets: list[Target]) -> tuple[Collector, ListDiscovery, Shard]:
     discovery, shard = ListDiscovery(targets), Shard()
-    c = Collector(CollectorConfig(interval=60.0), discovery, Publisher(Bus(), 1.0), shard=shard)  # type: ignore[arg-type]
+    c = Collector(CollectorConfig(interval=60.0), discovery, Publisher(NullBus(), 1.0), shard=shard)  # type: ignore[arg-type]
     return c, discovery, shard
 
 
