@@ -90,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
                    help="this replica's name among the collectors sharing the fleet (default: $POD_NAME, "
                         "else host-pid); replicas find each other in the NATS KV bucket kinference-collectors")
     p.add_argument("--heartbeat", type=_above_zero, default=None,
-                   help="seconds between a replica's heartbeats, below --member-ttl (default: a third of "
+                   help="seconds between a replica's heartbeats, at most half of --member-ttl (default: a third of "
                         "--member-ttl, 0.5 with its default; each beat is read by every replica)")
     p.add_argument("--member-ttl", type=_above_zero, default=1.5,
                    help="a replica silent this long is dead and its share is taken over (default 1.5)")
@@ -137,9 +137,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.heartbeat is None:
         args.heartbeat = args.member_ttl / 3
-    elif args.heartbeat >= args.member_ttl:
-        ap.error(f"--heartbeat {args.heartbeat:g} must be below --member-ttl {args.member_ttl:g} (a third of it "
-                 "lets two beats be late before the others take this replica for dead)")
+    elif args.heartbeat > args.member_ttl / 2:
+        ap.error(f"--heartbeat {args.heartbeat:g} must be at most half of --member-ttl {args.member_ttl:g} (with "
+                 "one beat a TTL, a single late beat has the others take this replica for dead; a third of it, "
+                 "the default, lets two be late)")
     return args
 
 

@@ -65,10 +65,9 @@ GPU_INDEX_EVERY = 0.1
 GPU_SHARE_UNCHANGED_FRACTION = 1 / 3
 #: the GPU stats a replica shares within this many seconds go out in one message
 #: (each message wakes every other replica: one per exporter woke each of four
-#: replicas sharing 125 exporters about ten times a second)
+#: replicas sharing 125 exporters about ten times a second), cut in as many as
+#: the server's largest message needs
 GPU_SHARE_BATCH = 0.05
-#: at most this many exporters' stats in one message (eight GPUs each: ~30 KB)
-GPU_SHARE_MAX_EXPORTERS = 64
 
 
 def phase(key: str, interval: float) -> float:
@@ -791,8 +790,9 @@ _GpuPods = list[tuple[str, str, float | None, float | None, int | None, int]]
 
 
 class _GpuShare(msgspec.Struct, array_like=True):
-    """One exporter's stats, as replicas before 2026-12-06 send them (still read,
-    so that a rolling upgrade loses no share)."""
+    """One exporter's stats, the only form replicas before 2026-12-06 read and
+    send: still read, and sent while such a replica is a member (its beat has
+    no ``gpu_shares``), so that a rolling upgrade loses no share either way."""
     replica: str
     address: str
     #: (namespace, pod, utilization, memory usage, xid, gpus)
@@ -806,35 +806,107 @@ class _GpuShares(msgspec.Struct, array_like=True):
     exporters: list[tuple[str, _GpuPods]]
 
 
+def _gpu_pods(stats: Mapping[tuple[str, str], GpuStats]) -> _GpuPods:
+    return [(ns, pod, g.utilization, g.memory_usage, g.xid_error, g.gpus) for (ns, pod), g in stats.items()]
+
+
+def gpu_share_messages(me: str, batch: list[tuple[str, _GpuPods]], batched: bool, limit: int) -> list[bytes]:
+    """The messages that carry ``batch`` (exporter address, its pods): one for
+    all, halved until each fits in ``limit`` bytes, or with ``batched`` False
+    (a member reads one exporter a message) one per exporter. An exporter
+    whose own stats exceed ``limit`` is left out (:class:`GpuShareTooLarge`
+    says which, once the others are sent)."""
+    out: list[bytes] = []
+    big: list[str] = []
+    if not batched:
+        for address, pods in batch:
+            data = _gpu_enc.encode(_GpuShare(me, address, pods))
+            if len(data) <= limit:
+                out.append(data)
+            else:
+                big.append(address)
+        if big:
+            raise GpuShareTooLarge(out, big, limit)
+        return out
+    data = _gpu_enc.encode(_GpuShares(me, batch))
+    if len(data) <= limit:
+        return [data]
+    if len(batch) == 1:
+        raise GpuShareTooLarge([], [batch[0][0]], limit)
+    half = len(batch) // 2
+    for part in (batch[:half], batch[half:]):
+        try:
+            out.extend(gpu_share_messages(me, part, batched, limit))
+        except GpuShareTooLarge as exc:
+            out.extend(exc.sendable)
+            big.extend(exc.exporters)
+    if big:
+        raise GpuShareTooLarge(out, big, limit)
+    return out
+
+
+class GpuShareTooLarge(Exception):
+    """Exporters whose stats alone exceed the server's largest message."""
+
+    def __init__(self, sendable: list[bytes], exporters: list[str], limit: int) -> None:
+        super().__init__(f"the GPU stats of {len(exporters)} exporter(s) ({', '.join(exporters[:3])}"
+                         f"{', ...' if len(exporters) > 3 else ''}) exceed the NATS server's max_payload "
+                         f"({limit} bytes): not shared with the other replicas")
+        self.sendable, self.exporters = sendable, exporters
+
+
 async def share_between_replicas(nc: Any, collector: Collector, *, status: bool) -> list[Any]:
     """Wire a sharded collector to the others: GPU stats of the DCGM exporters
     each replica scrapes go to every replica (an engine pod and its node's
-    exporter may belong to different replicas), those of one turn of scrapes
-    in one message (:data:`GPU_SHARE_BATCH`), and with ``status`` (the
+    exporter may belong to different replicas), those it reads within
+    :data:`GPU_SHARE_BATCH` in one message (one per exporter while a member
+    of a version before reads no other form), and with ``status`` (the
     leader writes the Kubernetes statuses) every endpoint state is followed
     while this replica leads (:class:`StateFollower`)."""
     assert collector.shard is not None
-    me = collector.shard.id
+    shard = collector.shard
+    me = shard.id
     dec, dec_one = msgspec.json.Decoder(_GpuShares), msgspec.json.Decoder(_GpuShare)
     loop = asyncio.get_running_loop()
     sending: set[asyncio.Task[None]] = set()
     waiting: dict[str, dict[tuple[str, str], GpuStats]] = {}
     flush_at: list[asyncio.TimerHandle] = []
+    failing = [False]  # a failed share is logged once until one goes out again
+
+    def failed(error: str) -> None:
+        if not failing[0]:
+            failing[0] = True
+            log.warning("gpu_share_failed", error=error[:300])
+
+    def sent(t: asyncio.Task[None]) -> None:
+        sending.discard(t)
+        if t.cancelled():
+            return
+        exc = t.exception()
+        if exc is not None:
+            failed(f"{type(exc).__name__}: {exc}")
+        elif failing[0]:
+            failing[0] = False
+            log.info("gpu_share_recovered")
 
     def flush() -> None:
         flush_at.clear()
-        batch = list(waiting.items())
+        batch = [(address, _gpu_pods(stats)) for address, stats in waiting.items()]
         waiting.clear()
-        for k in range(0, len(batch), GPU_SHARE_MAX_EXPORTERS):
-            msg = _GpuShares(me, [(address, [(ns, pod, g.utilization, g.memory_usage, g.xid_error, g.gpus)
-                                             for (ns, pod), g in stats.items()])
-                                  for address, stats in batch[k:k + GPU_SHARE_MAX_EXPORTERS]])
-            t = asyncio.create_task(nc.publish(subjects.COLLECTOR_GPU_SUBJECT, _gpu_enc.encode(msg)))
+        # the server's largest message, less room for the protocol's header
+        limit = max(1024, int(getattr(nc, "max_payload", 0) or 1 << 20) - 512)
+        try:
+            messages = gpu_share_messages(me, batch, shard.batched_gpu_shares(), limit)
+        except GpuShareTooLarge as exc:
+            messages = exc.sendable
+            failed(str(exc))
+        for data in messages:
+            t = asyncio.create_task(nc.publish(subjects.COLLECTOR_GPU_SUBJECT, data))
             sending.add(t)
-            t.add_done_callback(lambda t: (sending.discard(t), t.cancelled() or t.exception()))
+            t.add_done_callback(sent)
 
     def share(address: str, stats: dict[tuple[str, str], GpuStats]) -> None:
-        if len(collector.shard.members) == 1:  # type: ignore[union-attr]
+        if len(shard.members) == 1:
             return
         waiting[address] = stats
         if not flush_at:

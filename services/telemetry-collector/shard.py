@@ -131,6 +131,14 @@ class _Beat(msgspec.Struct):
     #: ready replicas, so a starting one takes nothing from them before it
     #: can scrape); a beat without the field is from a replica that is
     ready: bool = True
+    #: the GPU shares it reads: 2, several exporters a message; a beat without
+    #: the field is from a replica that reads one exporter a message only
+    #: (before 2026-12-06), which the others keep sending while it is a member
+    gpu_shares: int = 1
+
+
+#: what this version's beats say of the GPU shares it reads (:class:`_Beat`)
+GPU_SHARES_BATCHED = 2
 
 
 class Membership:
@@ -178,8 +186,16 @@ class Membership:
         self._beats: dict[str, float] = {}
         #: member -> the KV revision of its newest beat seen (a drop deletes that one only)
         self._revisions: dict[str, int] = {}
+        #: member -> the GPU-share form its newest beat says it reads (``_Beat.gpu_shares``)
+        self._gpu_forms: dict[str, int] = {}
         self._watcher: Any = None
         self._follow: asyncio.Task[None] | None = None
+
+    def batched_gpu_shares(self) -> bool:
+        """Every other member reads GPU shares of several exporters a message
+        (during a rolling upgrade from a version before, some do not)."""
+        return all(self._gpu_forms.get(m, GPU_SHARES_BATCHED) >= GPU_SHARES_BATCHED
+                   for m in self.members if m != self.id)
 
     def on_change(self, cb: Callable[[], None]) -> None:
         """``cb()`` whenever the members change."""
@@ -272,8 +288,11 @@ class Membership:
                     continue
             if b is None:  # deleted: no revision to keep (replica ids come and go with pods)
                 self._revisions.pop(key, None)
-            elif entry.revision:
-                self._revisions[key] = entry.revision
+                self._gpu_forms.pop(key, None)
+            else:
+                self._gpu_forms[key] = b.gpu_shares
+                if entry.revision:
+                    self._revisions[key] = entry.revision
             if b is None or b.at <= 0 or not b.ready:  # gone, leaving, or not scraping yet
                 self._beats.pop(key, None)
             elif caught_up:
@@ -300,7 +319,8 @@ class Membership:
         arrived over ``ttl`` ago."""
         try:
             kv = await self._open()
-            await kv.put(self.id, self._enc.encode(_Beat(self.id, self._clock(), self.ready)))  # type: ignore[attr-defined]
+            await kv.put(self.id, self._enc.encode(  # type: ignore[attr-defined]
+                _Beat(self.id, self._clock(), self.ready, GPU_SHARES_BATCHED)))
             if self._follow is not None and self._follow.done():  # the watch ended: open it again
                 raise RuntimeError("the watch of the members bucket ended")
             if asyncio.get_running_loop().time() - self._own_seen > self.ttl + self.heartbeat:
@@ -480,7 +500,7 @@ class Membership:
         if self._kv is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2.0):
-                    await self._kv.put(self.id, self._enc.encode(_Beat(self.id, 0.0)))  # type: ignore[attr-defined]
+                    await self._kv.put(self.id, self._enc.encode(_Beat(self.id, 0.0, gpu_shares=GPU_SHARES_BATCHED)))  # type: ignore[attr-defined]
                     await self._kv.delete(self.id)  # type: ignore[attr-defined]
         if self._alive_sub is not None:
             with contextlib.suppress(Exception):
