@@ -93,7 +93,8 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds between a replica's heartbeats, at most half of --member-ttl (default: a third of "
                         "--member-ttl, 0.5 with its default; each beat is read by every replica)")
     p.add_argument("--member-ttl", type=_above_zero, default=1.5,
-                   help="a replica silent this long is dead and its share is taken over (default 1.5)")
+                   help="a replica silent this long is dead and its share is taken over; each replica's "
+                        "beats say its own, and the others wait the longer of theirs and it (default 1.5)")
     p.add_argument("--probe-misses", type=_whole_at_least(0), default=2,
                    help="each replica probes the next one every --interval; a replica that leaves this many "
                         "probes in a row unanswered while NATS still holds its connection (a node gone, a "

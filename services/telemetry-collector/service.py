@@ -278,12 +278,17 @@ class Collector:
 
     def reassign(self) -> None:
         """The replicas changed: take this replica's share of the last discovered
-        targets, and share every exporter's stats again at its next scrape (a
-        replica that just joined has none of the others' yet)."""
-        for d in self._dcgm.values():
-            d.shared_at = float("-inf")
+        targets, and share every exporter's stats it holds again now (a replica
+        that just joined has none of the others' yet, and would publish its
+        pods without them until their next scrape)."""
         if self.running:
             self.apply_targets(self._discovered)
+        if self.share_gpu is not None:
+            now = self._clock()
+            for d in self._dcgm.values():
+                if d.last_success is not None and d.stats:
+                    d.shared_at = now
+                    self.share_gpu(d.target.address, d.stats)
 
     def apply_targets(self, targets: list[Target]) -> None:
         """Start tasks for new targets, stop removed ones, update changed ones.

@@ -135,6 +135,11 @@ class _Beat(msgspec.Struct):
     #: the field is from a replica that reads one exporter a message only
     #: (before 2026-12-06), which the others keep sending while it is a member
     gpu_shares: int = 1
+    #: how long it may go silent (its ``--member-ttl``; its beats are paced by
+    #: it): the others wait at least that long before they take it for dead,
+    #: so replicas started with different TTLs do not drop each other between
+    #: beats (0: not said, a replica before 2026-12-06)
+    ttl: float = 0.0
 
 
 #: what this version's beats say of the GPU shares it reads (:class:`_Beat`)
@@ -188,6 +193,8 @@ class Membership:
         self._revisions: dict[str, int] = {}
         #: member -> the GPU-share form its newest beat says it reads (``_Beat.gpu_shares``)
         self._gpu_forms: dict[str, int] = {}
+        #: member -> how long it may be silent: the larger of its own TTL (``_Beat.ttl``) and this one's
+        self._ttls: dict[str, float] = {}
         self._watcher: Any = None
         self._follow: asyncio.Task[None] | None = None
 
@@ -289,8 +296,10 @@ class Membership:
             if b is None:  # deleted: no revision to keep (replica ids come and go with pods)
                 self._revisions.pop(key, None)
                 self._gpu_forms.pop(key, None)
+                self._ttls.pop(key, None)
             else:
                 self._gpu_forms[key] = b.gpu_shares
+                self._ttls[key] = max(self.ttl, b.ttl)
                 if entry.revision:
                     self._revisions[key] = entry.revision
             if b is None or b.at <= 0 or not b.ready:  # gone, leaving, or not scraping yet
@@ -300,7 +309,7 @@ class Membership:
             elif not known:
                 written = entry.created.timestamp() if entry.created is not None else b.at
                 age = max(0.0, self._clock() - written)
-                if age <= self.ttl:  # else it died before this replica listened
+                if age <= self._ttls[key]:  # else it died before this replica listened
                     self._beats[key] = loop.time() - age
             if known != (key in self._beats):
                 self._update_members()
@@ -320,7 +329,7 @@ class Membership:
         try:
             kv = await self._open()
             await kv.put(self.id, self._enc.encode(  # type: ignore[attr-defined]
-                _Beat(self.id, self._clock(), self.ready, GPU_SHARES_BATCHED)))
+                _Beat(self.id, self._clock(), self.ready, GPU_SHARES_BATCHED, self.ttl)))
             if self._follow is not None and self._follow.done():  # the watch ended: open it again
                 raise RuntimeError("the watch of the members bucket ended")
             if asyncio.get_running_loop().time() - self._own_seen > self.ttl + self.heartbeat:
@@ -340,7 +349,7 @@ class Membership:
             self._failing = False
             log.info("membership_recovered")
         now = asyncio.get_running_loop().time()
-        for key in [k for k, at in self._beats.items() if now - at > self.ttl]:
+        for key in [k for k, at in self._beats.items() if now - at > self._ttls.get(k, self.ttl)]:
             del self._beats[key]
             self._revisions.pop(key, None)
         self._update_members()

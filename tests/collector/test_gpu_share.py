@@ -183,11 +183,14 @@ async def test_unchanged_stats_are_shared_again_at_a_third_of_the_staleness_boun
         now[0] = 1061.0
         await c.scrape_dcgm(d)  # a new page: at once
         assert shared[-1] == 1061.0
-        # the replicas changed: the next scrape shares again, for a replica that just joined
+        # the replicas changed: shared again at once, for a replica that just joined
         c._dcgm[d.target.key] = d
+        now[0] = 1061.5
         c.reassign()
+        assert shared[-1] == 1061.5
+        n = len(shared)
         now[0] = 1062.0
         await c.scrape_dcgm(d)
-        assert shared[-1] == 1062.0
+        assert len(shared) == n  # and not again at the next scrape
     finally:
         await c.stop()

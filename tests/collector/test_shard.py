@@ -631,3 +631,25 @@ async def test_after_an_outage_of_everyone_the_first_back_keeps_the_others(nats_
     await a.stop()
     await _until_beating(b, lambda: b.members == ["collector-b"])  # one that left still goes
     await b.stop()
+
+
+async def test_replicas_started_with_different_ttls_do_not_drop_each_other_between_beats(nats_server: Any) -> None:
+    """The heartbeat follows each replica's own --member-ttl: one started with
+    a longer TTL beats less often than the others' TTL. Its beats say its TTL,
+    and the others wait that long before they take it for dead (a trial saw
+    such a replica dropped and added back twenty times in 22 s)."""
+    a = await _members(nats_server.url, "collector-a", "test-members-ttls", 0.2, 0.6)
+    b = await _members(nats_server.url, "collector-b", "test-members-ttls", 1.0, 3.0)
+    changes: list[list[str]] = []
+    a.on_change(lambda: changes.append(list(a.members)))
+    await a.start()
+    await b.start()
+    await a.set_ready()
+    await b.set_ready()
+    await _until(lambda: a.members == ["collector-a", "collector-b"])
+    joined = len(changes)
+    await asyncio.sleep(3.5)  # three of b's beats, each over a's own TTL after the last
+    assert a.members == ["collector-a", "collector-b"] and len(changes) == joined
+    await b.stop()
+    await _until(lambda: a.members == ["collector-a"])  # a leave still moves it at once
+    await a.stop()
