@@ -769,13 +769,24 @@ async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = Non
     delay = 0.5
     failures = 0
     while not stop.is_set():
+        # the client itself retries an unreachable server for as long as it may
+        # reconnect (forever): a stop (SIGTERM) must not wait for it
+        connecting = asyncio.ensure_future(nats.connect(
+            pool, name="kinference-telemetry-collector", max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5, connect_timeout=2, error_cb=on_error,
+            disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
+            **{**NATS_KEEPALIVE, **(options or {})},
+        ))
+        stopping = asyncio.ensure_future(stop.wait())
         try:
-            return await nats.connect(
-                pool, name="kinference-telemetry-collector", max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5, connect_timeout=2, error_cb=on_error,
-                disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
-                **{**NATS_KEEPALIVE, **(options or {})},
-            )
+            await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not connecting.done():
+            await cancel_and_wait(connecting)
+            return None
+        try:
+            return connecting.result()
         except (TypeError, ValueError):  # options the client refuses: no retry makes them right
             raise
         except Exception as exc:  # unreachable, restarting, refusing for now: retried

@@ -41,3 +41,16 @@ async def test_an_unreachable_server_is_still_waited_for() -> None:
             assert nc is not None and nc.is_connected  # type: ignore[attr-defined]
         finally:
             await bus.close(nc)  # type: ignore[arg-type]
+
+
+async def test_a_stop_while_the_server_is_unreachable_ends_the_wait() -> None:
+    """The client retries an unreachable server by itself, forever: a SIGTERM
+    then went unheard (a trial's collector, started with NATS away, outlived
+    ``kill -TERM`` until ``kill -9``). A stop now ends the wait."""
+    port = natsserver.free_port()
+    stop = asyncio.Event()
+    connecting = asyncio.create_task(connect_nats(f"nats://127.0.0.1:{port}", stop))
+    await asyncio.sleep(3.0)  # past the client's first attempts
+    assert not connecting.done()
+    stop.set()
+    assert await asyncio.wait_for(connecting, 5) is None
