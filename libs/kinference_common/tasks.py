@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
+from typing import TypeVar
 
-__all__ = ["cancel_and_wait"]
+__all__ = ["cancel_and_wait", "unless_stopped"]
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(*tasks: asyncio.Task[object] | asyncio.Future[object] | None,
@@ -36,3 +40,21 @@ async def cancel_and_wait(*tasks: asyncio.Task[object] | asyncio.Future[object] 
         if t is not None and t.done() and not t.cancelled():
             with contextlib.suppress(BaseException):
                 t.exception()
+
+
+async def unless_stopped(aw: Awaitable[T], stop: asyncio.Event) -> asyncio.Future[T] | None:
+    """Run ``aw`` until it ends or ``stop`` is set, whichever comes first: the
+    ended future (its result or exception for the caller to read), or None
+    once ``aw`` was cancelled and has ended. For a start that may wait for
+    ever (nats-py's connect retries an unreachable server by itself, an API
+    server may never answer) while a SIGTERM must still be heard."""
+    running = asyncio.ensure_future(aw)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if running.done():
+        return running
+    await cancel_and_wait(running)
+    return None

@@ -17,7 +17,7 @@ import structlog
 from kinference_common.classifiers import DEFAULT_MAX_CHARS
 from kinference_common import bus, logs, natsauth
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
-from kinference_common.tasks import cancel_and_wait
+from kinference_common.tasks import unless_stopped
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,17 +81,12 @@ async def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # Until NATS answers, start() keeps retrying; a signal must still end the process.
-    starting = asyncio.ensure_future(service.start())
-    stopping = asyncio.ensure_future(stop.wait())
     try:
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
+        starting = await unless_stopped(service.start(), stop)
+        if starting is not None:
             starting.result()  # raise a start error
-            await stopping
-        else:
-            await cancel_and_wait(starting)
+            await stop.wait()
     finally:
-        stopping.cancel()
         await service.stop()
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kinference_common import bus, logs, natsauth
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
-from kinference_common.tasks import cancel_and_wait
+from kinference_common.tasks import unless_stopped
 from kinference_policy_compiler.service import PolicyCompilerService, Settings
 
 
@@ -103,13 +103,9 @@ async def run(args: argparse.Namespace) -> int:
     loop.add_signal_handler(signal.SIGHUP, service.wake)
     # Starting waits for NATS (it retries forever, logging); a signal while
     # waiting still stops the process cleanly.
-    starting = asyncio.create_task(service.start())
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if not starting.done():
-        await cancel_and_wait(starting)
+    starting = await unless_stopped(service.start(), stop)
+    if starting is None:
         return 0
-    stopping.cancel()
     if (exc := starting.exception()) is not None:  # e.g. the HTTP port is taken
         print(f"kinference-policy-compiler: cannot start: {exc}", file=sys.stderr)
         await service.stop()
@@ -133,14 +129,10 @@ async def run_kubernetes(args: argparse.Namespace, settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    starting = asyncio.create_task(mode.start())
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if not starting.done():
-        await cancel_and_wait(starting)
+    starting = await unless_stopped(mode.start(), stop)
+    if starting is None:
         await mode.stop()
         return 0
-    stopping.cancel()
     if (exc := starting.exception()) is not None:
         what = str(exc) if isinstance(exc, KubeConfigError) else f"{type(exc).__name__}: {exc}"
         print(f"kinference-policy-compiler: cannot start: {what}", file=sys.stderr)

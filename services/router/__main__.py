@@ -15,7 +15,7 @@ import structlog
 
 from kinference_common import bus, logs, recording
 from kinference_common import natsauth
-from kinference_common.tasks import cancel_and_wait
+from kinference_common.tasks import unless_stopped
 from kinference_router import provider_request, replica_sync
 from kinference_router.classification import Classification
 from kinference_router.classification import configure as configure_classification
@@ -326,12 +326,9 @@ async def serve(args: argparse.Namespace, namespace: str, pool: str, auth: Authe
         return 1
     if settings.replica_sync:  # every replica holds the router's password, no other NATS user does
         settings.prefix_key = replica_sync.hash_key(nats_options.get("password"))
-    connecting = asyncio.create_task(bus.connect(args.nats_url, name="kinference-router", on_reconnect=reconnected,
-                                                 **nats_options))
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if not connecting.done():
-        await cancel_and_wait(connecting)
+    connecting = await unless_stopped(bus.connect(args.nats_url, name="kinference-router", on_reconnect=reconnected,
+                                                  **nats_options), stop)
+    if connecting is None:
         return 0
     nc = connecting.result()
     router = Router(settings, auth, secrets, nc=nc) if pool else MultiPoolRouter(settings, auth, secrets, nc=nc)

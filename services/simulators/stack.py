@@ -83,7 +83,7 @@ import yaml
 from kinference_common.manifests import DocumentRef, ManifestError
 from kinference_common.natsauth import LocalAuth
 from kinference_common.natsserver import cluster_members, find_binary
-from kinference_common.tasks import cancel_and_wait
+from kinference_common.tasks import unless_stopped
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
@@ -702,13 +702,9 @@ async def _run(stack: Stack, args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     _say("Starting Kinference locally (simulated GPUs)...", flush=True)
     try:
-        starting = asyncio.create_task(stack.start(args.speed_profile, args.time_scale))
-        stopping = asyncio.create_task(stop.wait())
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():
-            await cancel_and_wait(starting)
+        starting = await unless_stopped(stack.start(args.speed_profile, args.time_scale), stop)
+        if starting is None:
             return 130
-        stopping.cancel()
         starting.result()
         if args.smoke:
             result = await asyncio.to_thread(smoke_request, stack.port(ENVOY_PORTS["envoy"] if args.envoy else 8080))

@@ -35,7 +35,7 @@ from kinference_common.bus import close as close_nats
 from kinference_common.bus import KEEPALIVE as NATS_KEEPALIVE
 from kinference_common.bus import servers as nats_servers
 from kinference_common.messages import EndpointState, Observation, ProviderKeyReport
-from kinference_common.tasks import cancel_and_wait
+from kinference_common.tasks import cancel_and_wait, unless_stopped
 from kinference_common.upstream_http import UpstreamClient
 
 from .derive import DeriveConfig, EndpointTracker, GpuStats, gpu_stats_by_pod, merge_gpu_stats
@@ -771,19 +771,13 @@ async def connect_nats(url: str, stop: asyncio.Event, options: dict | None = Non
     while not stop.is_set():
         # the client itself retries an unreachable server for as long as it may
         # reconnect (forever): a stop (SIGTERM) must not wait for it
-        connecting = asyncio.ensure_future(nats.connect(
+        connecting = await unless_stopped(nats.connect(
             pool, name="kinference-telemetry-collector", max_reconnect_attempts=-1,
             reconnect_time_wait=0.5, connect_timeout=2, error_cb=on_error,
             disconnected_cb=on_disconnected, reconnected_cb=on_reconnected,
             **{**NATS_KEEPALIVE, **(options or {})},
-        ))
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not connecting.done():
-            await cancel_and_wait(connecting)
+        ), stop)
+        if connecting is None:
             return None
         try:
             return connecting.result()
