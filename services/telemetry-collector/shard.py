@@ -191,18 +191,22 @@ class Membership:
         self._beats: dict[str, float] = {}
         #: member -> the KV revision of its newest beat seen (a drop deletes that one only)
         self._revisions: dict[str, int] = {}
-        #: member -> the GPU-share form its newest beat says it reads (``_Beat.gpu_shares``)
-        self._gpu_forms: dict[str, int] = {}
-        #: member -> how long it may be silent: the larger of its own TTL (``_Beat.ttl``) and this one's
-        self._ttls: dict[str, float] = {}
+        #: member -> its newest beat (what it says of itself: its TTL, the GPU shares it reads)
+        self._said: dict[str, _Beat] = {}
         self._watcher: Any = None
         self._follow: asyncio.Task[None] | None = None
 
     def batched_gpu_shares(self) -> bool:
         """Every other member reads GPU shares of several exporters a message
         (during a rolling upgrade from a version before, some do not)."""
-        return all(self._gpu_forms.get(m, GPU_SHARES_BATCHED) >= GPU_SHARES_BATCHED
-                   for m in self.members if m != self.id)
+        return all(self._said[m].gpu_shares >= GPU_SHARES_BATCHED
+                   for m in self.members if m != self.id and m in self._said)
+
+    def _ttl_of(self, member: str) -> float:
+        """How long ``member`` may be silent: the longer of its own TTL, as its
+        beats say, and this replica's."""
+        said = self._said.get(member)
+        return self.ttl if said is None else max(self.ttl, said.ttl)
 
     def on_change(self, cb: Callable[[], None]) -> None:
         """``cb()`` whenever the members change."""
@@ -295,11 +299,9 @@ class Membership:
                     continue
             if b is None:  # deleted: no revision to keep (replica ids come and go with pods)
                 self._revisions.pop(key, None)
-                self._gpu_forms.pop(key, None)
-                self._ttls.pop(key, None)
+                self._said.pop(key, None)
             else:
-                self._gpu_forms[key] = b.gpu_shares
-                self._ttls[key] = max(self.ttl, b.ttl)
+                self._said[key] = b
                 if entry.revision:
                     self._revisions[key] = entry.revision
             if b is None or b.at <= 0 or not b.ready:  # gone, leaving, or not scraping yet
@@ -309,7 +311,7 @@ class Membership:
             elif not known:
                 written = entry.created.timestamp() if entry.created is not None else b.at
                 age = max(0.0, self._clock() - written)
-                if age <= self._ttls[key]:  # else it died before this replica listened
+                if age <= self._ttl_of(key):  # else it died before this replica listened
                     self._beats[key] = loop.time() - age
             if known != (key in self._beats):
                 self._update_members()
@@ -349,7 +351,7 @@ class Membership:
             self._failing = False
             log.info("membership_recovered")
         now = asyncio.get_running_loop().time()
-        for key in [k for k, at in self._beats.items() if now - at > self._ttls.get(k, self.ttl)]:
+        for key in [k for k, at in self._beats.items() if now - at > self._ttl_of(k)]:
             del self._beats[key]
             self._revisions.pop(key, None)
         self._update_members()
