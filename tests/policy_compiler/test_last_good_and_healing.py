@@ -248,14 +248,13 @@ async def _rules_are(nc: nats.NATS, rules: list[str]) -> bool:
     return await rules_published(nc) == rules
 
 
-def test_a_file_removed_and_written_again_comes_back_as_a_newcomer(tmp_path: Path) -> None:
+def test_a_file_removed_and_written_again_comes_back_as_a_newcomer(manifests: Path) -> None:
     """The order in force forgets a removed file: written again later, it is
     refused against a definition that came in force meanwhile."""
     from kinference_common.compiler import compile_documents
     from kinference_policy_compiler.source import DirectorySource
 
-    d = tmp_path / "m"
-    shutil.copytree(EXAMPLES, d)
+    d = manifests
     src = DirectorySource(d)
     src.poll()
     policy = d / "10-burst-policy.yaml"
@@ -323,14 +322,13 @@ def _winner(src) -> list[str]:  # type: ignore[no-untyped-def]
     return [r.name for r in res.pools[("default", "inference-all")].policy.rules]
 
 
-def test_a_newcomer_never_takes_a_number_that_puts_it_before_the_policy_in_force(tmp_path: Path) -> None:
+def test_a_newcomer_never_takes_a_number_that_puts_it_before_the_policy_in_force(manifests: Path) -> None:
     """Review: files removed meanwhile handed their places to a newcomer
     (the place was the count of files), which then sorted before the file in
     force and replaced its policy (a PII prompt went to the provider)."""
     from kinference_policy_compiler.source import DirectorySource
 
-    d = tmp_path / "m"
-    shutil.copytree(EXAMPLES, d)
+    d = manifests
     src = DirectorySource(d)
     (d / "30-h1.yaml").write_text("# nothing\n")
     (d / "31-h2.yaml").write_text("# nothing\n")
@@ -346,11 +344,10 @@ def test_a_newcomer_never_takes_a_number_that_puts_it_before_the_policy_in_force
     assert _winner(src) == ["local-first-then-provider-unless-pii"]
 
 
-def test_renaming_the_file_in_force_keeps_its_policy_before_a_refused_duplicate(tmp_path: Path) -> None:
+def test_renaming_the_file_in_force_keeps_its_policy_before_a_refused_duplicate(manifests: Path) -> None:
     from kinference_policy_compiler.source import DirectorySource
 
-    d = tmp_path / "m"
-    shutil.copytree(EXAMPLES, d)
+    d = manifests
     src = DirectorySource(d)
     src.poll()
     (d / "50-other.yaml").write_text(ALL_TO_PROVIDER)  # refused: the example's policy is in force
@@ -366,14 +363,13 @@ def test_renaming_the_file_in_force_keeps_its_policy_before_a_refused_duplicate(
     assert _winner(src) == ["edited"]
 
 
-def test_a_copy_of_the_file_in_force_does_not_take_over_when_the_original_is_edited(tmp_path: Path) -> None:
+def test_a_copy_of_the_file_in_force_does_not_take_over_when_the_original_is_edited(manifests: Path) -> None:
     """Second review: `cp 10-burst-policy.yaml 50-copy.yaml` (refused), then an
     edit of the original: the copy matched the definition in force by its
     text and took over, and its later edits went into force."""
     from kinference_policy_compiler.source import DirectorySource
 
-    d = tmp_path / "m"
-    shutil.copytree(EXAMPLES, d)
+    d = manifests
     src = DirectorySource(d)
     src.poll()
     original = d / "10-burst-policy.yaml"
