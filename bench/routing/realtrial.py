@@ -48,9 +48,10 @@ For each router under test, in turn:
    ``/metrics`` gives prefix-cache queries and hits, preemptions and the
    requests it served.
 
-For every (groups, seed) pair it prints a table, the routers' slowest 1% by
-where their delay came from (:func:`sources`), and at the end one line per
-pair with the goal; writes ``bench/results/routing_realtrial.json`` (a
+For every (groups, seed) pair it prints a table (with the floor of its
+arrivals, :func:`floors`: what no router can go below), the routers'
+slowest 1% by where their delay came from (:func:`sources`), and at the end
+one line per pair with the goal, judged also against the floor; writes ``bench/results/routing_realtrial.json`` (a
 ``runs`` list, one per pair, each with a row per router keeping every
 request's TTFT, e2e, send time, pod and cached tokens) and exits 1 when any
 request failed (or a router could not be started). Every process
@@ -83,8 +84,11 @@ from kinference_common.natsauth import LocalAuth
 from kinference_common.natsserver import find_binary
 from kinference_simulators.stack import Proc, Stack, StackError
 
+from kinference_simulators.profiles import get_profile
+
 from .crosscheck import _metric
 from .fleet import NAMESPACE, PodSpec
+from .floor import prefill_seconds
 from .kinference import FASTEST_LOCAL, POOL, manifests
 from .workloads import SimRequest, generate
 
@@ -92,6 +96,8 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results" / "routing_realtrial.json"
 PODS = 4
 BLOCKS = 1200
+#: the simulators' KV block, in tokens (only whole blocks of a prompt are cached)
+BLOCK_TOKENS = 16
 PROFILE = "h100"
 RATE = 18.0
 DURATION = 60.0
@@ -186,6 +192,54 @@ def group_firsts(reqs: Sequence[SimRequest]) -> set[int]:
     return set(first_of.values())
 
 
+@dataclass(frozen=True)
+class Floor:
+    """The least TTFT any router could give one request on the trial's arrivals."""
+
+    ttft: float
+    #: sent while its group's first request could still be prefilling: no pod
+    #: could hold the group's prompt yet, so it waits or prefills it too
+    early: bool = False
+
+
+def floors(reqs: Sequence[SimRequest], profile: str = PROFILE) -> list[Floor]:
+    """Per request, in arrival order, what no router can go below on these
+    arrivals, from the simulators' own step model on idle pods
+    (:func:`.floor.prefill_seconds`): a group's first request prefills its
+    whole prompt (every router's cold start); a later one finds the group's
+    system prompt cached (its whole blocks) at best once the first's prefill
+    could have ended, and before that it either waits for it or prefills its
+    whole prompt elsewhere, whichever ends sooner. Queueing behind other
+    requests, evictions and the routers' own time only add to it, so a run's
+    TTFT quantiles are at or above these floors' (up to the HTTP time the
+    model leaves out, a few milliseconds)."""
+    speed = get_profile(profile)
+    ready: dict[int, float] = {}  # group -> when its prompt can first be cached somewhere
+    out: list[Floor] = []
+    for r in reqs:
+        cold = prefill_seconds(speed, r.prompt_tokens)
+        if r.group not in ready:
+            ready[r.group] = r.time + cold
+            out.append(Floor(cold))
+            continue
+        cached = min(r.prefix_tokens, r.prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+        warm = prefill_seconds(speed, r.prompt_tokens - cached)
+        wait = ready[r.group] - r.time
+        out.append(Floor(warm) if wait <= 0 else Floor(min(cold, wait + warm), early=True))
+    return out
+
+
+def floor_row(reqs: Sequence[SimRequest]) -> dict:
+    """The floors' quantiles, as a result row's (``router``: ``floor``)."""
+    fl = floors(reqs)
+    firsts = group_firsts(reqs)
+    ttft = [f.ttft for f in fl]
+    return {"router": "floor", "requests": len(reqs), "ttft_p50_s": quantile(ttft, 0.5),
+            "ttft_p90_s": quantile(ttft, 0.9), "ttft_p99_s": quantile(ttft, 0.99),
+            "ttft_p99_after_first_s": quantile([f.ttft for i, f in enumerate(fl) if i not in firsts], 0.99),
+            "early": sum(f.early for f in fl)}
+
+
 def outcomes_of(row: dict) -> list[Outcome]:
     """A result row's per-request lists back as outcomes (for ``--report``)."""
     n = len(row["ttft_s"])
@@ -201,6 +255,7 @@ WARM_SHARE = 0.9
 #: why a request waited, in the order the tables show them
 SOURCES = {
     "group_first": "its group's first request (cold for every router)",
+    "early": "sent while its group's first could still be prefilling (no pod could hold the prompt yet)",
     "cold": "a later request of its group sent to a pod without the group's prompt cached",
     "behind_cold": "warm, but sent to a pod that was prefilling a cold prompt (sent before it, first token after)",
     "warm": "warm, with no cold prefill in flight on its pod",
@@ -212,14 +267,17 @@ def sources(reqs: Sequence[SimRequest], outcomes: Sequence[Outcome]) -> list[str
     """Each request's source of delay (a key of :data:`SOURCES`; None for a
     request without a first chunk), from what the client saw: arrival order,
     the pod that answered, the prompt tokens it found cached, send and first
-    token times."""
+    token times; ``early`` from the arrivals alone (:func:`floors`)."""
     firsts = group_firsts(reqs)
+    early = [f.early for f in floors(reqs)]
     cats: list[str | None] = []
     for i, (r, o) in enumerate(zip(reqs, outcomes, strict=True)):
         if o.ttft is None:
             cats.append(None)
         elif i in firsts:
             cats.append("group_first")
+        elif early[i]:
+            cats.append("early")
         elif o.cached is None or o.pod is None:
             cats.append("unknown")
         elif o.cached < WARM_SHARE * r.prefix_tokens:
@@ -227,8 +285,10 @@ def sources(reqs: Sequence[SimRequest], outcomes: Sequence[Outcome]) -> list[str
         else:
             cats.append("warm")
     cold_on: dict[str, list[tuple[float, float]]] = {}
-    for c, o in zip(cats, outcomes, strict=True):
-        if c in ("group_first", "cold") and o.pod is not None and o.sent is not None and o.ttft is not None:
+    for r, c, o in zip(reqs, cats, outcomes, strict=True):
+        prefilled = c in ("group_first", "cold") or (
+            c == "early" and o.cached is not None and o.cached < WARM_SHARE * r.prefix_tokens)
+        if prefilled and o.pod is not None and o.sent is not None and o.ttft is not None:
             cold_on.setdefault(o.pod, []).append((o.sent, o.sent + o.ttft))
     for i, o in enumerate(outcomes):
         if cats[i] == "warm" and o.sent is not None and o.pod is not None:
@@ -288,7 +348,8 @@ def _count(cats: Iterable[str | None]) -> dict[str, int]:
 def tail_table(att: dict) -> str:
     """:func:`attribute`'s counts as a Markdown table and a line per router
     for the subject's slowest requests."""
-    heads = {"group_first": "group's first", "cold": "cold on its pod", "behind_cold": "behind a cold prefill",
+    heads = {"group_first": "group's first", "early": "during its group's first",
+             "cold": "cold on its pod", "behind_cold": "behind a cold prefill",
              "warm": "warm", "unknown": "unknown"}
     out = ["| router | slowest 1% | from TTFT ms | " + " | ".join(heads.values()) + " |",
            "|---|---:|---:|" + "---:|" * len(heads)]
@@ -307,14 +368,19 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.0f}"
 
 
-def table(rows: Sequence[dict]) -> str:
-    """The rows as a Markdown table (TTFT and e2e in milliseconds)."""
+def table(rows: Sequence[dict], floor: dict | None = None) -> str:
+    """The rows as a Markdown table (TTFT and e2e in milliseconds), and a
+    last line with the floors' TTFT (:func:`floor_row`) when given."""
     out = ["| router | requests | TTFT p50 ms | p90 ms | p99 ms | e2e p99 ms | hit rate | preemptions | errors |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.3f}"
         out.append(f"| {r['router']} | {r['requests']} | {_ms(r['ttft_p50_s'])} | {_ms(r['ttft_p90_s'])} | "
                    f"{_ms(r['ttft_p99_s'])} | {_ms(r['e2e_p99_s'])} | {hit} | {r['preemptions']} | {r['errors']} |")
+    if floor is not None:
+        out.append(f"| floor (no router can go below; {floor['early']} requests sent during their group's first) | "
+                   f"{floor['requests']} | {_ms(floor['ttft_p50_s'])} | {_ms(floor['ttft_p90_s'])} | "
+                   f"{_ms(floor['ttft_p99_s'])} | - | - | - | - |")
     return "\n".join(out)
 
 
@@ -595,10 +661,20 @@ def _ints(text: str) -> list[int]:
     return vals
 
 
-def goal(rows: Sequence[dict], subject: str = "kinference") -> dict | None:
+#: how close to the floor's p99 counts as at the floor (the fleet benchmark's
+#: "1.05x the idle floor"; here it also covers the HTTP time the model leaves out)
+FLOOR_SLACK = 1.05
+
+
+def goal(rows: Sequence[dict], subject: str = "kinference", floor: dict | None = None) -> dict | None:
     """The issue's goal on one run: ``subject``'s TTFT p99 at most 0.8x the
     best vllm-router policy's and its p50 no worse than the best p50 of
-    those policies; None without both."""
+    those policies; None without both. With ``floor`` (:func:`floor_row`),
+    also where the goal stands against it: ``reachable`` when 0.8x the best
+    peer's p99 is at or above the floors' p99 (else no router could meet it
+    on these arrivals), and ``met_at_floor`` when the p99 is at most the
+    larger of 0.8x the best peer's and :data:`FLOOR_SLACK` times the
+    floors' (the p50 as before)."""
     mine = next((r for r in rows if r["router"] == subject and r["ttft_p99_s"] is not None), None)
     peers = [r for r in rows if r["router"].startswith("vllm_router_") and r["ttft_p99_s"] is not None]
     if mine is None or not peers:
@@ -608,6 +684,12 @@ def goal(rows: Sequence[dict], subject: str = "kinference") -> dict | None:
     p99, p50 = mine["ttft_p99_s"] / best["ttft_p99_s"], mine["ttft_p50_s"] / best_p50
     out = {"best_peer": best["router"], "p99_ratio": round(p99, 3), "p50_ratio": round(p50, 3),
            "met": p99 <= 0.8 and p50 <= 1.0}
+    if floor is not None and floor.get("ttft_p99_s"):
+        target = 0.8 * best["ttft_p99_s"]
+        least = floor["ttft_p99_s"]
+        out |= {"floor_p99_s": least, "p99_over_floor": round(mine["ttft_p99_s"] / least, 3),
+                "reachable": target >= least,
+                "met_at_floor": mine["ttft_p99_s"] <= max(target, FLOOR_SLACK * least) and p50 <= 1.0}
     # the same without each group's first request, against the peer best at that
     rest = [r for r in peers if r.get("ttft_p99_after_first_s") is not None]
     if mine.get("ttft_p99_after_first_s") is not None and rest:
@@ -623,8 +705,9 @@ def sweep_table(runs: Sequence[dict]) -> str:
     (``kinference``'s, or ``kinference_3``'s in a run without one replica)."""
     routers = list(dict.fromkeys(r["router"] for run in runs for r in run["rows"]))
     out = ["| groups | seed | " + " | ".join(f"{r} p50 / p99 / p99 without firsts, ms" for r in routers)
-           + " | p99 / best peer | goal | without firsts / best peer | goal |",
-           "|---:|---:|" + "---:|" * len(routers) + "---:|---|---:|---|"]
+           + " | floor p99 ms | p99 / best peer | goal | without firsts / best peer | goal | p99 / floor | "
+           "at the floor |",
+           "|---:|---:|" + "---:|" * len(routers) + "---:|---:|---|---:|---|---:|---|"]
     for run in runs:
         by = {r["router"]: r for r in run["rows"]}
         cells = [f"{_ms(by[r]['ttft_p50_s'])} / {_ms(by[r]['ttft_p99_s'])} / "
@@ -637,9 +720,16 @@ def sweep_table(runs: Sequence[dict]) -> str:
             why = "met" if g[met] else "missed" if g[ratio] > 0.8 else f"missed (p50 {g['p50_ratio']:.2f}x)"
             return f"{g[ratio]:.2f}x {g[peer]} | {why}"
 
+        if "met_at_floor" in g:
+            at_floor = f"{g['p99_over_floor']:.2f}x | " + ("met" if g["met_at_floor"] else "missed") + (
+                "" if g["reachable"] else " (0.8x the best peer is under the floor)")
+        else:
+            at_floor = "- | -"
         out.append(f"| {run['groups']} | {run['seed']} | " + " | ".join(cells) + " | "
+                   + _ms((run.get("floor") or {}).get("ttft_p99_s")) + " | "
                    + verdict("p99_ratio", "best_peer", "met") + " | "
-                   + verdict("p99_after_first_ratio", "best_peer_after_first", "met_after_first") + " |")
+                   + verdict("p99_after_first_ratio", "best_peer_after_first", "met_after_first") + " | "
+                   + at_floor + " |")
     return "\n".join(out)
 
 
@@ -653,6 +743,12 @@ def worst_lines(runs: Sequence[dict], field: str = "goal", who: str = "") -> lis
         if goals:
             out.append(f"{who}{what} against the best vllm-router policy: worst {max(g[key] for g in goals):.2f}x; "
                        f"goal (<= 0.80x, p50 no worse) met on {sum(g[met] for g in goals)} of {len(goals)} runs")
+    goals = [run[field] for run in runs if run.get(field) and "met_at_floor" in run[field]]
+    if goals:
+        under = sum(not g["reachable"] for g in goals)
+        out.append(f"{who}p99 at most the larger of 0.80x the best peer's and {FLOOR_SLACK:g}x the floor's (p50 no "
+                   f"worse): met on {sum(g['met_at_floor'] for g in goals)} of {len(goals)} runs; 0.80x the best "
+                   f"peer's p99 is under the floor's on {under} of them (no router could meet it there)")
     return out
 
 
@@ -671,15 +767,16 @@ def report(path: Path) -> int:
         return 1
     for run in runs:
         reqs = arrivals(run["seed"], setup["rate"], setup["duration_s"], run["groups"])
-        run["goal"] = goal(run["rows"])  # as this version judges it
-        run["goal_3"] = goal(run["rows"], "kinference_3")
+        run["floor"] = floor_row(reqs)  # as this version computes them
+        run["goal"] = goal(run["rows"], floor=run["floor"])  # and judges it
+        run["goal_3"] = goal(run["rows"], "kinference_3", run["floor"])
         outcomes = {row["router"]: outcomes_of(row) for row in run["rows"]}
         if any(len(o) != len(reqs) for o in outcomes.values()):
             print(f"realtrial: {path}: groups {run['groups']}, seed {run['seed']} does not match its arrivals",
                   file=sys.stderr)
             return 1
         print(f"groups {run['groups']}, seed {run['seed']}: {len(reqs)} requests\n")
-        print(table(run["rows"]))
+        print(table(run["rows"], run["floor"]))
         print()
         print(tail_table(attribute(reqs, outcomes)))
         print()
@@ -746,8 +843,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"{_ms(row['ttft_p50_s'])}/{_ms(row['ttft_p99_s'])} ms "
                           f"({time.monotonic() - started:.0f} s)", flush=True)
                 att = attribute(reqs, outcomes)
+                fl = floor_row(reqs)
                 print()
-                print(table(rows))
+                print(table(rows, fl))
                 print()
                 print(tail_table(att))
                 print()
@@ -756,8 +854,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         errors = True
                         print(f"{r['router']}: {r['errors']} failed requests, e.g. {r['error_samples']}")
                 runs.append({"groups": groups, "seed": seed, "requests": len(reqs), "rows": rows,
-                             "tail": {k: v for k, v in att.items() if k != "subject_tail"}, "goal": goal(rows),
-                             "goal_3": goal(rows, "kinference_3")})
+                             "tail": {k: v for k, v in att.items() if k != "subject_tail"}, "floor": fl,
+                             "goal": goal(rows, floor=fl), "goal_3": goal(rows, "kinference_3", fl)})
     print(sweep_table(runs))
     print()
     for line in all_worst_lines(runs):

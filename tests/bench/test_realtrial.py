@@ -61,13 +61,14 @@ def test_other_group_counts_change_the_groups_and_keep_sixteen_as_it_was() -> No
         assert [r.text for r in reqs] == [r.text for r in realtrial.arrivals(7, 18.0, 20.0, groups)]
 
 
-def _req(group: int, prefix: int = 2000) -> SimRequest:
-    return SimRequest(id="r", time=0.0, text="", prompt_tokens=prefix + 200, output_len=32, group=group,
+def _req(group: int, prefix: int = 2000, at: float = 0.0) -> SimRequest:
+    return SimRequest(id="r", time=at, text="", prompt_tokens=prefix + 200, output_len=32, group=group,
                       prefix_tokens=prefix)
 
 
 def test_sources_tell_cold_starts_from_waiting_behind_them() -> None:
-    reqs = [_req(0), _req(1), _req(0), _req(1), _req(0), _req(0), _req(1)]
+    reqs = [_req(0, at=0.0), _req(1, at=0.1), _req(0, at=1.0), _req(1, at=1.1), _req(0, at=1.2), _req(0, at=1.3),
+            _req(1, at=2.0)]
     outs = [
         Outcome(0.30, 1.0, sent=0.0, pod="a", cached=0),      # group 0's first
         Outcome(0.30, 1.0, sent=0.1, pod="b", cached=0),      # group 1's first
@@ -87,7 +88,7 @@ def test_sources_tell_cold_starts_from_waiting_behind_them() -> None:
 
 
 def test_attribute_compares_the_same_requests_across_routers() -> None:
-    reqs = [_req(g % 4) for g in range(199)]  # the p99 is the 198th of 199: two at or above it
+    reqs = [_req(g % 4, at=g * 0.1) for g in range(199)]  # the p99 is the 198th of 199: two at or above it
     slow = [Outcome(0.02, 1.0, sent=i * 0.1, pod="a", cached=1984) for i in range(199)]
     slow[150] = Outcome(0.90, 1.0, sent=15.0, pod="b", cached=0)  # cold on a pod without its group
     slow[151] = Outcome(0.80, 1.0, sent=15.1, pod="b", cached=1984)  # behind it
@@ -96,13 +97,13 @@ def test_attribute_compares_the_same_requests_across_routers() -> None:
     att = realtrial.attribute(reqs, {"kinference": slow, "vllm_router_cache_aware": peer})
     mine = att["routers"]["kinference"]
     assert mine["tail"] == 2 and mine["tail_min_ttft_s"] == 0.80
-    assert mine["sources"] == {"group_first": 0, "cold": 1, "behind_cold": 1, "warm": 0, "unknown": 0}
+    assert mine["sources"] == {"group_first": 0, "early": 0, "cold": 1, "behind_cold": 1, "warm": 0, "unknown": 0}
     assert mine["all_sources"]["group_first"] == 4
     same = att["same_requests"]["vllm_router_cache_aware"]
     assert same["ttft_p50_s"] == 0.03 and same["also_in_its_tail"] == 0
     assert same["sources"]["warm"] == 2
     text = realtrial.tail_table(att)
-    assert "| kinference | 2 | 800 | 0 | 1 | 1 | 0 | 0 |" in text
+    assert "| kinference | 2 | 800 | 0 | 0 | 1 | 1 | 0 | 0 |" in text
     assert "kinference's slowest 2 under vllm_router_cache_aware: TTFT p50 30 ms, 0 also" in text
 
 
@@ -131,9 +132,9 @@ def test_goal_is_the_issues_and_the_sweep_names_each_run() -> None:
     runs = [{"groups": 8, "seed": 1, "rows": rows, "goal": g},
             {"groups": 32, "seed": 1, "rows": rows[1:], "goal": realtrial.goal(rows[1:])}]
     text = realtrial.sweep_table(runs)
-    assert ("| 8 | 1 | 30 / 296 / 40 | 39 / 200 / 60 | 190 / 450 / 55 | 1.48x vllm_router_cache_aware | "
-            "missed | 0.73x vllm_router_round_robin | met |") in text
-    assert "| 32 | 1 | - | 39 / 200 / 60 | 190 / 450 / 55 | - | - | - | - |" in text
+    assert ("| 8 | 1 | 30 / 296 / 40 | 39 / 200 / 60 | 190 / 450 / 55 | - | 1.48x vllm_router_cache_aware | "
+            "missed | 0.73x vllm_router_round_robin | met | - | - |") in text
+    assert "| 32 | 1 | - | 39 / 200 / 60 | 190 / 450 / 55 | - | - | - | - | - | - | - |" in text
     slower = [row("kinference", 0.045, 0.100, 0.040)] + rows[1:]  # p99 met, p50 not
     assert "| 0.50x vllm_router_cache_aware | missed (p50 1.15x) |" in realtrial.sweep_table(
         [{"groups": 8, "seed": 2, "rows": slower, "goal": realtrial.goal(slower)}])
@@ -251,3 +252,82 @@ def test_three_replicas_get_ports_of_their_own_and_a_goal_line(tmp_path) -> None
     assert realtrial.all_worst_lines([run])[0] == (
         "kinference_3 (three replicas): p99 against the best vllm-router policy: worst 0.50x; goal (<= 0.80x, "
         "p50 no worse) met on 1 of 1 runs")
+
+
+def test_floors_are_the_cold_start_the_wait_for_it_or_a_warm_prefill() -> None:
+    """A group's first prefills its whole prompt (h100: 6 ms a step plus 60 us
+    a token); a later request of the group sent while that could still be
+    running waits for it or prefills the whole prompt elsewhere, whichever
+    is sooner; after it, only its own question is prefilled."""
+    cold, warm = 0.006 + 2200 * 0.00006, 0.006 + 200 * 0.00006  # 0.138 s and 0.018 s
+    reqs = [_req(0, at=0.0), _req(0, at=0.05), _req(0, at=0.001), _req(1, at=0.06), _req(0, at=0.2)]
+    got = realtrial.floors(reqs)
+    assert [f.early for f in got] == [False, True, True, False, False]
+    assert [f.ttft for f in got] == pytest.approx([cold, cold - 0.05 + warm, cold, cold, warm])
+    # only whole blocks of the system prompt are cached: 2,010 tokens of it leave 10 to prefill again
+    odd = realtrial.floors([_req(0, 2010), _req(0, 2010, at=1.0)])
+    assert odd[1].ttft == pytest.approx(0.006 + 210 * 0.00006)
+    row = realtrial.floor_row(reqs)
+    assert row["router"] == "floor" and row["early"] == 2 and row["ttft_p99_s"] == pytest.approx(cold)
+    assert row["ttft_p99_after_first_s"] == pytest.approx(cold)  # the early one sent 1 ms after its first
+
+
+def test_a_request_sent_during_its_groups_first_is_early_not_behind_a_cold_prefill() -> None:
+    reqs = [_req(0, at=0.0), _req(0, at=0.05), _req(0, at=0.06), _req(0, at=1.0)]
+    outs = [Outcome(0.14, 1.0, sent=0.0, pod="a", cached=0),
+            Outcome(0.11, 1.0, sent=0.05, pod="a", cached=2000),   # waited for the first, as any router's would
+            Outcome(0.15, 1.0, sent=0.06, pod="b", cached=0),      # prefilled it too, elsewhere
+            Outcome(0.02, 1.0, sent=1.0, pod="b", cached=2000)]
+    assert realtrial.sources(reqs, outs) == ["group_first", "early", "early", "warm"]
+    # an early request that prefilled the prompt itself keeps its pod busy as a cold one does
+    reqs[3], outs[3] = _req(0, at=0.25), Outcome(0.05, 1.0, sent=0.25, pod="b", cached=2000)
+    assert realtrial.sources(reqs, outs)[3] == "warm"  # b's prefill of the early one ended at 0.21
+    outs[2] = Outcome(0.25, 1.0, sent=0.06, pod="b", cached=0)  # now at 0.31
+    assert realtrial.sources(reqs, outs)[3] == "behind_cold"
+    outs[2] = Outcome(0.25, 1.0, sent=0.06, pod="b", cached=2000)  # waited there instead: nothing cold in flight
+    assert realtrial.sources(reqs, outs)[3] == "warm"
+
+
+def test_the_goal_against_the_floor_says_where_no_router_could_meet_it() -> None:
+    rows = [row("kinference", 0.021, 0.135), row("vllm_router_cache_aware", 0.024, 0.140),
+            row("vllm_router_round_robin", 0.022, 0.147)]
+    under = {"ttft_p99_s": 0.1261}  # 0.8x the best peer (0.112 s) is under it
+    g = realtrial.goal(rows, floor=under)
+    assert g["met"] is False and g["reachable"] is False
+    assert g["p99_over_floor"] == pytest.approx(1.071) and g["met_at_floor"] is False  # 1.05x: 0.1324 s
+    rows[0] = row("kinference", 0.021, 0.132)
+    assert realtrial.goal(rows, floor=under)["met_at_floor"] is True
+    assert realtrial.goal(rows, floor={"ttft_p99_s": 0.0175})["met_at_floor"] is False  # 0.112 s is the bar
+    rows[0] = row("kinference", 0.025, 0.110)  # p99 under both, p50 over the best peer's
+    assert realtrial.goal(rows, floor=under)["met_at_floor"] is False
+    assert "reachable" not in realtrial.goal(rows)
+    rows[0] = row("kinference", 0.021, 0.135)
+    runs = [{"groups": 8, "seed": 1, "rows": rows, "floor": under, "goal": realtrial.goal(rows, floor=under)},
+            {"groups": 8, "seed": 2, "rows": rows, "floor": {"ttft_p99_s": 0.0175},
+             "goal": realtrial.goal(rows, floor={"ttft_p99_s": 0.0175})}]
+    text = realtrial.sweep_table(runs)
+    assert "| 126 | 0.96x vllm_router_cache_aware | missed |" in text
+    assert "| 1.07x | missed (0.8x the best peer is under the floor) |" in text
+    assert "| 18 | 0.96x vllm_router_cache_aware | missed | - | - | 7.71x | missed |" in text
+    assert realtrial.worst_lines(runs)[-1] == (
+        "p99 at most the larger of 0.80x the best peer's and 1.05x the floor's (p50 no worse): met on 0 of 2 runs; "
+        "0.80x the best peer's p99 is under the floor's on 1 of them (no router could meet it there)")
+
+
+async def test_the_simulator_never_answers_under_the_floor() -> None:
+    """The floors are a bound on the simulators the trial runs (h100, real
+    time): a group's first, a request of its group sent while it prefills
+    and one sent after it, each at or above its floor."""
+    reqs = [r for r in realtrial.arrivals(1, 18.0, 10.0, 2) if r.group == 0][:3]
+    for r, at in zip(reqs, (0.0, 0.04, 0.4), strict=True):
+        r.time, r.output_len = at, 2
+    want = realtrial.floors(reqs)
+    assert [f.early for f in want] == [False, True, False]
+    cfg = vllm.VllmSimConfig(model="m", speed_profile="h100", time_scale=1.0, seed=1, prompt_tokens_details=True,
+                             system_fingerprint="pod-0")
+    async with serve(vllm.make_app(cfg)) as up:
+        got = await realtrial.replay([str(up.make_url("/v1/completions"))], reqs)
+    assert [o.error for o in got] == [None, None, None]
+    assert got[1].cached is not None and got[1].cached >= 2000  # it waited for the first's blocks
+    for o, f in zip(got, want, strict=True):
+        assert o.ttft is not None and o.ttft >= f.ttft - 0.001, (o.ttft, f.ttft)
