@@ -89,7 +89,7 @@ bench-collector: install  ## scrape/parse/derive throughput -> bench/results/col
 bench-classifier: install  ## classifier latency table -> bench/results/classifier.json (against a revision: CLASSIFIER_ARGS="--against main")
 	$(BIN)/python -m bench.classifier $(CLASSIFIER_ARGS)
 
-bench-router: install  ## router overhead vs direct, vllm-router, LiteLLM -> bench/results/router.json
+bench-router: install  ## router overhead vs direct, the transport alone, vllm-router, LiteLLM -> bench/results/router.json
 	$(BIN)/python -m bench.router
 
 profile-router: install  ## where the router's CPU goes per request at c=64 (py-spy) -> bench/results/router_profile.json

@@ -17,6 +17,11 @@ kinference                  ``python -m kinference_router`` (uvloop), a real
                             decisions recorded (the default)
 kinference-no-record        the same with ``--no-record``: the cost of the
                             decision records is the difference
+kinference-null             the router's own HTTP server and upstream client
+                            with nothing between them (:mod:`bench.null_router`):
+                            the most any router on that transport reaches in
+                            Python; the distance to ``kinference`` is what the
+                            router does on the way (no goal of its own)
 vllm-router-round_robin     the vLLM project's Rust router, ``--policy
                             round_robin``, the stub as its one worker
 vllm-router-cache_aware     the same with ``--policy cache_aware``
@@ -69,8 +74,8 @@ BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results" / "router.json"
 COMPETITORS = BENCH / ".venv-competitors"
 COMPETITOR_PACKAGES = ["vllm-router", "litellm[proxy]", "py-spy"]
-TARGETS = ["direct", "kinference", "kinference-no-record", "vllm-router-round_robin", "vllm-router-cache_aware",
-           "litellm"]
+TARGETS = ["direct", "kinference", "kinference-no-record", "kinference-null", "vllm-router-round_robin",
+           "vllm-router-cache_aware", "litellm"]
 #: docs/benchmarks.md's block that ``make bench-router`` rewrites: the recording's cost
 PAGE = BENCH.parent / "docs" / "benchmarks.md"
 _RECORDING_BLOCK = re.compile(r"(<!-- router:recording -->\n)(.*?)(<!-- /router:recording -->)", re.S)
@@ -213,6 +218,11 @@ class Target:
             self.procs.append(p)
             await ctl.publish_telemetry()  # the router is subscribed now
             await asyncio.sleep(0.3)  # the snapshot rebuilt (every 50 ms)
+        elif self.name == "kinference-null":
+            p = harness.spawn(self.name, [sys.executable, "-m", "bench.null_router", "--port", str(port),
+                                          "--upstream", stub], self.log_dir, cpu)
+            self.procs.append(p)
+            await asyncio.to_thread(harness.wait_http, f"http://127.0.0.1:{port}/health", 30, p.proc, self.name)
         elif self.name.startswith("vllm-router-"):
             policy = self.name.removeprefix("vllm-router-")
             p = harness.spawn(self.name, [
@@ -443,6 +453,32 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
             ok = k["rps"] > c["rps"]
             out.append(f"{'MET ' if ok else 'MISS'} {mode:<6} c=64 {k['rps']:.0f} req/s > vllm-router cache_aware's "
                        f"{c['rps']:.0f} ({ratio(k['rps'], c['rps'])})")
+    out += ceilings(idx)
+    return out
+
+
+def ceilings(idx: dict[tuple[str, str, int], dict[str, Any]]) -> list[str]:
+    """What the router's transport alone (``kinference-null``) reaches, against
+    round_robin and against the whole router: the part of each goal that no
+    change to the decision path can close."""
+    out = []
+    for mode in MODES:
+        n, k, v = (idx.get((t, mode, 1)) for t in ("kinference-null", "kinference", "vllm-router-round_robin"))
+        if n and v and "added_p50_ms" in n and "added_p50_ms" in v:
+            out.append(f"ceiling {mode:<6} c=1  the transport alone (bench.null_router) adds "
+                       f"{n['added_p50_ms']:.3f} ms p50 = {ratio(n['added_p50_ms'], v['added_p50_ms'])} round_robin's"
+                       + (f"; the router's decision path adds {k['added_p50_ms'] - n['added_p50_ms']:.3f} ms more"
+                          if k and "added_p50_ms" in k else ""))
+        n, k, v = (idx.get((t, mode, 64)) for t in ("kinference-null", "kinference", "vllm-router-round_robin"))
+        if n and v:
+            line = (f"ceiling {mode:<6} c=64 the transport alone {n['rps']:.0f} req/s = {ratio(n['rps'], v['rps'])} "
+                    "round_robin's")
+            if k:
+                line += f"; Kinference reaches {k['rps'] / n['rps']:.0%} of it"
+                if "cpu_us_per_request" in k and "cpu_us_per_request" in n:
+                    line += (f" (CPU per request {k['cpu_us_per_request']:.0f} against {n['cpu_us_per_request']:.0f}"
+                             f" us: the decision path's {k['cpu_us_per_request'] - n['cpu_us_per_request']:.0f} us)")
+            out.append(line)
     return out
 
 

@@ -70,3 +70,21 @@ def test_page_only_reads_the_results_file(tmp_path: Path, monkeypatch: pytest.Mo
     assert router.main(["--page-only"]) == 0
     assert "| vllm-router-cache_aware | stream | 64 | 7000 |" in page.read_text()
     assert "rewrote the results block" in capsys.readouterr().out
+
+
+def test_the_transport_alone_is_reported_as_a_ceiling_not_a_goal() -> None:
+    rows = run()
+    rows += [row("kinference-null", "plain", 1, 3_000, 0.30, cpu_us_per_request=40.0),
+             row("kinference-null", "plain", 64, 12_000, 5.0, cpu_us_per_request=60.0)]
+    for r in rows:
+        if r["target"] == "kinference" and r["mode"] == "plain" and r["concurrency"] == 64:
+            r["cpu_us_per_request"] = 110.0
+    router.annotate(rows)
+    got = router.verdicts(rows)
+    assert [v for v in got if v.startswith("ceiling")] == [
+        "ceiling plain  c=1  the transport alone (bench.null_router) adds 0.100 ms p50 = 0.45x round_robin's; "
+        "the router's decision path adds 0.150 ms more",
+        "ceiling plain  c=64 the transport alone 12000 req/s = 1.20x round_robin's; Kinference reaches 75% of it "
+        "(CPU per request 110 against 60 us: the decision path's 50 us)"]
+    # the goals are the same with or without it
+    assert [v for v in got if not v.startswith("ceiling")] == router.verdicts(run())

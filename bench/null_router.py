@@ -1,0 +1,100 @@
+"""The router's transport with nothing on it: the ceiling of the router's request path in Python.
+
+``python -m bench.null_router --port P --upstream HOST:PORT`` serves
+``POST /v1/chat/completions`` with the router's own HTTP server
+(:mod:`kinference_router.http_server`) and upstream client
+(:mod:`kinference_common.upstream_http`), on uvloop as the router runs, and
+does nothing but carry each request to the one upstream and its answer back:
+the body as it came, the client's headers without the hop-by-hop ones, a
+whole answer at once or a stream chunk by chunk. No JSON parsing, no
+decision, no accounting, no events, no metrics.
+
+``make bench-router`` runs it as the target ``kinference-null``, pinned to
+the router's core like every router: its figures are what any router built
+on this transport reaches on that core whatever it decides, so the distance
+to ``kinference`` is the price of everything the router does on the way
+(parse, decide, account, publish) and the distance to vllm-router
+``round_robin`` is the transport's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from kinference_common.upstream_http import UpstreamClient, UpstreamError
+from kinference_router.http_server import HttpServer, Request, Response
+
+#: the client's headers that describe its own connection, not the request
+_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host", "te", "upgrade",
+                  "expect", "accept-encoding"})
+
+
+class NullRouter:
+    """One route, one upstream, nothing in between."""
+
+    def __init__(self, upstream: str) -> None:
+        self.url = f"http://{upstream}/v1/chat/completions"
+        self.client = UpstreamClient()
+
+    async def chat(self, request: Request) -> Response | None:
+        headers = [(k, v) for k, v in request.raw_headers if k.lower() not in _HOP]
+        try:
+            upstream = await self.client.post(self.url, request.body, headers, connect_timeout=5.0,
+                                              read_timeout=30.0)
+        except UpstreamError as exc:
+            return Response(502, f'{{"error": "{type(exc).__name__}"}}'.encode())
+        async with upstream:
+            ctype = upstream.header("Content-Type", "application/json") or "application/json"
+            if ctype.startswith("text/event-stream"):
+                request.start_stream(upstream.status, [("Content-Type", ctype)])
+                try:
+                    async for chunk in upstream.chunks():
+                        await request.write(chunk)
+                except UpstreamError:
+                    request.abort()
+                    return None
+                request.end_stream()
+                return None
+            try:
+                payload = await upstream.read()
+            except UpstreamError as exc:
+                return Response(502, f'{{"error": "{type(exc).__name__}"}}'.encode())
+            return Response(upstream.status, payload, content_type=ctype)
+
+
+async def healthy(_: Request) -> Response:
+    return Response(200, b"ok\n", content_type="text/plain")
+
+
+async def serve(port: int, upstream: str) -> None:
+    router = NullRouter(upstream)
+    server = HttpServer({"/v1/chat/completions": {"POST": router.chat}, "/health": {"GET": healthy}})
+    await server.start("127.0.0.1", port)
+    print(f"null router on 127.0.0.1:{server.port} -> {upstream}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.close(grace=1.0)
+    await router.client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.null_router", description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, required=True, help="the port to listen on (127.0.0.1; 0: any free one)")
+    p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="where every request is sent")
+    p.add_argument("--no-uvloop", action="store_true", help="asyncio's own event loop")
+    args = p.parse_args(argv)
+    if args.no_uvloop:
+        asyncio.run(serve(args.port, args.upstream))
+    else:
+        import uvloop
+        uvloop.run(serve(args.port, args.upstream))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
