@@ -23,6 +23,8 @@ import argparse
 import asyncio
 import signal
 
+import uvloop
+
 from kinference_common.upstream_http import UpstreamClient, UpstreamError
 from kinference_router.http_server import HttpServer, Request, Response
 
@@ -86,13 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.null_router", description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, required=True, help="the port to listen on (127.0.0.1; 0: any free one)")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", help="where every request is sent")
-    p.add_argument("--no-uvloop", action="store_true", help="asyncio's own event loop")
     args = p.parse_args(argv)
-    if args.no_uvloop:
-        asyncio.run(serve(args.port, args.upstream))
-    else:
-        import uvloop
-        uvloop.run(serve(args.port, args.upstream))
+    uvloop.run(serve(args.port, args.upstream))  # as the router runs
     return 0
 
 
