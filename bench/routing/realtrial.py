@@ -82,12 +82,11 @@ from bench import harness
 from bench.router import COMPETITORS, ensure_competitors
 from kinference_common.natsauth import LocalAuth
 from kinference_common.natsserver import find_binary
+from kinference_simulators.profiles import SpeedProfile, get_profile
 from kinference_simulators.stack import Proc, Stack, StackError
 
-from kinference_simulators.profiles import get_profile
-
 from .crosscheck import _metric
-from .fleet import NAMESPACE, PodSpec
+from .fleet import NAMESPACE, PodSpec, prepare
 from .floor import prefill_seconds
 from .kinference import FASTEST_LOCAL, POOL, manifests
 from .workloads import SimRequest, generate
@@ -197,47 +196,77 @@ class Floor:
     """The least TTFT any router could give one request on the trial's arrivals."""
 
     ttft: float
-    #: sent while its group's first request could still be prefilling: no pod
-    #: could hold the group's prompt yet, so it waits or prefills it too
+    #: arrived while the longest prefix it shares with an earlier request
+    #: could still be computing (its group's first, say): it waits for that
+    #: or computes it too, where it would otherwise prefill only the rest
     early: bool = False
+
+
+def _chunk_ends(speed: SpeedProfile, tokens: int) -> list[tuple[int, float]]:
+    """Prefilling ``tokens`` uncached tokens on an idle pod, chunk by chunk
+    (the step's token budget): each chunk's last token (counted from the
+    first uncached one) and when its step ends, from the prefill's start."""
+    out, done, at = [], 0, 0.0
+    while done < tokens:
+        chunk = min(tokens - done, speed.max_num_batched_tokens)
+        done += chunk
+        at += speed.step_seconds(chunk, 0, 0)
+        out.append((done, at))
+    return out
 
 
 def floors(reqs: Sequence[SimRequest], profile: str = PROFILE) -> list[Floor]:
     """Per request, in arrival order, what no router can go below on these
-    arrivals, from the simulators' own step model on idle pods
-    (:func:`.floor.prefill_seconds`): a group's first request prefills its
-    whole prompt (every router's cold start); a later one finds the group's
-    system prompt cached (its whole blocks) at best once the first's prefill
-    could have ended, and before that it either waits for it or prefills its
-    whole prompt elsewhere, whichever ends sooner. Queueing behind other
-    requests, evictions and the routers' own time only add to it, so a run's
-    TTFT quantiles are at or above these floors' (up to the HTTP time the
-    model leaves out, a few milliseconds)."""
+    arrivals (at their scheduled times), from the simulators' own step
+    model on idle pods (:func:`.floor.prefill_seconds`). A request can find
+    cached at most the longest run of whole blocks it shares with earlier
+    requests (its group's system prompt; all but the last block of a
+    question asked before), and a block is cached at the earliest when the
+    step that computes it ends in the earliest way its first request could
+    have been served. So a request either prefills its whole prompt, or
+    waits for the blocks it shares and prefills the rest, whichever ends
+    sooner: a group's first prefills its whole prompt (every router's cold
+    start), and a request sent while that runs waits for it or repeats it.
+    Queueing behind other requests, evictions and the routers' own time only
+    add to it, so a run's TTFT quantiles are at or above these floors' (up
+    to the HTTP time the model leaves out, a few milliseconds)."""
     speed = get_profile(profile)
-    ready: dict[int, float] = {}  # group -> when its prompt can first be cached somewhere
+    prepare(reqs, BLOCK_TOKENS)
+    ready: dict[bytes, float] = {}  # a block (chained hash: its whole prefix) -> when it can first be cached
     out: list[Floor] = []
     for r in reqs:
-        cold = prefill_seconds(speed, r.prompt_tokens)
-        if r.group not in ready:
-            ready[r.group] = r.time + cold
-            out.append(Floor(cold))
-            continue
-        cached = min(r.prefix_tokens, r.prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
-        warm = prefill_seconds(speed, r.prompt_tokens - cached)
-        wait = ready[r.group] - r.time
-        out.append(Floor(warm) if wait <= 0 else Floor(min(cold, wait + warm), early=True))
+        hashes = r.engine_hashes or ()
+        usable = (r.prompt_tokens - 1) // BLOCK_TOKENS  # never the block of the last token
+        best, shared, warmest = prefill_seconds(speed, r.prompt_tokens), 0, float("inf")
+        for k, h in enumerate(hashes[:usable], 1):
+            at = ready.get(h)
+            if at is None:
+                break  # chained: no longer prefix is cached anywhere either
+            rest = prefill_seconds(speed, r.prompt_tokens - k * BLOCK_TOKENS)
+            warmest = min(warmest, rest)
+            wait = max(0.0, at - r.time)
+            if wait + rest < best:
+                best, shared = wait + rest, k
+        out.append(Floor(best, early=best > warmest + 1e-9))
+        # the blocks this request computes, cached when their chunk's step ends
+        start = r.time + best - prefill_seconds(speed, r.prompt_tokens - shared * BLOCK_TOKENS)
+        ends = iter(_chunk_ends(speed, r.prompt_tokens - shared * BLOCK_TOKENS))
+        last, end = next(ends)
+        for k in range(shared + 1, len(hashes) + 1):
+            while k * BLOCK_TOKENS - shared * BLOCK_TOKENS > last:
+                last, end = next(ends)
+            h = hashes[k - 1]
+            ready[h] = min(ready.get(h, float("inf")), start + end)
     return out
 
 
 def floor_row(reqs: Sequence[SimRequest]) -> dict:
-    """The floors' quantiles, as a result row's (``router``: ``floor``)."""
+    """The floors' quantiles, as a result row's (``router``: ``floor``), and
+    how many requests arrived while a prefix they share was computing."""
     fl = floors(reqs)
-    firsts = group_firsts(reqs)
     ttft = [f.ttft for f in fl]
     return {"router": "floor", "requests": len(reqs), "ttft_p50_s": quantile(ttft, 0.5),
-            "ttft_p90_s": quantile(ttft, 0.9), "ttft_p99_s": quantile(ttft, 0.99),
-            "ttft_p99_after_first_s": quantile([f.ttft for i, f in enumerate(fl) if i not in firsts], 0.99),
-            "early": sum(f.early for f in fl)}
+            "ttft_p90_s": quantile(ttft, 0.9), "ttft_p99_s": quantile(ttft, 0.99), "early": sum(f.early for f in fl)}
 
 
 def outcomes_of(row: dict) -> list[Outcome]:
@@ -252,10 +281,14 @@ def outcomes_of(row: dict) -> list[Outcome]:
 
 #: a request found its group's system prompt cached when at least this share of it was
 WARM_SHARE = 0.9
+#: an early request (:class:`Floor`) counts as early when its TTFT is within this of
+#: its floor (the HTTP hops and a router's own time); slower, its own cause is looked for
+EARLY_SLACK = 0.02
 #: why a request waited, in the order the tables show them
 SOURCES = {
     "group_first": "its group's first request (cold for every router)",
-    "early": "sent while its group's first could still be prefilling (no pod could hold the prompt yet)",
+    "early": "sent while a prefix it shares (its group's prompt) could still be computing, and as slow as that "
+             "makes it under any router",
     "cold": "a later request of its group sent to a pod without the group's prompt cached",
     "behind_cold": "warm, but sent to a pod that was prefilling a cold prompt (sent before it, first token after)",
     "warm": "warm, with no cold prefill in flight on its pod",
@@ -267,16 +300,17 @@ def sources(reqs: Sequence[SimRequest], outcomes: Sequence[Outcome]) -> list[str
     """Each request's source of delay (a key of :data:`SOURCES`; None for a
     request without a first chunk), from what the client saw: arrival order,
     the pod that answered, the prompt tokens it found cached, send and first
-    token times; ``early`` from the arrivals alone (:func:`floors`)."""
+    token times; ``early`` when the arrivals make it slow (:func:`floors`)
+    and it took no more than :data:`EARLY_SLACK` beyond that."""
     firsts = group_firsts(reqs)
-    early = [f.early for f in floors(reqs)]
+    fl = floors(reqs)
     cats: list[str | None] = []
     for i, (r, o) in enumerate(zip(reqs, outcomes, strict=True)):
         if o.ttft is None:
             cats.append(None)
         elif i in firsts:
             cats.append("group_first")
-        elif early[i]:
+        elif fl[i].early and o.ttft <= fl[i].ttft + EARLY_SLACK:
             cats.append("early")
         elif o.cached is None or o.pod is None:
             cats.append("unknown")
@@ -378,9 +412,10 @@ def table(rows: Sequence[dict], floor: dict | None = None) -> str:
         out.append(f"| {r['router']} | {r['requests']} | {_ms(r['ttft_p50_s'])} | {_ms(r['ttft_p90_s'])} | "
                    f"{_ms(r['ttft_p99_s'])} | {_ms(r['e2e_p99_s'])} | {hit} | {r['preemptions']} | {r['errors']} |")
     if floor is not None:
-        out.append(f"| floor (no router can go below; {floor['early']} requests sent during their group's first) | "
-                   f"{floor['requests']} | {_ms(floor['ttft_p50_s'])} | {_ms(floor['ttft_p90_s'])} | "
+        out.append(f"| floor | {floor['requests']} | {_ms(floor['ttft_p50_s'])} | {_ms(floor['ttft_p90_s'])} | "
                    f"{_ms(floor['ttft_p99_s'])} | - | - | - | - |")
+        out.append(f"\nfloor: what no router can go below on these arrivals; {floor['early']} requests arrived "
+                   "while a prefix they share could still be computing")
     return "\n".join(out)
 
 

@@ -5,6 +5,7 @@ neither them nor the vllm-router binary)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
@@ -254,38 +255,123 @@ def test_three_replicas_get_ports_of_their_own_and_a_goal_line(tmp_path) -> None
         "p50 no worse) met on 1 of 1 runs")
 
 
+def _asked(group: int, question: int, at: float) -> SimRequest:
+    """A trial-shaped request with real text: its group's 2,000-token system
+    prompt (4 characters a token), then one of the group's 200-token questions."""
+    text = f"system prompt of group {group} ".ljust(8000, ".") + f"question {question} ".ljust(800, "?")
+    return SimRequest(id=f"{group}/{question}/{at}", time=at, text=text, prompt_tokens=2200, output_len=2,
+                      group=group, prefix_tokens=2000)
+
+
 def test_floors_are_the_cold_start_the_wait_for_it_or_a_warm_prefill() -> None:
     """A group's first prefills its whole prompt (h100: 6 ms a step plus 60 us
     a token); a later request of the group sent while that could still be
     running waits for it or prefills the whole prompt elsewhere, whichever
-    is sooner; after it, only its own question is prefilled."""
+    is sooner; after it, only its own question is prefilled, and a question
+    asked before only its last block."""
     cold, warm = 0.006 + 2200 * 0.00006, 0.006 + 200 * 0.00006  # 0.138 s and 0.018 s
-    reqs = [_req(0, at=0.0), _req(0, at=0.05), _req(0, at=0.001), _req(1, at=0.06), _req(0, at=0.2)]
+    repeat = 0.006 + 8 * 0.00006  # 2,192 of its 2,200 tokens are in whole blocks; the last token's is not reused
+    reqs = [_asked(0, 1, 0.0), _asked(0, 2, 0.05), _asked(0, 3, 0.001), _asked(1, 1, 0.06), _asked(0, 4, 0.2),
+            _asked(0, 4, 0.4), _asked(0, 1, 0.06)]
     got = realtrial.floors(reqs)
-    assert [f.early for f in got] == [False, True, True, False, False]
-    assert [f.ttft for f in got] == pytest.approx([cold, cold - 0.05 + warm, cold, cold, warm])
-    # only whole blocks of the system prompt are cached: 2,010 tokens of it leave 10 to prefill again
-    odd = realtrial.floors([_req(0, 2010), _req(0, 2010, at=1.0)])
-    assert odd[1].ttft == pytest.approx(0.006 + 210 * 0.00006)
+    assert [f.early for f in got] == [False, True, True, False, False, False, True]
+    assert [f.ttft for f in got] == pytest.approx([cold, cold - 0.05 + warm, cold, cold, warm, repeat,
+                                                   cold - 0.06 + repeat])
     row = realtrial.floor_row(reqs)
-    assert row["router"] == "floor" and row["early"] == 2 and row["ttft_p99_s"] == pytest.approx(cold)
-    assert row["ttft_p99_after_first_s"] == pytest.approx(cold)  # the early one sent 1 ms after its first
+    assert row["router"] == "floor" and row["early"] == 3 and row["ttft_p99_s"] == pytest.approx(cold)
+    # a prompt that shares nothing is cold whenever it comes
+    assert realtrial.floors([_asked(0, 1, 0.0), _asked(1, 1, 5.0)])[1].ttft == pytest.approx(cold)
+
+
+def test_a_longer_prompt_is_cached_chunk_by_chunk() -> None:
+    """Over the step's token budget (8,192 on h100) a prompt is prefilled in
+    chunks, and the blocks of the first chunk are cached when its step ends."""
+    first = SimRequest(id="a", time=0.0, text="x" * 4 * 10000, prompt_tokens=10000, output_len=2)
+    half = SimRequest(id="b", time=0.0, text="x" * 4 * 8192 + "y" * 4 * 100, prompt_tokens=8292, output_len=2)
+    got = realtrial.floors([first, half])
+    step1 = 0.006 + 8192 * 0.00006
+    assert got[0].ttft == pytest.approx(step1 + 0.006 + 1808 * 0.00006)
+    assert got[1].ttft == pytest.approx(step1 + 0.006 + 100 * 0.00006) and got[1].early
+    # the engine: the second joins the first's second step, its own 100 tokens beside the first's 1,808
+    first.engine_hashes = half.engine_hashes = None
+    from bench.routing.fleet import prepare
+    prepare([first, half])
+    ttft = _engine_ttfts([first, half])
+    assert ttft[0] >= got[0].ttft - 1e-9 and ttft[1] >= got[1].ttft - 1e-9
+
+
+def _engine_ttfts(reqs: list[SimRequest]) -> list[float]:
+    """The requests' TTFTs on one idle h100 pod of the engine's own scheduler
+    (the simulators', offline: simulated time, deterministic)."""
+    from kinference_simulators.profiles import get_profile
+    from kinference_simulators.scheduler import Scheduler, SchedulerConfig
+
+    sched = Scheduler(SchedulerConfig(num_gpu_blocks=realtrial.BLOCKS, max_model_len=16384,
+                                      max_num_batched_tokens=8192, max_num_seqs=1024), get_profile("h100"))
+    now, pending, ttft = 0.0, list(enumerate(reqs)), {}
+    while pending or sched.has_work():
+        while pending and pending[0][1].time <= now:
+            i, r = pending.pop(0)
+            sched.add_request(str(i), r.prompt_tokens, r.engine_hashes, 2, "length", r.time)
+        if not sched.has_work():
+            now = pending[0][1].time
+            continue
+        res = sched.step(now)
+        for t in res.tokens:
+            if t.index == 0:
+                ttft[int(t.request_id)] = t.latency
+        now = res.end
+    return [ttft[i] for i in range(len(reqs))]
+
+
+def test_the_engine_never_serves_a_request_under_its_floor() -> None:
+    """The floors against the engine's own scheduler: each request of the
+    trial's first two seconds at 8 groups (and one group's first asked again
+    10 ms later) on an idle pod alone, or beside the earlier request it
+    shares the most with. Never under the floor, and on it when nothing else
+    runs there."""
+    from bench.routing.fleet import prepare
+
+    reqs = [r for r in realtrial.arrivals(4, 18.0, 45.0, 8) if r.time < 2.0]
+    reqs = sorted([*reqs, dataclasses.replace(reqs[0], id="again", time=reqs[0].time + 0.01)], key=lambda r: r.time)
+    prepare(reqs)  # the engine's block hashes of each prompt
+    want = realtrial.floors(reqs)
+    checked = 0
+    for i, r in enumerate(reqs):
+        # the earlier request it shares the longest block prefix with, if any
+        def shared(j: int) -> int:
+            n = 0
+            for a, b in zip(reqs[j].engine_hashes, r.engine_hashes):  # type: ignore[arg-type]
+                if a != b:
+                    break
+                n += 1
+            return n
+        best = max(range(i), key=shared, default=None)
+        alone = best is None or shared(best) == 0
+        got = _engine_ttfts([r] if alone else [reqs[best], r])[-1]
+        assert got >= want[i].ttft - 1e-9, (i, r.id, got, want[i].ttft)
+        if alone:
+            assert got == pytest.approx(want[i].ttft, abs=1e-6)
+        checked += not alone and want[i].early
+    assert checked >= 3  # requests sent while their group's first prefilled, the repeat among them
 
 
 def test_a_request_sent_during_its_groups_first_is_early_not_behind_a_cold_prefill() -> None:
-    reqs = [_req(0, at=0.0), _req(0, at=0.05), _req(0, at=0.06), _req(0, at=1.0)]
+    reqs = [_asked(0, 1, 0.0), _asked(0, 2, 0.05), _asked(0, 3, 0.06), _asked(0, 4, 1.0)]
+    # floors: 138, 106 (wait 88 ms, then 18), 96 and 18 ms
     outs = [Outcome(0.14, 1.0, sent=0.0, pod="a", cached=0),
             Outcome(0.11, 1.0, sent=0.05, pod="a", cached=2000),   # waited for the first, as any router's would
-            Outcome(0.15, 1.0, sent=0.06, pod="b", cached=0),      # prefilled it too, elsewhere
+            Outcome(0.14, 1.0, sent=0.06, pod="b", cached=0),      # prefilled it too, elsewhere: 44 ms over its floor
             Outcome(0.02, 1.0, sent=1.0, pod="b", cached=2000)]
-    assert realtrial.sources(reqs, outs) == ["group_first", "early", "early", "warm"]
+    assert realtrial.sources(reqs, outs) == ["group_first", "early", "cold", "warm"]
+    outs[2] = Outcome(0.11, 1.0, sent=0.06, pod="a", cached=2000)  # within 20 ms of its floor: early
+    assert realtrial.sources(reqs, outs)[2] == "early"
     # an early request that prefilled the prompt itself keeps its pod busy as a cold one does
-    reqs[3], outs[3] = _req(0, at=0.25), Outcome(0.05, 1.0, sent=0.25, pod="b", cached=2000)
-    assert realtrial.sources(reqs, outs)[3] == "warm"  # b's prefill of the early one ended at 0.21
-    outs[2] = Outcome(0.25, 1.0, sent=0.06, pod="b", cached=0)  # now at 0.31
+    outs[2] = Outcome(0.11, 1.0, sent=0.06, pod="b", cached=0)
+    reqs[3], outs[3] = _asked(0, 4, 0.25), Outcome(0.05, 1.0, sent=0.25, pod="b", cached=2000)
+    assert realtrial.sources(reqs, outs)[2:] == ["early", "warm"]  # b's prefill of it ended at 0.17
+    reqs[3], outs[3] = _asked(0, 4, 0.15), Outcome(0.05, 1.0, sent=0.15, pod="b", cached=2000)
     assert realtrial.sources(reqs, outs)[3] == "behind_cold"
-    outs[2] = Outcome(0.25, 1.0, sent=0.06, pod="b", cached=2000)  # waited there instead: nothing cold in flight
-    assert realtrial.sources(reqs, outs)[3] == "warm"
 
 
 def test_the_goal_against_the_floor_says_where_no_router_could_meet_it() -> None:
@@ -312,6 +398,10 @@ def test_the_goal_against_the_floor_says_where_no_router_could_meet_it() -> None
     assert realtrial.worst_lines(runs)[-1] == (
         "p99 at most the larger of 0.80x the best peer's and 1.05x the floor's (p50 no worse): met on 0 of 2 runs; "
         "0.80x the best peer's p99 is under the floor's on 1 of them (no router could meet it there)")
+    floor = {"router": "floor", "requests": 3, "ttft_p50_s": 0.007, "ttft_p90_s": 0.018, "ttft_p99_s": 0.1375,
+             "early": 1}
+    text = realtrial.table([], floor)
+    assert "| floor | 3 | 7 | 18 | 138 | - | - | - | - |" in text and "1 requests arrived while a prefix" in text
 
 
 async def test_the_simulator_never_answers_under_the_floor() -> None:
