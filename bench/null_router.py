@@ -5,8 +5,9 @@
 (:mod:`kinference_router.http_server`) and upstream client
 (:mod:`kinference_common.upstream_http`), on uvloop as the router runs, and
 does nothing but carry each request to the one upstream and its answer back:
-the body as it came, the client's headers without the hop-by-hop ones, a
-whole answer at once or a stream chunk by chunk. No JSON parsing, no
+the body as it came, the client's headers as the router passes them on
+(``kinference_router.app.DROP_HEADERS``), a whole answer at once or a
+stream chunk by chunk. No JSON parsing, no
 decision, no accounting, no events, no metrics.
 
 ``make bench-router`` runs it as the target ``kinference-null``, pinned to
@@ -26,11 +27,9 @@ import signal
 import uvloop
 
 from kinference_common.upstream_http import UpstreamClient, UpstreamError
+from kinference_router.app import DROP_HEADERS
 from kinference_router.http_server import HttpServer, Request, Response
 
-#: the client's headers that describe its own connection, not the request
-_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host", "te", "upgrade",
-                  "expect", "accept-encoding"})
 
 
 class NullRouter:
@@ -41,7 +40,9 @@ class NullRouter:
         self.client = UpstreamClient()
 
     async def chat(self, request: Request) -> Response | None:
-        headers = [(k, v) for k, v in request.raw_headers if k.lower() not in _HOP]
+        # the router's own header handling: the client's connection and credentials stay here
+        headers = [(k, v) for k, v in request.raw_headers if k.lower() not in DROP_HEADERS]
+        headers.append(("Content-Type", "application/json"))
         try:
             upstream = await self.client.post(self.url, request.body, headers, connect_timeout=5.0,
                                               read_timeout=30.0)

@@ -56,10 +56,10 @@ from kinference_common.upstream_http import (ConnectFailed, SentNotAnswered, Ups
 
 log = structlog.get_logger("router")
 
-__all__ = ["FAIRNESS_HEADER", "OBJECTIVE_HEADERS", "ApiError", "Router", "RouterSettings", "engine_request",
-           "error_response", "flow_control_rejection", "new_decision_id", "server_error"]
+__all__ = ["DROP_HEADERS", "FAIRNESS_HEADER", "OBJECTIVE_HEADERS", "ApiError", "Router", "RouterSettings",
+           "engine_request", "error_response", "flow_control_rejection", "new_decision_id", "server_error"]
 #: hop-by-hop and client-specific headers never forwarded upstream
-_DROP_HEADERS = frozenset({
+DROP_HEADERS = frozenset({
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
     "proxy-authorization", "authorization", "x-kinference-tenant", "accept-encoding",
     # set by the router: the body it forwards is always JSON
@@ -354,7 +354,7 @@ class Router:
         connect_timeout, first_byte = self.settings.connect_timeout, self.settings.first_byte_timeout
         send = self.director.begin(d, snap, decision_id, provider=dest.provider)  # 429 at a provider's limit
         if cand.is_local:
-            headers = [(k, v) for k, v in request.raw_headers if k.lower() not in _DROP_HEADERS]
+            headers = [(k, v) for k, v in request.raw_headers if k.lower() not in DROP_HEADERS]
             headers.append(("Content-Type", "application/json"))
             url = f"http://{cand.state.address}/v1{'/chat/completions' if chat else '/completions'}"  # type: ignore[union-attr]
             data = body.encode(cand.served_name)

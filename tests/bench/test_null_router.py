@@ -16,7 +16,8 @@ async def test_it_carries_the_body_and_the_answer_whole_or_streamed() -> None:
 
     async def upstream(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        seen.append((body, request.headers.get("x-client"), request.headers.get("accept-encoding")))
+        seen.append((body, request.headers.get("x-client"), request.headers.get("authorization"),
+                     request.headers.get("content-type")))
         if b'"stream": true' not in body:
             return web.json_response({"echo": body.decode()}, status=201)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -35,7 +36,8 @@ async def test_it_carries_the_body_and_the_answer_whole_or_streamed() -> None:
         try:
             async with aiohttp.ClientSession() as s:
                 url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
-                async with s.post(url, data=b'{"stream": false}', headers={"x-client": "a"}) as r:
+                async with s.post(url, data=b'{"stream": false}', headers={"x-client": "a", "Authorization": "k",
+                                                                           "Content-Type": "text/plain"}) as r:
                     assert r.status == 201 and await r.json() == {"echo": '{"stream": false}'}
                 async with s.post(url, data=b'{"stream": true}') as r:
                     assert r.status == 200 and r.headers["Content-Type"] == "text/event-stream"
@@ -43,8 +45,8 @@ async def test_it_carries_the_body_and_the_answer_whole_or_streamed() -> None:
         finally:
             await server.close(grace=1.0)
             await null.client.close()
-    # the body as it came, the client's own headers, not its connection's
-    assert seen[0] == (b'{"stream": false}', "a", None) and seen[1][0] == b'{"stream": true}'
+    # the body as it came, the client's headers as the router passes them on: not its credentials, JSON
+    assert seen[0] == (b'{"stream": false}', "a", None, "application/json") and seen[1][0] == b'{"stream": true}'
 
 
 async def test_an_upstream_that_is_gone_is_a_502() -> None:

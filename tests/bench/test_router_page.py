@@ -83,8 +83,8 @@ def test_the_transport_alone_is_reported_as_a_ceiling_not_a_goal() -> None:
     got = router.verdicts(rows)
     assert [v for v in got if v.startswith("ceiling")] == [
         "ceiling plain  c=1  the transport alone (bench.null_router) adds 0.100 ms p50 = 0.45x round_robin's; "
-        "the router's decision path adds 0.150 ms more",
+        "the rest of the router adds 0.150 ms more",
         "ceiling plain  c=64 the transport alone 12000 req/s = 1.20x round_robin's; Kinference reaches 75% of it "
-        "(CPU per request 110 against 60 us: the decision path's 50 us)"]
+        "(CPU per request 110 against 60 us: 50 us for the rest of the router's work)"]
     # the goals are the same with or without it
     assert [v for v in got if not v.startswith("ceiling")] == router.verdicts(run())
