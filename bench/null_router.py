@@ -31,6 +31,9 @@ from kinference_router.app import DROP_HEADERS
 from kinference_router.http_server import HttpServer, Request, Response
 
 
+def _bad_gateway(exc: UpstreamError) -> Response:
+    return Response(502, f'{{"error": "{type(exc).__name__}"}}'.encode())
+
 
 class NullRouter:
     """One route, one upstream, nothing in between."""
@@ -47,7 +50,7 @@ class NullRouter:
             upstream = await self.client.post(self.url, request.body, headers, connect_timeout=5.0,
                                               read_timeout=30.0)
         except UpstreamError as exc:
-            return Response(502, f'{{"error": "{type(exc).__name__}"}}'.encode())
+            return _bad_gateway(exc)
         async with upstream:
             ctype = upstream.header("Content-Type", "application/json") or "application/json"
             if ctype.startswith("text/event-stream"):
@@ -63,7 +66,7 @@ class NullRouter:
             try:
                 payload = await upstream.read()
             except UpstreamError as exc:
-                return Response(502, f'{{"error": "{type(exc).__name__}"}}'.encode())
+                return _bad_gateway(exc)
             return Response(upstream.status, payload, content_type=ctype)
 
 

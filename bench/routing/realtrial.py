@@ -51,11 +51,12 @@ For each router under test, in turn:
 For every (groups, seed) pair it prints a table (with the floor of its
 arrivals, :func:`floors`: what no router can go below), the routers'
 slowest 1% by where their delay came from (:func:`sources`), and at the end
-one line per pair with the goal, judged also against the floor; writes ``bench/results/routing_realtrial.json`` (a
-``runs`` list, one per pair, each with a row per router keeping every
-request's TTFT, e2e, send time, pod and cached tokens) and exits 1 when any
-request failed (or a router could not be started). Every process
-it starts is stopped on the way out, also on Ctrl-C and on errors.
+one line per pair with the goal, judged also against the floor; writes
+``bench/results/routing_realtrial.json`` (a ``runs`` list, one per pair,
+each with a row per router keeping every request's TTFT, e2e, send time,
+pod and cached tokens) and exits 1 when any request failed (or a router
+could not be started). Every process it starts is stopped on the way out,
+also on Ctrl-C and on errors.
 """
 
 from __future__ import annotations
@@ -237,7 +238,7 @@ def floors(reqs: Sequence[SimRequest], profile: str = PROFILE) -> list[Floor]:
     for r in reqs:
         hashes = r.engine_hashes or ()
         usable = (r.prompt_tokens - 1) // BLOCK_TOKENS  # never the block of the last token
-        best, shared, warmest = prefill_seconds(speed, r.prompt_tokens), 0, float("inf")
+        best, shared, waited, warmest = prefill_seconds(speed, r.prompt_tokens), 0, 0.0, float("inf")
         for k, h in enumerate(hashes[:usable], 1):
             at = ready.get(h)
             if at is None:
@@ -246,10 +247,10 @@ def floors(reqs: Sequence[SimRequest], profile: str = PROFILE) -> list[Floor]:
             warmest = min(warmest, rest)
             wait = max(0.0, at - r.time)
             if wait + rest < best:
-                best, shared = wait + rest, k
+                best, shared, waited = wait + rest, k, wait
         out.append(Floor(best, early=best > warmest + 1e-9))
         # the blocks this request computes, cached when their chunk's step ends
-        start = r.time + best - prefill_seconds(speed, r.prompt_tokens - shared * BLOCK_TOKENS)
+        start = r.time + waited
         ends = iter(_chunk_ends(speed, r.prompt_tokens - shared * BLOCK_TOKENS))
         last, end = next(ends)
         for k in range(shared + 1, len(hashes) + 1):
