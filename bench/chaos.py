@@ -55,7 +55,7 @@ from pathlib import Path
 
 import aiohttp
 
-from kinference_simulators.stack import NATS_CLUSTER_PORTS, PORTS, Stack
+from kinference_simulators.stack import NATS_CLUSTER_PORTS, PORTS, Stack, log_tail
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "chaos.json"
@@ -248,8 +248,10 @@ Fault = Callable[["Chaos"], Awaitable[None]]
 class Chaos:
     """The stack under test and what the faults do to it."""
 
-    def __init__(self, stack: Stack, cfg: Config) -> None:
+    def __init__(self, stack: Stack, cfg: Config, say: Callable[[str], None] = print) -> None:
         self.stack, self.cfg = stack, cfg
+        #: progress of each step, with the time since the run started
+        self.say = say
         #: files to write back after the phase
         self.mend: list[tuple[Path, str]] = []
         #: clean requests a fault asks the load to send at once
@@ -328,6 +330,7 @@ class Chaos:
         every bucket's replicas are current (:attr:`catchup_s`)."""
         from kinference_common import subjects
 
+        assert self.probe is not None
         leader = await self.probe.leader(f"KV_{subjects.CONFIG_BUCKET}")
         names = self.stack.nats_names
         order = ([leader] if leader in names else []) + [x for x in names if x != leader]
@@ -337,6 +340,7 @@ class Chaos:
             p.held = True
         try:
             await asyncio.gather(*(self.stack.kill(v, signal.SIGKILL) for v in victims))
+            self.say(f"    killed {', '.join(victims)} (config bucket leader: {leader or 'none'})")
             await asyncio.sleep(self.cfg.down)
             restarted = time.monotonic()
             for p in procs:
@@ -344,8 +348,12 @@ class Chaos:
                 p.restarts += 1
             for p in procs:
                 await self.stack._wait_ready(p, 60)
-            await self.probe.caught_up(60)
-            self.catchup_s = round(time.monotonic() - restarted, 2)
+            self.say(f"    {', '.join(victims)} listening again after {time.monotonic() - restarted:.1f}s")
+            if await self.probe.caught_up(60):
+                self.catchup_s = round(time.monotonic() - restarted, 2)
+                self.say(f"    every bucket's replicas current after {self.catchup_s:.1f}s")
+            else:
+                self.say(f"    buckets not current 60s after the restart: {await self.probe.replicas()}")
         finally:
             for p in procs:
                 p.held = False
@@ -356,7 +364,8 @@ class Chaos:
         for p in self.stack.procs:
             await self.stack._wait_ready(p, max(1.0, deadline - time.monotonic()))
         probe = {"model": "qwen-2.5", "messages": [{"role": "user", "content": "x"}], "tags": ["pii-none"]}
-        async with aiohttp.ClientSession() as http:
+        last = "no answer"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as http:
             while time.monotonic() < deadline:
                 try:
                     async with http.post(self.url(PORTS["admin"], "/debug/explain"), json=probe) as r:
@@ -364,10 +373,12 @@ class Chaos:
                     outcome = trace.get("outcome", {})
                     if outcome.get("type") == "Routed" and str(outcome.get("backend", "")).startswith("Local/"):
                         return
-                except Exception:
-                    pass
+                    last = json.dumps(outcome)[:300]
+                except Exception as exc:
+                    last = f"{type(exc).__name__}: {exc}"[:300]
                 await asyncio.sleep(0.2)
-        raise RuntimeError("the stack did not become healthy again")
+        raise RuntimeError(f"the stack did not become healthy again within {timeout:g}s; "
+                           f"the router's last explain: {last}")
 
 
 def ha_faults() -> list[tuple[str, Fault]]:
@@ -599,12 +610,29 @@ class ClusterProbe:
         except Exception:
             return None
 
-    async def caught_up(self, timeout: float) -> None:
+    async def caught_up(self, timeout: float) -> bool:
+        """Whether both buckets have a leader and every follower current within ``timeout``."""
         from kinference_common import bus, subjects
 
-        await asyncio.gather(
+        done = await asyncio.gather(
             bus.wait_current(self.compiler.jetstream(timeout=1.0), f"KV_{subjects.CONFIG_BUCKET}", timeout),  # type: ignore[attr-defined]
             bus.wait_current(self.collector.jetstream(timeout=1.0), f"KV_{subjects.TELEMETRY_BUCKET}", timeout))  # type: ignore[attr-defined]
+        return all(done)
+
+    async def replicas(self) -> str:
+        """Each bucket's leader and replicas as the servers say (for a message)."""
+        from kinference_common import subjects
+
+        out = []
+        for nc, stream in ((self.compiler, f"KV_{subjects.CONFIG_BUCKET}"),
+                           (self.collector, f"KV_{subjects.TELEMETRY_BUCKET}")):
+            try:
+                c = (await nc.jetstream(timeout=2.0).stream_info(stream)).cluster  # type: ignore[attr-defined]
+                reps = ", ".join(f"{r.name} current={r.current} lag={r.lag}" for r in (c.replicas or []))
+                out.append(f"{stream}: leader {c.leader}, {reps}" if c is not None else f"{stream}: no cluster")
+            except Exception as exc:
+                out.append(f"{stream}: {type(exc).__name__} {exc}")
+        return "; ".join(out)
 
     async def stop(self) -> None:
         from kinference_common import bus
@@ -662,7 +690,7 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
     results: list[Result] = []
     await stack.start(cfg.speed_profile, 1.0, timeout=90)
     supervisor = asyncio.create_task(stack.supervise(stop_supervising, say=lambda m, **_: say(m)))
-    chaos = Chaos(stack, cfg)
+    chaos = Chaos(stack, cfg, say)
     plog = ProviderLog(run_dir / "provider-requests.jsonl")
     url = chaos.url(PORTS["router"], "/v1/chat/completions")
     try:
@@ -703,7 +731,9 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
                     ids = {s.decision_id for s in shots if s.decision_id}
                     phase_ids.append((result, ids))
                     result.decisions_lost = len(ids - chaos.probe.seen)
+                    at = time.monotonic()
                     result.kv_acked_lost = await chaos.probe.acked_lost()
+                    say(f"    the probe's value read back after {time.monotonic() - at:.1f}s")
                     result.kv_longest_unwritable_s = round(chaos.probe.longest, 2)
                     result.kv_writes_failed = chaos.probe.failed
                     result.catchup_s, chaos.catchup_s = chaos.catchup_s, None
@@ -719,6 +749,12 @@ async def run_chaos(cfg: Config, run_dir: Path, offset: int, *, only: list[str] 
                 recorded = await chaos.probe.recorded_ids()
                 for result, ids in phase_ids:
                     result.records_lost = len(ids - recorded)
+    except BaseException as exc:  # failed, or interrupted (a deadline): say where each process was
+        say(f"chaos: stopped by {type(exc).__name__}; the last lines of each NATS server's and the router's log:")
+        for proc in stack.procs:
+            if proc.name in stack.nats_names or proc.name == "router":
+                say(f"--- {proc.log}\n{log_tail(proc.log, 12)}")
+        raise
     finally:
         if chaos.probe is not None:
             await chaos.probe.stop()

@@ -467,7 +467,7 @@ class Stack:
                     proc.backoff = initial if up >= stable or proc.backoff == 0 else min(proc.backoff * 2, longest)
                     due[proc.name] = now + proc.backoff
                     say(f"{proc.name} exited (code {p.returncode}) after {up:.1f}s; restarting in "
-                        f"{proc.backoff:.1f}s. Last lines of {proc.log}:\n{_tail(proc.log, 5)}", flush=True)
+                        f"{proc.backoff:.1f}s. Last lines of {proc.log}:\n{log_tail(proc.log, 5)}", flush=True)
                 elif now >= due[proc.name]:
                     del due[proc.name]
                     await self.spawn(proc)
@@ -485,14 +485,14 @@ class Stack:
             assert proc.process is not None
             if proc.process.returncode is not None:
                 raise StackError(f"make run: {proc.name} exited with code {proc.process.returncode}; "
-                                 f"see {proc.log}:\n{_tail(proc.log)}")
+                                 f"see {proc.log}:\n{log_tail(proc.log)}")
             if proc.ready_port is not None and _port_open(proc.ready_port):
                 return
             if proc.ready_url is not None and await asyncio.to_thread(_http_ok, proc.ready_url):
                 return
             await asyncio.sleep(0.1)
         raise StackError(f"make run: {proc.name} was not ready within {timeout:.0f}s; see {proc.log}:\n"
-                         f"{_tail(proc.log)}")
+                         f"{log_tail(proc.log)}")
 
     async def stop(self, grace: float = 5.0) -> None:
         for proc in reversed(self.procs):
@@ -588,7 +588,7 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _tail(path: Path | None, lines: int = 15) -> str:
+def log_tail(path: Path | None, lines: int = 15) -> str:
     if path is None or not path.exists():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -8,7 +8,10 @@ docs/hardening.md says what a provider receives)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,10 +27,19 @@ FLOOR = {"one pod kill -9 mid-stream": 0.7, "all pods kill -9": 0.3,
          "provider failing (500)": 0.6, "provider hanging": 0.6}
 
 
+def progress() -> Callable[[str], None]:
+    """The run's progress, each line with the seconds since the start: shown
+    when the test fails (pytest shows what a failed test printed), so a
+    failure says which step it was at."""
+    start = time.monotonic()
+    return lambda line: print(f"[{time.monotonic() - start:6.1f}s] {line}", flush=True)
+
+
 @pytest.mark.timeout(400)  # about 85 s here; the suite's 120 s safety net is too close on a busy machine
 async def test_short_chaos_suite_keeps_its_invariants(tmp_path: Path) -> None:
     offset = free_offset(random.Random())
-    results = await run_chaos(SHORT, tmp_path / "run", offset, say=lambda _: None)
+    async with asyncio.timeout(360):  # before pytest's: the run says where it was and stops the stack
+        results = await run_chaos(SHORT, tmp_path / "run", offset, say=progress())
     print(table(results))
     assert [r.fault for r in results] == [name for name, _ in faults()]
     for r in results:
@@ -52,7 +64,8 @@ async def test_short_nats_cluster_loses_one_server_and_nothing_else(tmp_path: Pa
 
     offset = free_offset(random.Random())
     (name, _), *_ = ha_faults()
-    (r,) = await run_chaos(SHORT, tmp_path / "run", offset, say=lambda _: None, nats_cluster=True, only=[name])
+    async with asyncio.timeout(220):  # before pytest's: the run says where it was and stops the stack
+        (r,) = await run_chaos(SHORT, tmp_path / "run", offset, say=progress(), nats_cluster=True, only=[name])
     print(table([r]))
     assert r.requests >= 20 and r.hung == 0 and r.no_http_answer == 0, r
     assert r.success_rate >= 0.8 and r.recovery_s is not None, r
