@@ -269,6 +269,37 @@ def test_an_endpoint_that_has_served_nothing_gets_its_worker_sets_learned_overhe
     assert s.candidates[0].t0 == TTFTModel().default_overhead_seconds
 
 
+def test_a_pod_whose_learned_prefill_rate_lags_its_peers_still_gets_new_prefixes() -> None:
+    # four pods of one worker set on the same GPUs (the same KV capacity): c's
+    # first prefills overlapped, so it learned 12,900 tokens/s against 15,900
+    cap = {"kv_capacity_tokens": 19_200}
+    eps = [ep("qwen", "a", theta=15_940.0, **cap), ep("qwen", "b", theta=15_930.0, **cap),
+           ep("qwen", "c", theta=12_900.0, **cap), ep("qwen", "d", theta=15_935.0, **cap)]
+    s = snap(_pool(["PrefixAffinity", "LeastInFlight"]), eps)
+    assert [c.theta for c in s.candidates] == [15_940.0] * 4  # each gets its peers' best bound
+    index = PrefixIndex()
+    for pod, groups in (("a", 3), ("b", 3), ("c", 1), ("d", 3)):
+        for g in range(groups):
+            index.record(f"default/qwen/{pod}", block_hashes(f"{pod} group {g} system prompt " * 300))
+    fresh = block_hashes("a group nobody has seen " * 300)
+    d = decide(s, req("qwen-2.5", prompt_tokens=2_000, block_hashes=fresh), prefix=index)
+    # c holds the fewest prompts: the new prefix goes there (with its own rate,
+    # c was predicted 20% slower, out of the tie, and never got one)
+    assert d.endpoint == "c"
+
+
+def test_pods_of_other_gpus_in_the_same_worker_set_keep_their_own_prefill_rate() -> None:
+    eps = [ep("qwen", "big", theta=16_000.0, kv_capacity_tokens=131_072),
+           ep("qwen", "small", theta=5_000.0, kv_capacity_tokens=65_536),
+           ep("qwen", "small-2", theta=4_000.0, kv_capacity_tokens=65_536),
+           ep("qwen", "unknown", theta=7_000.0)]
+    s = snap(_pool(["LeastInFlight"]), eps)
+    assert {c.endpoint: c.theta for c in s.candidates} == {
+        "big": 16_000.0, "small": 5_000.0, "small-2": 5_000.0, "unknown": 7_000.0}
+    # the larger GPU stays the clear pick for a long prompt
+    assert decide(s, req("qwen-2.5", prompt_tokens=4_000)).endpoint == "big"
+
+
 def _fleet_world(new: dict | None = None, holder_running: int = 40, others_running: int = 40):
     """a, b and c each hold one group's prompts and run requests (a
     ``holder_running``, b and c ``others_running``); n joined empty: its

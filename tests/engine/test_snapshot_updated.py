@@ -69,7 +69,8 @@ def changed_state(rng: random.Random, st_: object, now: float) -> object:
     """The endpoint's next scrape: a few of its fields moved."""
     fields = {}
     for _ in range(rng.randint(1, 3)):
-        what = rng.choice(["queued", "running", "kv", "ready", "theta", "overhead", "age", "hit", "same"])
+        what = rng.choice(["queued", "running", "kv", "ready", "theta", "overhead", "age", "hit", "capacity",
+                           "same"])
         if what == "queued":
             fields["queued"] = rng.choice([None, 0, 3, 5, 12])
         elif what == "running":
@@ -86,6 +87,8 @@ def changed_state(rng: random.Random, st_: object, now: float) -> object:
             fields["scraped_at"] = now - rng.choice([0.1, 0.1, 1.9, 60.0])
         elif what == "hit":
             fields["prefix_cache_hit_rate"] = rng.choice([None, 0.0, 0.4, 1.0])
+        elif what == "capacity":  # restarted on other GPUs: its peers for Theta change
+            fields["kv_capacity_tokens"] = rng.choice([None, 40000, 80000])
     # "same": a new message whose content did not change is still a new object
     return msgspec.structs.replace(st_, **fields)  # type: ignore[type-var]
 
@@ -103,7 +106,8 @@ def fleet(draw):
         for k in range(draw(st.integers(0, 6))):
             e = ep(w.name, f"p{k}", queued=draw(maybe_none(st.integers(0, 12))),
                    kv=draw(maybe_none(st.floats(0, 1))), theta=draw(st.sampled_from([None, 8000.0, 10000.0])),
-                   age=draw(st.sampled_from([0.1, 0.1, 60.0])), kv_capacity_tokens=draw(st.sampled_from([None, 40000])))
+                   age=draw(st.sampled_from([0.1, 0.1, 60.0])),
+                   kv_capacity_tokens=draw(st.sampled_from([None, 40000, 40000, 80000])))
             eps[endpoint_key(e.namespace, e.worker_set, e.pod)] = e
     return p, wss, provs, eps, draw(st.integers(0, 2**32))
 

@@ -96,7 +96,10 @@ def local_candidate(
     theta_fallback: float,
     t0_fallback: float,
     model: TTFTModel,
+    peer_theta: dict[int, float] | None = None,
 ) -> Candidate:
+    """``peer_theta``: the largest Theta learned by the worker set's
+    endpoints of each KV capacity (:func:`fallbacks`)."""
     served = dest.models[0]
     c = Candidate()
     c.type, c.is_local = "Local", True
@@ -134,6 +137,8 @@ def local_candidate(
     c.cache_blocks = ep.kv_capacity_tokens // _TOKENS_PER_BLOCK if ep.kv_capacity_tokens else None
     theta = ep.prefill_tokens_per_second
     c.theta = theta if theta and theta > 0 else theta_fallback
+    if peer_theta and ep.kv_capacity_tokens in peer_theta:
+        c.theta = max(c.theta, peer_theta[ep.kv_capacity_tokens])
     c.t0 = (
         ep.fixed_overhead_seconds
         if ep.fixed_overhead_seconds is not None and ep.fixed_overhead_seconds >= 0
@@ -197,11 +202,44 @@ def local_groups(pool: CompiledPool, endpoints: Iterable[EndpointState]) -> dict
     return by_dest
 
 
+#: per worker set: ``(Theta, T0)`` for an endpoint that learned neither, and
+#: the largest Theta learned per KV capacity (``((capacity, Theta), ...)``)
+Fallback = tuple[float, float, tuple[tuple[int, float], ...]]
+
+
+def peer_thetas(eps: Iterable[EndpointState]) -> tuple[tuple[int, float], ...]:
+    """The largest Theta learned by endpoints of each KV capacity (in tokens),
+    in capacity order.
+
+    Theta is learned per endpoint as the largest prefill rate its own recent
+    windows show (``kinference_collector.derive``), each a lower bound of what
+    the engine can do, and tight only when the window held long prefills.
+    Endpoints of one worker set with the same KV capacity run the same engine
+    on the same GPUs (the capacity follows from the GPU's memory, the model
+    and the engine's settings), so the largest of their estimates is the
+    best bound for each of them. Taken alone, an endpoint whose first
+    prefills overlapped learned a lower rate (a trial: 12,900 tokens/s
+    against its three peers' 15,900), was predicted 20-25% slower for every
+    prompt without a cached prefix, so was never given the long prefill
+    that would have taught it otherwise, and held half the prefixes of its
+    peers while their caches evicted (docs/routing-benchmark.md). Pods of
+    other hardware in the same worker set differ in capacity and keep their
+    own."""
+    best: dict[int, float] = {}
+    for e in eps:
+        theta, cap = e.prefill_tokens_per_second, e.kv_capacity_tokens
+        if cap and theta and theta > 0 and theta > best.get(cap, 0.0):
+            best[cap] = theta
+    return tuple(sorted(best.items()))
+
+
 def fallbacks(by_dest: dict[tuple[str, str], list[EndpointState]],
-              model: TTFTModel) -> dict[tuple[str, str], tuple[float, float]]:
+              model: TTFTModel) -> dict[tuple[str, str], Fallback]:
     """Per worker set, the ``(Theta, T0)`` an endpoint that has not learned its
     own is given: its worker set's median, then the pool's, then the model's
-    default."""
+    default; and its endpoints' largest Theta per KV capacity
+    (:func:`peer_thetas`), which an endpoint of that capacity is given when
+    its own is lower."""
     known = [
         ep.prefill_tokens_per_second
         for eps in by_dest.values()
@@ -221,7 +259,7 @@ def fallbacks(by_dest: dict[tuple[str, str], list[EndpointState]],
         # slower, so they would never get the request that teaches them.
         ws_t0 = [e.fixed_overhead_seconds for e in eps if _has_t0(e)]
         out[key] = (statistics.median(ws_known) if ws_known else pool_theta,
-                    statistics.median(ws_t0) if ws_t0 else pool_t0)
+                    statistics.median(ws_t0) if ws_t0 else pool_t0, peer_thetas(eps))
     return out
 
 
@@ -255,7 +293,7 @@ def build_candidates(
     provider_stale_after: float,
     ejected: frozenset[str] | set[str],
     model: TTFTModel,
-    fallback: dict[tuple[str, str], tuple[float, float]] | None = None,
+    fallback: dict[tuple[str, str], Fallback] | None = None,
 ) -> list[Candidate]:
     """Every candidate of the pool, in stable order (destination name, then
     endpoint name, then model), with ``index`` set to that order. ``fallback``
@@ -268,10 +306,12 @@ def build_candidates(
     out: list[Candidate] = []
     for key, eps in by_dest.items():
         dest = local_dests[key]
-        theta_fallback, t0_fallback = fb[key]
+        theta_fallback, t0_fallback, peers = fb[key]
+        peer_theta = dict(peers)
         for ep in eps:
             out.append(local_candidate(dest, ep, now=now, stale_after=stale_after, ejected=ejected,
-                                       theta_fallback=theta_fallback, t0_fallback=t0_fallback, model=model))
+                                       theta_fallback=theta_fallback, t0_fallback=t0_fallback, model=model,
+                                       peer_theta=peer_theta))
     out += provider_candidates(pool, providers, now=now, provider_stale_after=provider_stale_after,
                                ejected=ejected)
     out.sort(key=lambda c: (c.dest_name, c.endpoint or "", c.model))
@@ -281,7 +321,8 @@ def build_candidates(
 
 
 def uses_fallback(ep: EndpointState) -> bool:
-    """The endpoint has not learned its own Theta or T0 (its worker set's
-    fallback fills in)."""
+    """The endpoint's Theta or T0 may come from its worker set's
+    :func:`fallbacks`: it has not learned its own, or it has a KV capacity
+    (so its peers' largest Theta applies)."""
     theta = ep.prefill_tokens_per_second
-    return not (theta and theta > 0) or not _has_t0(ep)
+    return not (theta and theta > 0) or not _has_t0(ep) or bool(ep.kv_capacity_tokens)

@@ -50,6 +50,7 @@ from kinference_common.messages import EndpointState, ProviderState
 
 from .candidates import (
     Candidate,
+    Fallback,
     build_candidates,
     fallbacks,
     local_candidate,
@@ -219,8 +220,9 @@ class Snapshot:
         router has ejected; ``rng``: the source for ``tieBreak: Random``."""
         self._inputs(pool, now, stale_after, provider_stale_after, ejected, ttft_model,
                      rng if rng is not None else random.Random())
-        #: ``(Theta, T0)`` per worker set for endpoints that learned neither
-        self.fallbacks: dict[tuple[str, str], tuple[float, float]] = {}
+        #: per worker set: ``(Theta, T0)`` for endpoints that learned neither,
+        #: and the largest Theta per KV capacity (:func:`.candidates.fallbacks`)
+        self.fallbacks: dict[tuple[str, str], Fallback] = {}
         self.candidates = build_candidates(
             pool, endpoints, providers, now=now, stale_after=stale_after,
             provider_stale_after=provider_stale_after, ejected=ejected, model=ttft_model,
@@ -394,7 +396,9 @@ class Snapshot:
         learned = any(old[i].state.prefill_tokens_per_second  # type: ignore[union-attr]
                       != endpoints[old[i].ledger_key].prefill_tokens_per_second
                       or old[i].state.fixed_overhead_seconds  # type: ignore[union-attr]
-                      != endpoints[old[i].ledger_key].fixed_overhead_seconds for i in replaced)
+                      != endpoints[old[i].ledger_key].fixed_overhead_seconds
+                      or old[i].state.kv_capacity_tokens  # type: ignore[union-attr]
+                      != endpoints[old[i].ledger_key].kv_capacity_tokens for i in replaced)
         # the same state, turned stale with time (a stale one turns fresh
         # only with a new scrape, a new state)
         check_ages = now - self._oldest_fresh > stale_after
@@ -420,9 +424,10 @@ class Snapshot:
         oldest_fresh = self._oldest_fresh
         for i in replaced:
             st = endpoints[old[i].ledger_key]
-            theta_fb, t0_fb = fb[(st.namespace, st.worker_set)]
+            theta_fb, t0_fb, peers = fb[(st.namespace, st.worker_set)]
             c = local_candidate(dests[(st.namespace, st.worker_set)], st, now=now, stale_after=stale_after,
-                                ejected=ejected, theta_fallback=theta_fb, t0_fallback=t0_fb, model=model)
+                                ejected=ejected, theta_fallback=theta_fb, t0_fallback=t0_fb, model=model,
+                                peer_theta=dict(peers))
             c.index = i
             cands[i] = c
             if not c.stale:

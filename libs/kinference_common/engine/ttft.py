@@ -13,7 +13,10 @@ The model (TELEMETRY.md, "Predicting TTFT", the explainable per-endpoint form)
     U      = uncached prompt tokens       P - tokens the prefix index says are cached
                                           (or P * (1 - h) with h the endpoint's hit rate,
                                           when the request has no block hashes)
-    Theta  = prefill tokens per second    learned online by the collector
+    Theta  = prefill tokens per second    learned online by the collector; the
+                                          largest of the worker set's endpoints
+                                          with the same KV capacity (the same
+                                          GPUs: candidates.peer_thetas)
     R      = running requests             each takes a slot of every step's token budget
     KVwait = max(0, W - free KV tokens) / Theta
                                           not enough KV room: blocks must be freed first,
