@@ -321,8 +321,8 @@ def build_candidates(
 
 
 def uses_fallback(ep: EndpointState) -> bool:
-    """The endpoint's Theta or T0 may come from its worker set's
-    :func:`fallbacks`: it has not learned its own, or it has a KV capacity
-    (so its peers' largest Theta applies)."""
+    """The endpoint has not learned its own Theta or T0 (its worker set's
+    fallback fills in). Its peers' largest Theta (:func:`peer_thetas`)
+    applies to every endpoint of a known KV capacity."""
     theta = ep.prefill_tokens_per_second
-    return not (theta and theta > 0) or not _has_t0(ep) or bool(ep.kv_capacity_tokens)
+    return not (theta and theta > 0) or not _has_t0(ep)

@@ -410,11 +410,15 @@ class Snapshot:
         fb = self.fallbacks
         if learned:  # an endpoint using a fallback that moved is built again too
             fb = fallbacks(local_groups(self.pool, endpoints.values()), model)
-            moved = {k for k, v in fb.items() if self.fallbacks.get(k) != v}
-            if moved:
-                replaced.update(c.index for c in old if c.is_local
-                                and (c.state.namespace, c.dest_name) in moved  # type: ignore[union-attr]
-                                and uses_fallback(endpoints[c.ledger_key]))
+            moved = {k for k, v in fb.items() if self.fallbacks.get(k, (None, None))[:2] != v[:2]}
+            # and one whose peers' largest Theta moved (only those of that KV capacity)
+            peers_moved = {k: {cap for cap, _ in set(v[2]) ^ set(self.fallbacks[k][2] if k in self.fallbacks else ())}
+                           for k, v in fb.items()}
+            if moved or any(peers_moved.values()):
+                replaced.update(c.index for c in old if c.is_local and (
+                    ((key := (c.state.namespace, c.dest_name)) in moved  # type: ignore[union-attr]
+                     and uses_fallback(endpoints[c.ledger_key]))
+                    or endpoints[c.ledger_key].kv_capacity_tokens in peers_moved.get(key, ())))
         snap = Snapshot.__new__(Snapshot)
         snap._inputs(self.pool, now, stale_after, self.provider_stale_after, ejected, model, self.rng)
         snap.fallbacks = fb
