@@ -172,7 +172,8 @@ class Kinference(Router):
                  fixed: bool = True, share: ReplicaShare | None = None) -> None:
         """``fixed=False`` runs the engine as it was before the benchmark's
         fixes (no PredictedTTFT tie tolerance, a prefix index not sized to
-        each endpoint's KV cache): the "before" of the before/after rows."""
+        each endpoint's KV cache, each endpoint its own Theta): the "before"
+        of the before/after rows."""
         self.fixed = fixed
         self.policy_yaml = policy_yaml
         self.rebuild_interval = rebuild_interval
@@ -195,7 +196,8 @@ class Kinference(Router):
         self.provider_states = [ProviderState(namespace=NAMESPACE, name=p.name) for p in providers]
         self.snapshot: Snapshot | None = None
         self._base_model = TTFTModel() if self.fixed else TTFTModel(tie_tolerance=0.0, tie_tolerance_seconds=0.0,
-                                                                               prefix_stickiness=0.0)
+                                                                               prefix_stickiness=0.0,
+                                                                               peer_prefill_rate=False)
         self._model = self._base_model
         self._dirty = True
         self._built = -1e9

@@ -43,11 +43,15 @@ from kinference_common.messages import EndpointState, ProviderState
 #: 2: a decision keeps ``held`` whenever it read it (the spread of
 #: :class:`~kinference_common.engine.ttft.TTFTModel` does); ``kinfctl replay``
 #: takes a version-1 record's decisions without the spread, as its router did.
+#: 3: routers give an endpoint its same-GPU peers' largest Theta
+#: (``TTFTModel.peer_prefill_rate``); replay takes older records' without it.
 #: Writers set ``v`` explicitly: the field's default is what a record that
 #: does not say means (version 1 wrote none, its default being omitted).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: the first version whose routers had the spread
 SPREAD_SINCE = 2
+#: the first version whose routers gave an endpoint its peers' largest Theta
+PEER_THETA_SINCE = 3
 #: the JetStream stream of every pool's records
 STREAM = "KINFERENCE_RECORDS"
 PREFIX = "kinference.record"

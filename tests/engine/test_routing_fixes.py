@@ -484,3 +484,36 @@ def test_a_record_from_a_router_without_the_spread_replays_without_it() -> None:
     # as it decided; a version-2 record without held blocks would read "n held
     # nothing" and move it
     assert picks == {1: "a", 2: "n"}
+
+
+def test_a_record_from_a_router_without_peer_prefill_rates_replays_with_each_endpoints_own() -> None:
+    """Records before schema version 3 come from routers that gave each
+    endpoint its own Theta: replayed that way; version 3 with the peers'."""
+    from kinference_common.engine.trace import OutcomeTrace
+    from kinference_common.recording import DecisionRecord, RecordedRequest, SnapshotRecord, decode, encode
+    from kinfctl.replay import Snapshots, _decide
+
+    from .helpers import NOW
+
+    cap = {"kv_capacity_tokens": 19_200}
+    eps = [ep("qwen", "a", theta=15_900.0, **cap), ep("qwen", "c", theta=12_900.0, **cap)]
+    index = PrefixIndex()
+    for g in range(3):
+        index.record("default/qwen/a", block_hashes(f"a group {g} system prompt " * 300))
+    fresh = req("qwen-2.5", prompt_tokens=2_000, block_hashes=block_hashes("a group nobody has seen " * 300))
+    picks = {}
+    for v in (2, 3):
+        snaps = Snapshots()
+        snaps.add(decode(encode(SnapshotRecord(
+            v=v, router="r", version=1, namespace="default", pool="p", now=NOW, stale_after=5.0,
+            provider_stale_after=60.0, pool_revision="1", compiled=_pool(["PrefixAffinity", "LeastInFlight"]),
+            endpoints=eps, ttft_model=TTFTModel()))))
+        rec = DecisionRecord(v=v, decision_id="d1", at=0.0, router="r", snapshot=1, namespace="default", pool="p",
+                             request=RecordedRequest(model="qwen-2.5", prompt_tokens=2_000,
+                                                     block_hashes=list(fresh.block_hashes)),
+                             held=index.held(), outcome=OutcomeTrace(type="Routed", endpoint="a"))
+        d, _ = _decide(snaps.get("r", 1, "live"), rec, fresh)
+        picks[v] = d.endpoint
+    # version 2: c predicted 23% slower, out of the tie: "a", as its router
+    # decided; version 3: c at a's Theta, holding nothing: "c"
+    assert picks == {2: "a", 3: "c"}

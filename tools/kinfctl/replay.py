@@ -53,6 +53,7 @@ from kinference_common.manifests import load_paths
 from kinference_common.recording import (
     LOAD_FIELDS,
     SECOND_RECORDS,
+    PEER_THETA_SINCE,
     SPREAD_SINCE,
     DecisionRecord,
     ObservationRecord,
@@ -90,9 +91,12 @@ def register(sub: Any) -> None:
 def _model(r: SnapshotRecord, model: TTFTModel) -> TTFTModel:
     """The PredictedTTFT model ``model`` (as recorded) as the router that
     wrote ``r`` used it: a router from before the spread (schema before
-    SPREAD_SINCE) had none."""
+    SPREAD_SINCE) had none, and one from before PEER_THETA_SINCE gave each
+    endpoint its own Theta."""
     if r.v < SPREAD_SINCE and model.spread_fraction:
-        return msgspec.structs.replace(model, spread_fraction=0.0)
+        model = msgspec.structs.replace(model, spread_fraction=0.0)
+    if r.v < PEER_THETA_SINCE and model.peer_prefill_rate:
+        model = msgspec.structs.replace(model, peer_prefill_rate=False)
     return model
 
 

@@ -259,7 +259,8 @@ def fallbacks(by_dest: dict[tuple[str, str], list[EndpointState]],
         # slower, so they would never get the request that teaches them.
         ws_t0 = [e.fixed_overhead_seconds for e in eps if _has_t0(e)]
         out[key] = (statistics.median(ws_known) if ws_known else pool_theta,
-                    statistics.median(ws_t0) if ws_t0 else pool_t0, peer_thetas(eps))
+                    statistics.median(ws_t0) if ws_t0 else pool_t0,
+                    peer_thetas(eps) if model.peer_prefill_rate else ())
     return out
 
 

@@ -129,6 +129,10 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     spread_fraction: float = 0.25
     spread_held_fraction: float = 0.5
     spread_min_load: int = 32
+    #: an endpoint's Theta is the largest learned by its worker set's
+    #: endpoints with the same KV capacity (the same engine on the same
+    #: GPUs: :func:`.candidates.peer_thetas`); False: each its own
+    peer_prefill_rate: bool = True
 
     def stickiness(self, kv: float | None) -> float:
         """The prefix stickiness charged to a candidate with this KV use."""
