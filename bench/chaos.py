@@ -628,8 +628,11 @@ class ClusterProbe:
                            (self.collector, f"KV_{subjects.TELEMETRY_BUCKET}")):
             try:
                 c = (await nc.jetstream(timeout=2.0).stream_info(stream)).cluster  # type: ignore[attr-defined]
+                if c is None:
+                    out.append(f"{stream}: no cluster")
+                    continue
                 reps = ", ".join(f"{r.name} current={r.current} lag={r.lag}" for r in (c.replicas or []))
-                out.append(f"{stream}: leader {c.leader}, {reps}" if c is not None else f"{stream}: no cluster")
+                out.append(f"{stream}: leader {c.leader}, {reps}")
             except Exception as exc:
                 out.append(f"{stream}: {type(exc).__name__} {exc}")
         return "; ".join(out)

@@ -276,7 +276,8 @@ def test_a_pod_whose_learned_prefill_rate_lags_its_peers_still_gets_new_prefixes
     eps = [ep("qwen", "a", theta=15_940.0, **cap), ep("qwen", "b", theta=15_930.0, **cap),
            ep("qwen", "c", theta=12_900.0, **cap), ep("qwen", "d", theta=15_935.0, **cap)]
     s = snap(_pool(["PrefixAffinity", "LeastInFlight"]), eps)
-    assert [c.theta for c in s.candidates] == [15_940.0] * 4  # each gets its peers' best bound
+    # each gets its peers' best bound (to three figures), or its own when higher
+    assert [c.theta for c in s.candidates] == [15_940.0, 15_930.0, 15_900.0, 15_935.0]
     index = PrefixIndex()
     for pod, groups in (("a", 3), ("b", 3), ("c", 1), ("d", 3)):
         for g in range(groups):
@@ -286,6 +287,14 @@ def test_a_pod_whose_learned_prefill_rate_lags_its_peers_still_gets_new_prefixes
     # c holds the fewest prompts: the new prefix goes there (with its own rate,
     # c was predicted 20% slower, out of the tie, and never got one)
     assert d.endpoint == "c"
+
+
+def test_a_pod_that_went_away_does_not_hold_its_peers_up() -> None:
+    cap = {"kv_capacity_tokens": 19_200}
+    eps = [ep("qwen", "a", theta=12_000.0, **cap), ep("qwen", "gone", theta=20_000.0, ready=False, **cap)]
+    assert snap(_pool(["LeastInFlight"]), eps).candidates[0].theta == 12_000.0
+    eps[1] = ep("qwen", "gone", theta=20_000.0, **cap)
+    assert snap(_pool(["LeastInFlight"]), eps).candidates[0].theta == 20_000.0
 
 
 def test_pods_of_other_gpus_in_the_same_worker_set_keep_their_own_prefill_rate() -> None:

@@ -130,9 +130,9 @@ def test_updated_is_the_whole_build(f) -> None:
         if keys and action < 0.55:
             for k in rng.sample(keys, rng.randint(1, len(keys))):
                 eps[k] = changed_state(rng, eps[k], now)
-        elif action < 0.65:
-            now += rng.choice([0.5, 1.5, 2.5])  # scrapes turn stale with time alone
         elif action < 0.6:
+            now += rng.choice([0.5, 1.5, 2.5])  # scrapes turn stale with time alone
+        elif action < 0.65:
             now -= rng.choice([0.5, 3.0])  # the wall clock stepped back
         elif keys and action < 0.75:  # endpoints and providers (a 429's cool-down) ejected
             ejected = frozenset(k for k in keys + [f"default/{pv.name}" for pv in provs] if rng.random() < 0.3)

@@ -16,6 +16,7 @@ attributes in tight loops.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 
@@ -224,13 +225,26 @@ def peer_thetas(eps: Iterable[EndpointState]) -> tuple[tuple[int, float], ...]:
     that would have taught it otherwise, and held half the prefixes of its
     peers while their caches evicted (docs/routing-benchmark.md). Pods of
     other hardware in the same worker set differ in capacity and keep their
-    own."""
+    own.
+
+    Only ready endpoints count (a pod that went away stays known, not
+    ready, and its rate must not hold its former peers up). The bound is
+    rounded down to three significant figures: each endpoint's Theta is a
+    sliding maximum that moves often, and every move of the bound rebuilds
+    the endpoints of that capacity (:meth:`.snapshot.Snapshot.updated`),
+    which in a large worker set of one GPU type is all of them."""
     best: dict[int, float] = {}
     for e in eps:
         theta, cap = e.prefill_tokens_per_second, e.kv_capacity_tokens
-        if cap and theta and theta > 0 and theta > best.get(cap, 0.0):
+        if e.ready and cap and theta and theta > 0 and theta > best.get(cap, 0.0):
             best[cap] = theta
-    return tuple(sorted(best.items()))
+    return tuple(sorted((cap, _three_figures(theta)) for cap, theta in best.items()))
+
+
+def _three_figures(x: float) -> float:
+    """``x`` (positive) rounded down to three significant figures."""
+    step = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return math.floor(x / step) * step
 
 
 def fallbacks(by_dest: dict[tuple[str, str], list[EndpointState]],

@@ -398,7 +398,9 @@ class Snapshot:
                       or old[i].state.fixed_overhead_seconds  # type: ignore[union-attr]
                       != endpoints[old[i].ledger_key].fixed_overhead_seconds
                       or old[i].state.kv_capacity_tokens  # type: ignore[union-attr]
-                      != endpoints[old[i].ledger_key].kv_capacity_tokens for i in replaced)
+                      != endpoints[old[i].ledger_key].kv_capacity_tokens
+                      or old[i].state.ready  # type: ignore[union-attr]
+                      != endpoints[old[i].ledger_key].ready for i in replaced)
         # the same state, turned stale with time (a stale one turns fresh
         # only with a new scrape, a new state)
         check_ages = now - self._oldest_fresh > stale_after
