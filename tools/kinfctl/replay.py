@@ -52,8 +52,8 @@ from kinference_common.engine.ttft import TTFTModel
 from kinference_common.manifests import load_paths
 from kinference_common.recording import (
     LOAD_FIELDS,
-    SECOND_RECORDS,
     PEER_THETA_SINCE,
+    SECOND_RECORDS,
     SPREAD_SINCE,
     DecisionRecord,
     ObservationRecord,

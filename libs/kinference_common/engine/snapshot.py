@@ -428,12 +428,16 @@ class Snapshot:
         cands = list(old)
         dests = local_dest_index(self.pool)
         oldest_fresh = self._oldest_fresh
+        peer_theta: dict[tuple[str, str], dict[int, float]] = {}  # per worker set, made once
         for i in replaced:
             st = endpoints[old[i].ledger_key]
-            theta_fb, t0_fb, peers = fb[(st.namespace, st.worker_set)]
-            c = local_candidate(dests[(st.namespace, st.worker_set)], st, now=now, stale_after=stale_after,
+            key = (st.namespace, st.worker_set)
+            theta_fb, t0_fb, peers = fb[key]
+            if key not in peer_theta:
+                peer_theta[key] = dict(peers)
+            c = local_candidate(dests[key], st, now=now, stale_after=stale_after,
                                 ejected=ejected, theta_fallback=theta_fb, t0_fallback=t0_fb, model=model,
-                                peer_theta=dict(peers))
+                                peer_theta=peer_theta[key])
             c.index = i
             cands[i] = c
             if not c.stale:
