@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router profile-router bench-hotpath bench-routing bench-scaleup bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
+        bench-classifier bench-router bench-router-compiled profile-router bench-hotpath bench-routing bench-scaleup bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
         chaos eval-classifier compare-freetext lint docs compose clean
 
 help:  ## list the targets
@@ -91,6 +91,9 @@ bench-classifier: install  ## classifier latency table -> bench/results/classifi
 
 bench-router: install  ## router overhead vs direct, the transport alone, vllm-router, LiteLLM -> bench/results/router.json
 	$(BIN)/python -m bench.router
+
+bench-router-compiled: install  ## the router's request path compiled with Cython against interpreted, CPU per request at c=64 -> bench/results/router_compiled.json
+	$(BIN)/python -m bench.router_compiled $(COMPILED_ARGS)
 
 profile-router: install  ## where the router's CPU goes per request at c=64 (py-spy) -> bench/results/router_profile.json
 	$(BIN)/python -m bench.router_profile $(PROFILE_ARGS)

@@ -3,7 +3,9 @@
 
 Starts the router as ``make bench-router`` does (:class:`bench.router.Target`
 ``kinference``: a real nats-server, a compiled pool over the stub upstream,
-decisions recorded, pinned to ``--router-cpu``), loads it with ``wrk`` at
+decisions recorded, pinned to ``--router-cpu``; ``--target
+kinference-null``: the router's transport alone, to read the router
+against part by part), loads it with ``wrk`` at
 ``--concurrency`` (64) for ``--duration`` seconds, plain or streamed, and
 samples its stacks meanwhile with ``py-spy`` (in ``bench/.venv-competitors``,
 never a product dependency; it needs ptrace rights over the router, as root
@@ -60,6 +62,8 @@ PARTS: dict[str, tuple[str, ...]] = {
     "event loop": ("asyncio/", "uvloop"),
 }
 OTHER = "other (interpreter, GC, libraries)"
+#: what can be profiled (targets of bench.router): the router, without records, its transport alone
+TARGETS = ("kinference", "kinference-no-record", "kinference-null")
 
 
 #: the part a stack goes to only when no other part is in it: the loop runs
@@ -121,7 +125,7 @@ async def profile(args: argparse.Namespace) -> dict[str, Any]:
         stub_port = harness.free_port()
         stub = harness.start_stub(stub_port, log_dir, args.client_cpu)
         load = router.Load(wrk, args.client_cpu, log_dir)
-        target = router.Target("kinference", args, stub_port, log_dir)
+        target = router.Target(args.target, args, stub_port, log_dir)
         try:
             await target.start()
             assert target.pid is not None
@@ -145,7 +149,7 @@ async def profile(args: argparse.Namespace) -> dict[str, Any]:
             await target.stop()
             stub.stop()
     cpu_us = (cpu1 - cpu0) / r["requests"] * 1e6 if cpu0 is not None and cpu1 is not None and r["requests"] else None
-    return {"mode": args.mode, "concurrency": args.concurrency, "duration_s": args.duration, "rps": round(r["rps"], 1),
+    return {"target": args.target, "mode": args.mode, "concurrency": args.concurrency, "duration_s": args.duration, "rps": round(r["rps"], 1),
             "requests": r["requests"], "errors": r["errors"],
             "cpu_us_per_request": None if cpu_us is None else round(cpu_us, 1),
             "samples": sum(counts.values()), "parts": breakdown(counts, cpu_us),
@@ -154,6 +158,9 @@ async def profile(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make profile-router", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", choices=TARGETS,
+                   default="kinference", help="what to profile (default kinference; kinference-null: the "
+                   "router's transport alone, bench.null_router, to read the router against part by part)")
     p.add_argument("--mode", choices=router.MODES, default="plain")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--duration", type=int, default=10, help="whole seconds sampled (default 10)")
@@ -165,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also keep py-spy's collapsed stacks here (for flamegraph.pl or speedscope)")
     args = p.parse_args(argv)
     result = asyncio.run(profile(args))
-    print(f"router at {args.mode} c={args.concurrency}: {result['rps']:.0f} req/s, "
+    print(f"{args.target} at {args.mode} c={args.concurrency}: {result['rps']:.0f} req/s, "
           f"{result['cpu_us_per_request']} us of router CPU per request, {result['samples']} samples")
     print(table(result["parts"]))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

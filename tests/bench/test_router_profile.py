@@ -33,3 +33,10 @@ def test_charge_and_breakdown_turn_samples_into_microseconds() -> None:
     assert rp.breakdown(counts, None)[0]["us_per_request"] is None
     text = rp.table(rows)
     assert "decide (engine)" in text.splitlines()[2] and "50.0%" in text and text.rstrip().endswith("20.0")
+
+
+def test_every_profile_target_is_one_bench_router_can_start() -> None:
+    from bench import router
+
+    assert set(rp.TARGETS) <= set(router.TARGETS)
+    assert "kinference-null" in rp.TARGETS  # the transport alone, read against the router part by part
