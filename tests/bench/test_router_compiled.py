@@ -7,6 +7,7 @@ from bench import router_compiled as rc
 
 
 def test_every_module_compiled_is_a_module_of_the_router() -> None:
+    assert set(rc.MYPYC_MODULES) <= set(rc.MODULES)
     for module in rc.MODULES:
         package, _, rest = module.partition("/")
         assert (rc.SOURCES[package] / rest).is_file(), module
@@ -27,6 +28,32 @@ def test_summary_is_the_median_of_each_variant_and_their_ratio() -> None:
             {"variant": "compiled", "mode": "stream", "error": "could not start"},
             _row("interpreted", "stream", 160, 6000)]
     (plain,) = rc.summarize(rows)  # stream has no compiled figure: no summary for it
-    assert plain["mode"] == "plain"
+    assert plain["mode"] == "plain" and plain["target"] == "kinference"
     assert plain["interpreted_cpu_us_per_request"] == 140 and plain["compiled_cpu_us_per_request"] == 130
     assert plain["cpu_ratio"] == round(130 / 140, 3) and plain["rps_ratio"] == round(7500 / 7000, 3)
+
+
+def test_each_target_is_summarized_apart() -> None:
+    rows = [{**_row("interpreted", "plain", 140, 7000), "target": "kinference"},
+            {**_row("compiled", "plain", 130, 7500), "target": "kinference"},
+            {**_row("interpreted", "plain", 35, 29000), "target": "kinference-null"},
+            {**_row("compiled", "plain", 28, 36000), "target": "kinference-null"}]
+    got = {s["target"]: s for s in rc.summarize(rows)}
+    assert got["kinference"]["cpu_ratio"] == round(130 / 140, 3)
+    assert got["kinference-null"]["cpu_ratio"] == 0.8 and got["kinference-null"]["interpreted_rps"] == 29000
+
+
+def test_the_page_block_is_written_from_the_results(tmp_path) -> None:
+    summary = [{"target": "kinference-null", "mode": "plain", "interpreted_cpu_us_per_request": 33.7,
+                "compiled_cpu_us_per_request": 27.2, "cpu_ratio": 0.807, "rps_ratio": 1.245,
+                "interpreted_rps": 1.0, "compiled_rps": 1.0}]
+    results = {"mypyc": {"modules": list(rc.MYPYC_MODULES), "rounds": 2, "started": "2026-12-06T22:24:35Z",
+                         "summary": summary}}
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- router:compiled -->\nold\n<!-- /router:compiled -->\nafter\n")
+    assert rc.rewrite_page(page, results)
+    text = page.read_text()
+    assert "old" not in text and text.startswith("before\n") and text.endswith("after\n")
+    assert "| mypyc | 2 | kinference-null | plain | 33.7 | 27.2 | 0.81x | 1.25x | 2026-12-06 22:24:35 UTC, median of 2 |" in text
+    page.write_text("no block here\n")
+    assert not rc.rewrite_page(page, results)
