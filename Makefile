@@ -92,7 +92,7 @@ bench-classifier: install  ## classifier latency table -> bench/results/classifi
 bench-router: install  ## router overhead vs direct, the transport alone, vllm-router, LiteLLM -> bench/results/router.json
 	$(BIN)/python -m bench.router
 
-bench-router-compiled: install  ## the router's request path compiled with Cython against interpreted, CPU per request at c=64 -> bench/results/router_compiled.json
+bench-router-compiled: install  ## the router compiled (Cython; COMPILED_ARGS="--compiler mypyc": its transport) against interpreted, CPU per request at c=64 -> bench/results/router_compiled.json
 	$(BIN)/python -m bench.router_compiled $(COMPILED_ARGS)
 
 profile-router: install  ## where the router's CPU goes per request at c=64 (py-spy) -> bench/results/router_profile.json

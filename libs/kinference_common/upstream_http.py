@@ -432,6 +432,8 @@ class _Chunks:
 
     async def __anext__(self) -> bytes:
         response = self._response
+        if response._released:  # read to the end (or closed): its connection may serve another request now
+            raise StopAsyncIteration
         conn = response._conn
         while True:
             if conn.body:

@@ -26,6 +26,7 @@ def test_summary_is_the_median_of_each_variant_and_their_ratio() -> None:
             _row("interpreted", "plain", 100, 9000), _row("compiled", "plain", 126, 7700),
             _row("compiled", "plain", 130, 7500), _row("compiled", "plain", 400, 100),
             {"variant": "compiled", "mode": "stream", "error": "could not start"},
+            {"variant": "compiled", "mode": "plain", "rps": 1.0},  # no CPU figure (/proc unreadable): left out
             _row("interpreted", "stream", 160, 6000)]
     (plain,) = rc.summarize(rows)  # stream has no compiled figure: no summary for it
     assert plain["mode"] == "plain" and plain["target"] == "kinference"
@@ -57,3 +58,15 @@ def test_the_page_block_is_written_from_the_results(tmp_path) -> None:
     assert "| mypyc | 2 | kinference-null | plain | 33.7 | 27.2 | 0.81x | 1.25x | 2026-12-06 22:24:35 UTC, median of 2 |" in text
     page.write_text("no block here\n")
     assert not rc.rewrite_page(page, results)
+
+
+def test_results_file_of_another_shape_reads_as_empty(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "router_compiled.json"
+    monkeypatch.setattr(rc, "RESULTS", path)
+    assert rc.load_results() == {}  # missing
+    path.write_text('{"compiler": "cython", "rows": []}')  # one run, not one entry per compiler
+    assert rc.load_results() == {}
+    path.write_text("not json")
+    assert rc.load_results() == {}
+    path.write_text('{"mypyc": {"summary": []}, "other": {}}')
+    assert rc.load_results() == {"mypyc": {"summary": []}}

@@ -136,6 +136,15 @@ async def test_streaming_chunks_arrive_as_they_are_sent(upstream: Any, client: U
     rest = b"".join([c async for c in it])
     assert rest == b"data: two\n\n"
     assert client.idle_connections() == 1, "a stream read to the end leaves a reusable connection"
+    # read to the end, the iterator stays ended: its connection went back to the pool, and
+    # carries the next request's answer now, which is not this iterator's to take
+    r2 = await post(client, f"http://127.0.0.1:{up.port}/v1/chat/completions")
+    assert len(up.peers) == 1, "the second request reuses the connection"
+    await asyncio.sleep(0.1)  # the second answer is in
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(it.__anext__(), 1)
+    assert [c async for c in r.chunks()] == []
+    assert await r2.read() == b"data: one\n\ndata: two\n\n"
 
 
 async def test_large_body_is_read_whole_and_reading_pauses_while_unread(
