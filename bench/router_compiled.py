@@ -72,7 +72,6 @@ TARGETS = ("kinference", "kinference-null")
 #: where each package's source is in the repository
 SOURCES = {"kinference_router": harness.REPO / "services" / "router",
            "kinference_common": harness.REPO / "libs" / "kinference_common"}
-MODES = ("plain", "stream")
 
 
 def ensure_compiler(compiler: str) -> Path:
@@ -123,7 +122,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     variant over the rounds, and compiled / interpreted."""
     out = []
     for target in TARGETS:
-        for mode in MODES:
+        for mode in router.MODES:
             med = {}
             for variant in ("interpreted", "compiled"):
                 got = [r for r in rows if r["variant"] == variant and r["mode"] == mode
@@ -140,6 +139,14 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                            / med["interpreted"]["cpu_us_per_request"], 3),
                         "rps_ratio": round(med["compiled"]["rps"] / med["interpreted"]["rps"], 3)})
     return out
+
+
+def _set_pythonpath(value: str | None) -> None:
+    """What the routers started next see as ``PYTHONPATH`` (None: unset)."""
+    if value is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = value
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -159,17 +166,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         stub = harness.start_stub(stub_port, log_dir, args.client_cpu)
         load = router.Load(wrk, args.client_cpu, log_dir)
         before = os.environ.get("PYTHONPATH")
+        # the compiled copy first, the caller's own path after it
+        paths = {"interpreted": before, "compiled": str(root) if not before else f"{root}{os.pathsep}{before}"}
         try:
             for n in range(1, args.rounds + 1):
                 # ABBA: which goes first alternates by round, so a drift of the machine falls on both
                 order = ("interpreted", "compiled") if n % 2 else ("compiled", "interpreted")
                 for variant in order:
-                    if variant == "compiled":  # the compiled copy first, the caller's own path after it
-                        os.environ["PYTHONPATH"] = str(root) if not before else f"{root}{os.pathsep}{before}"
-                    elif before is None:
-                        os.environ.pop("PYTHONPATH", None)
-                    else:
-                        os.environ["PYTHONPATH"] = before
+                    _set_pythonpath(paths[variant])
                     for target in TARGETS:
                         got: list[dict[str, Any]] = []
                         await router.measure_target(target, args, load, stub_port, log_dir, got)
@@ -177,10 +181,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             r.update(variant=variant, round=n)
                         rows += got
         finally:
-            if before is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = before
+            _set_pythonpath(before)
             stub.stop()
     return {"compiler": args.compiler, "modules": list(COMPILED[args.compiler]), "rounds": args.rounds, "duration_s": args.duration,
             "concurrency": args.concurrency[0], "rows": rows, "summary": summarize(rows),
