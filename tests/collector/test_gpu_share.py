@@ -135,7 +135,8 @@ async def test_a_beat_without_the_share_form_marks_a_member_of_a_version_before(
     kv = await other.jetstream().key_value("test-members-forms")
     # a beat as replicas before 2026-12-06 write it
     await kv.put("collector-old", msgspec.json.encode({"id": "collector-old", "at": time.time(), "ready": True}))
-    await _until(lambda: "collector-old" in a.members)
+    # each replica watches the bucket on its own: wait for both to have seen the old beat
+    await _until(lambda: "collector-old" in a.members and "collector-old" in b.members)
     assert not a.batched_gpu_shares() and not b.batched_gpu_shares()
     await kv.delete("collector-old")
     await _until(lambda: a.members == ["collector-a", "collector-b"])
