@@ -95,7 +95,7 @@ bench-router: install  ## router overhead vs direct, the transport alone, vllm-r
 bench-router-compiled: install  ## the router compiled (Cython; COMPILED_ARGS="--compiler mypyc": its transport) against interpreted, CPU per request at c=64 -> bench/results/router_compiled.json
 	$(BIN)/python -m bench.router_compiled $(COMPILED_ARGS)
 
-profile-router: install  ## where the router's CPU goes per request at c=64 (py-spy) -> bench/results/router_profile.json
+profile-router: install  ## where the router's CPU goes per request at c=64 (py-spy; PROFILE_ARGS="--target kinference-null": its transport alone) -> bench/results/router_profile.json and the benchmarks page
 	$(BIN)/python -m bench.router_profile $(PROFILE_ARGS)
 
 bench-hotpath: install  ## the router's per-request CPU outside HTTP, a one-line and a 16 KB system message

@@ -17,7 +17,11 @@ event loop only gets the samples in none of the others (a socket write
 under the upstream client counts as the upstream client). The
 table gives each part's share of the samples and, from the router's CPU
 time per request measured over the same run (``/proc``), its microseconds
-per request. Writes ``bench/results/router_profile.json``.
+per request. Writes ``bench/results/router_profile.json`` (one entry per
+target and mode: the last run of each) and the ``router:profile`` block of
+docs/benchmarks.md from it: the router's parts beside its transport alone's
+where both were profiled in the same mode (``--page-only`` rewrites the block
+from the file without measuring).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -64,6 +69,9 @@ PARTS: dict[str, tuple[str, ...]] = {
 OTHER = "other (interpreter, GC, libraries)"
 #: what can be profiled (targets of bench.router): the router, without records, its transport alone
 TARGETS = ("kinference", "kinference-no-record", "kinference-null")
+#: the transport alone, the column the router's parts are read against on the page
+BASELINE = "kinference-null"
+_BLOCK = re.compile(r"(<!-- router:profile -->\n)(.*?)(<!-- /router:profile -->)", re.S)
 
 
 #: the part a stack goes to only when no other part is in it: the loop runs
@@ -156,6 +164,78 @@ async def profile(args: argparse.Namespace) -> dict[str, Any]:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
+def key(result: dict[str, Any]) -> str:
+    """A run's entry in the results file: ``target/mode``."""
+    return f"{result['target']}/{result['mode']}"
+
+
+def load_results() -> dict[str, dict[str, Any]]:
+    """The results file: one entry per target and mode ({} when missing or
+    unreadable; a file from before it kept one run per target holds that run)."""
+    try:
+        kept = json.loads(RESULTS.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(kept, dict):
+        return {}
+    if "target" in kept and "parts" in kept:  # the one-run file
+        return {key(kept): kept}
+    return {k: v for k, v in kept.items() if isinstance(v, dict) and "parts" in v}
+
+
+def _when(result: dict[str, Any]) -> str:
+    return str(result.get("started", "?")).replace("T", " ").removesuffix("Z") + " UTC"
+
+
+def page_block(results: dict[str, dict[str, Any]]) -> str:
+    """The ``router:profile`` block of docs/benchmarks.md: for each target
+    other than the transport alone, its parts (share, us per request) beside
+    the transport alone's in the same mode, when that was profiled too."""
+    out = ["Written by `make profile-router` from `bench/results/router_profile.json` (each target's "
+           "last run; concurrency 64, the router on one core, py-spy sampling it):", ""]
+    for k, r in sorted(results.items(), key=lambda kv: (kv[1]["target"] == BASELINE, kv[0])):
+        if r["target"] == BASELINE and any(v["target"] != BASELINE and v["mode"] == r["mode"]
+                                           for v in results.values()):
+            continue  # shown as the column beside the router's
+        base = results.get(f"{BASELINE}/{r['mode']}") if r["target"] != BASELINE else None
+        cpu = r.get("cpu_us_per_request")
+        head = (f"`{r['target']}`, {r['mode']}, measured {_when(r)}: {r['rps']:.0f} req/s, "
+                f"{'-' if cpu is None else f'{cpu:.1f}'} us of CPU per request, {r['samples']} samples")
+        if base is not None:
+            bcpu = base.get("cpu_us_per_request")
+            head += (f"; the transport alone (`{BASELINE}`), measured {_when(base)}: {base['rps']:.0f} req/s, "
+                     f"{'-' if bcpu is None else f'{bcpu:.1f}'} us per request")
+        out += [head + ".", ""]
+        if base is None:
+            out += ["| part of the request path | share | us per request |", "| --- | ---: | ---: |"]
+            out += [f"| {p['part']} | {p['share'] * 100:.1f}% | {_us(p)} |" for p in r["parts"]]
+        else:
+            alone = {p["part"]: p for p in base["parts"]}
+            out += ["| part of the request path | share | us per request | the transport alone, us per request |",
+                    "| --- | ---: | ---: | ---: |"]
+            for p in r["parts"]:
+                a = alone.get(p["part"])
+                out.append(f"| {p['part']} | {p['share'] * 100:.1f}% | {_us(p)} | {'-' if a is None else _us(a)} |")
+            out += [f"| {p['part']} | - | - | {_us(p)} |" for p in base["parts"]
+                    if p["part"] not in {q["part"] for q in r["parts"]}]
+        out.append("")
+    return "\n".join(out)
+
+
+def _us(part: dict[str, Any]) -> str:
+    return "-" if part["us_per_request"] is None else f"{part['us_per_request']:.1f}"
+
+
+def rewrite_page(page: Path, results: dict[str, dict[str, Any]]) -> bool:
+    """Rewrite the page's block from ``results``; False when the page has none."""
+    text = page.read_text()
+    if _BLOCK.search(text) is None:
+        return False
+    body = page_block(results)
+    page.write_text(_BLOCK.sub(lambda m: m.group(1) + body + m.group(3), text))
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make profile-router", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", choices=TARGETS,
@@ -170,14 +250,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client-cpu", type=int, default=1)
     p.add_argument("--stacks", type=Path, metavar="FILE",
                    help="also keep py-spy's collapsed stacks here (for flamegraph.pl or speedscope)")
+    p.add_argument("--page-only", action="store_true",
+                   help="measure nothing: rewrite the page's block from bench/results/router_profile.json")
     args = p.parse_args(argv)
+    if args.page_only:
+        results = load_results()
+        if not results:
+            raise SystemExit(f"profile-router: no results in {RESULTS.relative_to(harness.REPO)}")
+        if not rewrite_page(router.PAGE, results):
+            raise SystemExit(f"profile-router: {router.PAGE.name} has no router:profile block")
+        print(f"rewrote the router:profile block of {router.PAGE.relative_to(harness.REPO)}")
+        return 0
     result = asyncio.run(profile(args))
     print(f"{args.target} at {args.mode} c={args.concurrency}: {result['rps']:.0f} req/s, "
           f"{result['cpu_us_per_request']} us of router CPU per request, {result['samples']} samples")
     print(table(result["parts"]))
+    if not result["samples"] or not result["requests"]:  # nothing measured: keep the last good run
+        print("no samples or no requests: results file and page left as they were")
+        return 1
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    kept = load_results()
+    kept[key(result)] = result
+    RESULTS.write_text(json.dumps(kept, indent=1) + "\n")
     print(f"wrote {RESULTS.relative_to(harness.REPO)}")
+    if rewrite_page(router.PAGE, kept):
+        print(f"rewrote the router:profile block of {router.PAGE.relative_to(harness.REPO)}")
     return 0
 
 
