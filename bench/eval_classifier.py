@@ -73,6 +73,11 @@ CHANGES_AFTER_REPORT = (
     "totals), and a fresh seed (4099) gave 0.995 held-out; a first look at locales no split uses (fr_BE, "
     "fr_CH, de_CH, it_CH, nl_BE, pl_PL) found Polish (`ul.`, `NN-NNN`) and Flemish (`-lei`) forms missing, "
     "which were added",
+    "values split between two texts (parts of one message, or messages) and values written with Unicode "
+    "look-alikes (no-break spaces, full-width digits and `＠`) were found missing in a user's trial and are "
+    "read since (the section 'Split and look-alike text' measures them); joining two texts' digits with a "
+    "space was then narrowed to two four-digit groups after looking at this seed's clean texts cut at "
+    "random (`2` + `011-09-16` read as a phone number)",
 )
 
 TARGET_RECALL = 0.98
@@ -636,6 +641,50 @@ def evaluate(samples: list[Sample]) -> dict[str, object]:
     }
 
 
+#: how the split section cuts and rewrites texts (seeded apart from the data)
+SPLIT_CUTS = (2, 4)
+CLEAN_CUTS = 3
+CLEAN_PER_REQUEST = 4
+#: look-alike writing: spaces as no-break spaces, ASCII digits and ``@`` full-width
+_LOOKALIKE = {ord(" "): "\u00a0", ord("@"): "\uff20", **{ord(d): chr(0xFF10 + int(d)) for d in "0123456789"}}
+
+
+def _cut(text: str, parts: int, rng: random.Random) -> list[str]:
+    """``text`` cut at ``parts - 1`` random places."""
+    cuts = sorted(rng.sample(range(1, len(text)), min(parts - 1, len(text) - 1)))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+def split_and_lookalike(samples: list[Sample], seed: int) -> list[tuple[str, int, int, str]]:
+    """Rows ``(how the texts were sent, texts, kept on the cluster or tagged
+    none, what counts)``: the texts whose whole form is found (personal data)
+    or tagged none (clean), cut into parts at random places, several clean
+    texts sent as one request, and both written with look-alike characters."""
+    hs = Classifiers(engine="auto")
+    hs.warm_up()
+    rng = random.Random(f"split/{seed}")
+
+    def tag(texts: list[str]) -> str:
+        return hs.classify("pii", texts).tags[0]
+
+    pii = [s.text for s in samples if s.is_pii and s.label not in NER and tag([s.text]) != "pii-none"]
+    clean = [s.text for s in samples if not s.is_pii and tag([s.text]) == "pii-none"]
+    rows = []
+    for k in SPLIT_CUTS:
+        found = sum(tag(_cut(t, k, rng)) != "pii-none" for t in pii)
+        rows.append((f"personal data, each text cut into {k} parts at random", len(pii), found, "found"))
+    found = sum(tag([t.translate(_LOOKALIKE)]) != "pii-none" for t in pii)
+    rows.append(("personal data, spaces as no-break spaces, digits and `@` full-width", len(pii), found, "found"))
+    none = sum(tag(_cut(t, CLEAN_CUTS, rng)) == "pii-none" for t in clean)
+    rows.append((f"clean, each text cut into {CLEAN_CUTS} parts at random", len(clean), none, "none"))
+    groups = [clean[i:i + CLEAN_PER_REQUEST] for i in range(0, len(clean) - CLEAN_PER_REQUEST + 1, CLEAN_PER_REQUEST)]
+    none = sum(tag(g) == "pii-none" for g in groups)
+    rows.append((f"clean, {CLEAN_PER_REQUEST} texts a request", len(groups), none, "none"))
+    none = sum(tag([t.translate(_LOOKALIKE)]) == "pii-none" for t in clean)
+    rows.append(("clean, spaces as no-break spaces, digits and `@` full-width", len(clean), none, "none"))
+    return rows
+
+
 def _ratio(a: int, b: int) -> str:
     return f"{a / b:.3f}" if b else "n/a"
 
@@ -842,6 +891,22 @@ def render(samples: list[Sample], result: dict[str, object], args: argparse.Name
         f"| {n_inj} | {inj['injection-none']} | {inj['injection-unknown']} | "
         f"{inj['injection-detected']} | {_ratio(inj['injection-none'], n_inj)} |",
     ]
+    split: list[tuple[str, int, int, str]] = result.get("split", [])  # type: ignore[assignment]
+    if split:
+        lines += [
+            "",
+            "## Split and look-alike text",
+            "",
+            "The texts above that are found whole (personal data) or tagged none whole (clean), sent "
+            "again as a client might: cut into parts at random places (parts of one message, or "
+            "messages: the classifier reads across each seam), several clean texts in one request, and "
+            "written with look-alike characters (read as their ASCII form). Personal data: the share "
+            "still found; clean: the share still tagged none.",
+            "",
+            "| sent as | texts or requests | found or none | share |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        lines += [f"| {how} | {n} | {k} {what} | {_ratio(k, n)} |" for how, n, k, what in split]
     fps: list[tuple[str, str]] = result["fp_examples"]  # type: ignore[assignment]
     if fps:
         lines += ["", "False confirmations (kind of clean text -> finding), first few:", ""]
@@ -878,6 +943,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     samples = generate(args.per_entity, args.per_clean, args.seed)
     result = evaluate(samples)
+    result["split"] = split_and_lookalike(samples, args.seed)
     from bench.eval_freetext import section
 
     ft_lines, headline = section(args.per_entity, args.per_clean, args.seed, quick=args.quick)

@@ -128,3 +128,72 @@ def test_empty_request_is_none(classifiers: Classifiers) -> None:
 )
 def test_card_issuer(number: str, issuer: str | None) -> None:
     assert card_issuer(number) == issuer
+
+
+# ------------------------------------------------- written forms, and values split between texts
+
+LOOKALIKE = [
+    ("card", "card 4111\u00a01111\u00a01111\u00a01111"),  # no-break spaces, as pasted from a web page
+    ("card", "card \uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 1111 1111"),  # full-width digits
+    ("card", "card \U0001d7d2\U0001d7cf\U0001d7cf\U0001d7cf 1111 1111 1111"),  # mathematical digits
+    ("card", "card 4111\u20131111\u20131111\u20131111"),  # en dashes
+    ("card", "card 4111\u200b1111\u200b1111\u200b1111"),  # zero-width spaces
+    ("card", "card 4111 1111  1111 1111"),  # one space, then two
+    ("card", "card 4111\t1111\t1111\t1111"),
+    ("card", "card 4111.1111.1111.1111"),
+    ("email", "mail alice\uff20example.com"),  # full-width at sign
+    ("phone", "call me on (415)\u00a0555-2671"),
+]
+
+
+@pytest.mark.parametrize(("entity", "text"), LOOKALIKE)
+def test_characters_written_for_ascii_ones_are_read_as_them(classifiers: Classifiers, entity: str,
+                                                           text: str) -> None:
+    reply = classifiers.classify("pii", [text])
+    assert reply.tags == ["pii-confirmed"], text
+    assert reply.findings == [entity]
+
+
+SPLIT = [
+    ("card", ["card 4111 1111", " 1111 1111"]),  # two text parts of one message
+    ("card", ["card 4111 1111", "1111 1111"]),  # groups of four meeting: read with a space too
+    ("card", ["41111111", "11111111"]),
+    ("card", ["4111 11", "11 1111", " 1111"]),  # over three texts
+    ("card", ["card 4111 1111", "", " 1111 1111"]),  # an empty text between
+    ("email", ["write to alice@exa", "mple.com today"]),
+    ("iban", ["IBAN: DE89 3704 00", "44 0532 0130 00."]),
+    ("card", ["x" * 500 + " card 4111 1111", " 1111 1111 " + "y" * 500]),  # long texts: their ends
+]
+
+
+@pytest.mark.parametrize(("entity", "texts"), SPLIT)
+def test_a_value_split_between_texts_is_read_across_the_seam(classifiers: Classifiers, entity: str,
+                                                           texts: list[str]) -> None:
+    reply = classifiers.classify("pii", texts)
+    assert reply.tags == ["pii-confirmed"], texts
+    assert reply.findings == [entity]
+
+
+@pytest.mark.parametrize("texts", [
+    ["card 4111 1111", " 1111 1112"],  # Luhn fails, split or not
+    ["4111-1111 1111", "-1111"],  # separators mixed: no card, split or not
+    ["see you at 10", "30 people came"],
+    ["caf\u00e9 au lait", "\u00a0for two, \u00e0 bient\u00f4t"],
+])
+def test_seams_do_not_make_personal_data_of_clean_texts(classifiers: Classifiers, texts: list[str]) -> None:
+    assert classifiers.classify("pii", texts).tags == ["pii-none"], texts
+
+
+def test_folding_keeps_offsets_and_a_seam_hit_is_reported_on_its_first_text() -> None:
+    from kinference_classifier.pii import PiiDetector, explain, fold
+
+    text = "caf\u00e9 \u2014 card 4111\u00a01111\u00a01111\u00a01111 \U0001f600"
+    assert len(fold(text)) == len(text) and fold("ascii stays") == "ascii stays"
+    detector = PiiDetector(engine="re")
+    [(i, entity, _, start, end, _)] = explain(detector, [text])
+    assert (i, entity, text[start:end]) == (0, "card", "4111\u00a01111\u00a01111\u00a01111")
+    first, second = "card 4111 1111", " 1111 1111 ok"
+    [(i, entity, _, start, end, _)] = explain(detector, [first, second])
+    assert (i, entity, start, end) == (0, "card", first.index("4111"), len(first))
+    # over three texts: once, on the text it starts in
+    assert [(f[0], f[1], f[3]) for f in explain(detector, ["4111 11", "11 1111", " 1111"])] == [(0, "card", 0)]

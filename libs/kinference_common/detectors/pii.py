@@ -51,6 +51,15 @@ a log is an id far more often than a phone). Names and street addresses are
 judged by the context rules of :mod:`kinference_common.detectors.freetext`
 (entities ``person``, ``address``, ``dob`` confirmed; ``age`` unknown).
 
+What is scanned: each text as a model reads it. Characters written in place
+of ASCII ones are folded first, one for one (:func:`fold`: other scripts'
+digits, full-width forms, Unicode spaces and dashes, zero-width characters as
+spaces), so ``４１１１``, ``alice＠example.com`` or a card grouped with
+no-break spaces is read as its ASCII form. A value split between two texts
+(two parts of one message, or two messages) is read across the seam: the
+end of one text and the start of the next are scanned joined, as the model
+sees them (:data:`SEAM_CHARS` of each side).
+
 Rules run in the order of :data:`RULES`, cheap and unambiguous ones first:
 the first confirmed candidate ends the request (the router needs a tag, not
 every span), so libphonenumber, the slowest validator, runs last.
@@ -61,10 +70,12 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import functools
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import phonenumbers
@@ -104,6 +115,124 @@ class Rule:
     entity: str
     pattern: Pattern
     validate: Validator
+
+
+# ------------------------------------------------------------ reading the text
+
+#: the zero-width characters (a space to the scan: they split nothing a reader sees)
+_ZERO_WIDTH = (0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF)
+#: dashes and minus signs written for ``-``
+_DASHES = (0x2010, 0x2011, 0x2012, 0x2013, 0x2014, 0x2015, 0x2212, 0xFE58, 0xFE63)
+
+
+#: the mathematical digits (bold, double-struck, ...): the one block of digits
+#: outside the BMP written for ASCII ones in practice
+_MATH_DIGITS = range(0x1D7CE, 0x1D800)
+
+
+@functools.cache
+def _fold_table() -> tuple[dict[str, str], re.Pattern[str]]:
+    """The folding (character -> ASCII character) and a pattern matching any
+    character it folds. Built once, at the first text that needs it."""
+    table: dict[int, int] = {}
+    for cp in (*range(0x80, 0x10000), *_MATH_DIGITS):  # the BMP's digits and spaces, and math digits
+        ch = chr(cp)
+        cat = unicodedata.category(ch)
+        if cat == "Nd":
+            table[cp] = 0x30 + unicodedata.decimal(ch)
+        elif cat == "Zs":
+            table[cp] = 0x20
+    for cp in range(0xFF01, 0xFF5F):  # full-width forms of ASCII ! to ~
+        table[cp] = cp - 0xFEE0
+    table.update(dict.fromkeys(_ZERO_WIDTH, 0x20))
+    table.update(dict.fromkeys(_DASHES, 0x2D))
+    table[0xFE6B] = 0x40  # small commercial at
+    ranges: list[tuple[int, int]] = []
+    for cp in sorted(table):
+        if ranges and ranges[-1][1] == cp - 1:
+            ranges[-1] = (ranges[-1][0], cp)
+        else:
+            ranges.append((cp, cp))
+    # one character class: a bitmap over the BMP, so a search costs a few ns a character
+    cls = "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
+    return {chr(k): chr(v) for k, v in table.items()}, re.compile(f"[{cls}]")
+
+
+def fold(text: str) -> str:
+    """``text`` with the characters written in place of ASCII ones folded to
+    them, one for one (the same length: offsets stay the text's): decimal
+    digits of the BMP's scripts and the mathematical digits, full-width
+    forms, Unicode spaces, dashes, the small commercial at; zero-width
+    characters become spaces. ASCII text is returned as it is, at once."""
+    if text.isascii():
+        return text
+    table, pattern = _fold_table()
+    return pattern.sub(lambda m: table[m.group()], text)
+
+
+#: how much of each side of a seam between two texts is read joined (the
+#: longest value split there that is found: an IBAN with its spaces, an
+#: e-mail address of common length)
+SEAM_CHARS = 64
+
+
+def _side(texts: Sequence[str], i: int, tail: bool) -> str:
+    """The end of ``texts[:i + 1]`` (``tail``) or the start of ``texts[i:]``,
+    read as one text: up to :data:`SEAM_CHARS` characters, running on
+    through short texts, cut where a word or number begins or ends (a cut
+    through one would read a part of it as a whole)."""
+    text = texts[i]
+    if len(text) < SEAM_CHARS:  # run on through the short texts beyond
+        got = [text]
+        n = len(text)
+        step = -1 if tail else 1
+        i += step
+        while 0 <= i < len(texts) and n < SEAM_CHARS:
+            got.append(texts[i])
+            n += len(texts[i])
+            i += step
+        text = "".join(reversed(got)) if tail else "".join(got)
+    if len(text) <= SEAM_CHARS:
+        return text
+    if tail:
+        cut = len(text) - SEAM_CHARS
+        if text[cut - 1].isalnum():  # on past the word or number cut through
+            m = _NOT_ALNUM.search(text, cut)
+            cut = len(text) if m is None else m.start()
+        return text[cut:]
+    cut = SEAM_CHARS
+    if text[cut].isalnum():  # back to before the word or number cut through
+        m = _BEFORE_LAST_NOT_ALNUM.match(text, 0, cut + 1)
+        cut = 0 if m is None else m.end()
+    return text[:cut]
+
+
+_NOT_ALNUM = re.compile(r"[\W_]")
+#: the longest start ending with a character that is no letter or digit
+_BEFORE_LAST_NOT_ALNUM = re.compile(r"[\s\S]*[\W_]")
+_GROUP_END = re.compile(r"(?:^|[^0-9])[0-9]{4}$")
+_GROUP_START = re.compile(r"[0-9]{4}(?:[^0-9]|$)")
+
+
+def seams(texts: Sequence[str]) -> Iterator[tuple[int, str, int]]:
+    """``(i, joined, at)`` for each seam between ``texts[i]`` and the next
+    text: the end of the texts up to ``i`` and the start of the rest joined
+    as a model reads them, and where they meet in ``joined`` (a value split
+    over several short texts is read whole). Two groups of four digits
+    meeting are joined both directly and with a space (a card split as
+    ``4111 1111`` + ``1111 1111`` or as ``41111111`` + ``11111111``); other
+    digits only directly (with a space, ``2`` + ``011-09-16`` reads as
+    a phone number)."""
+    kept = [(i, t) for i, t in enumerate(texts) if t]
+    only = [t for _, t in kept]
+    for k in range(len(only) - 1):
+        left, right = _side(only, k, True), _side(only, k + 1, False)
+        if not left or not right:  # one long token at the seam: nothing split there is read
+            continue
+        yield kept[k][0], left + right, len(left)
+        if left[-1].isdigit() and right[0].isdigit() and _GROUP_END.search(left, len(left) - 5) \
+                and _GROUP_START.match(right):
+            yield kept[k][0], left + " " + right, len(left)
 
 
 def _neighbours(text: str, start: int, end: int) -> tuple[str, str]:
@@ -236,15 +365,20 @@ def card_issuer(d: str) -> str | None:
 _CARD_GROUPS = {(4, 4, 4, 4), (4, 4, 4, 4, 3), (4, 6, 5), (4, 6, 4), (4, 4, 5), (4, 4, 4, 1)}
 
 
+_CARD_SEPARATOR = re.compile(r"[^0-9]+")
+
+
 def card(text: str, start: int, end: int) -> Verdict:
+    """Grouped like a card: every separator spaces (one or two, tabs too:
+    text copied from a form), or every one a ``-``, or every one a ``.``."""
     raw = text[start:end]
     if _inside_token(text, start, end) or _in_digit_groups(text, start, end):
         return NONE  # four groups inside a longer run (an IBAN's BBAN) are not a card
-    seps = {c for c in raw if not c.isdigit()}
-    if len(seps) > 1:
+    seps = set(_CARD_SEPARATOR.findall(raw))
+    if len(seps) > 1 and not all(not sep.strip() for sep in seps):
         return NONE
     if seps:
-        groups = tuple(len(g) for g in re.split(r"[ -]", raw))
+        groups = tuple(len(g) for g in _CARD_SEPARATOR.split(raw))
         if groups not in _CARD_GROUPS:
             return NONE
     digits = "".join(c for c in raw if c.isdigit())
@@ -589,7 +723,7 @@ RULES: tuple[Rule, ...] = (
         ),
         email,
     ),
-    Rule("card", Pattern("card", r"\b(?:[0-9][ -]?){11,18}[0-9]\b"), card),
+    Rule("card", Pattern("card", r"\b(?:[0-9](?:[ \t]{1,2}|[-.])?){11,18}[0-9]\b"), card),
     Rule(
         "iban",
         Pattern("iban", r"\b[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){11,30}\b", caseless=True),
@@ -732,6 +866,7 @@ class PiiDetector:
 
     def warm_up(self) -> None:
         warm_up_phonenumbers()
+        _fold_table()
 
     def __init__(
         self, engine: str | None = None, scanner: Scanner | None = None, rules: Sequence[Rule] = RULES
@@ -743,24 +878,47 @@ class PiiDetector:
     def engine(self) -> str:
         return self.scanner.engine
 
-    def detect(
-        self, texts: Sequence[str], roles: Sequence[str], unreadable: int, budget: Budget
-    ) -> Detection:
-        unknown: list[str] = []
-        for text in texts:
-            budget.check()
+    def judged(
+        self, texts: Sequence[str], budget: Budget | None = None
+    ) -> Iterator[tuple[int, Rule, int, int, Verdict]]:
+        """Every candidate and its verdict, ``(text index, rule, start, end,
+        verdict)``, each text (folded) first, then each seam between two (a
+        candidate there only when it crosses the seam: reported on the text
+        before the seam, from its start to that text's end; the start is
+        negative when the value began in an earlier text)."""
+        folded = [fold(t) for t in texts]
+        for i, text in enumerate(folded):
+            if budget is not None:
+                budget.check()
             if not text:
                 continue
             scan = self.scanner.scan(text)
             for index in scan.fired():
                 rule = self.rules[index]
                 for start, end in scan.hits(index):
-                    verdict = rule.validate(text, start, end)
-                    if verdict is CONFIRMED:
-                        return Detection(CONFIRMED, [rule.entity])
-                    if verdict is UNKNOWN and rule.entity not in unknown:
-                        unknown.append(rule.entity)
+                    yield i, rule, start, end, rule.validate(text, start, end)
+                if budget is not None:
+                    budget.check()
+        for i, joined, at in seams(folded):
+            if budget is not None:
                 budget.check()
+            scan = self.scanner.scan(joined)
+            offset = len(folded[i]) - at
+            for index in scan.fired():
+                rule = self.rules[index]
+                for start, end in scan.hits(index):
+                    if start < at < end:
+                        yield i, rule, offset + start, len(folded[i]), rule.validate(joined, start, end)
+
+    def detect(
+        self, texts: Sequence[str], roles: Sequence[str], unreadable: int, budget: Budget
+    ) -> Detection:
+        unknown: list[str] = []
+        for _, rule, _, _, verdict in self.judged(texts, budget):
+            if verdict is CONFIRMED:
+                return Detection(CONFIRMED, [rule.entity])
+            if verdict is UNKNOWN and rule.entity not in unknown:
+                unknown.append(rule.entity)
         if unknown:
             return Detection(UNKNOWN, unknown)
         if unreadable:
@@ -774,17 +932,9 @@ def explain(
     """Every candidate judged confirmed or unknown, ``(text index, entity, rule, start, end,
     verdict)``: what was found and which rule found it, never the text (for ``kinfctl classify
     --explain``; the service stops at the first confirmed hit instead)."""
-    out = []
-    for i, text in enumerate(texts):
-        if not text:
-            continue
-        scan = detector.scanner.scan(text)
-        for index in scan.fired():
-            rule = detector.rules[index]
-            for start, end in scan.hits(index):
-                verdict = rule.validate(text, start, end)
-                if verdict is not NONE:
-                    out.append((i, rule.entity, rule.pattern.name, start, end, verdict))
+    # a start before its text's: a value over three texts or more, reported at its first seam already
+    out = [(i, rule.entity, rule.pattern.name, start, end, verdict)
+           for i, rule, start, end, verdict in detector.judged(texts) if verdict is not NONE and start >= 0]
     out.sort(key=lambda f: (f[0], f[3]))
     return out
 
@@ -795,6 +945,7 @@ def findings(text: str, engine: str | None = None) -> list[tuple[str, str, int, 
     For tools and tests (the service stops at the first confirmed hit instead).
     """
     scanner = build_scanner(PATTERNS, engine)
+    text = fold(text)
     scan = scanner.scan(text)
     out = []
     for index in scan.fired():
