@@ -719,7 +719,9 @@ def explain_page() -> str:
              "\"tags\": [\"pii-none\"]}' | jq",
              "```", "",
              "The request body is an OpenAI chat or completions body, plus optional `tenant`, `tags` "
-             "(as if the classifiers had answered them) and `headers`; nothing is sent upstream.", "",
+             "(as if the classifiers had answered them: each a tag a classifier emits, at most one per "
+             "classifier, as `kinfctl explain --tag` takes them; another is a 400 naming it) and `headers`; "
+             "nothing is sent upstream.", "",
              "| field | type | meaning |", "| --- | --- | --- |"]
     for path, t in trace_fields():
         lines.append(f"| `{path}` | {t} | {EXPLAIN_FIELDS.get(path, '(not described yet)')} |")

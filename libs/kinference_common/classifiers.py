@@ -13,6 +13,7 @@ reported in each policy's status rather than written in manifests.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 import msgspec
@@ -99,3 +100,21 @@ def classifier_for_tag(tag: str) -> ClassifierInfo | None:
 def classifier_for_prefix(tag: str) -> ClassifierInfo | None:
     """The classifier a tag's prefix names, even if that tag is not one it emits."""
     return BUILTIN_CLASSIFIERS.get(tag.split("-", 1)[0])
+
+
+def given_tags(tags: Iterable[str]) -> dict[str, str]:
+    """Tags given by hand instead of asked for (``kinfctl explain --tag``,
+    ``/debug/explain``'s ``tags``): classifier name -> its tag. ValueError
+    naming the first tag no classifier emits (a typo would otherwise explain
+    a request no classifier can tag so), or a second tag of one classifier."""
+    given: dict[str, str] = {}
+    for t in tags:
+        info = classifier_for_prefix(t)
+        if info is None or t not in info.tags:
+            emits = (f"the {info.name} classifier emits {', '.join(sorted(info.tags))}" if info is not None else
+                     "tags are " + "; ".join(", ".join(sorted(i.tags)) for i in BUILTIN_CLASSIFIERS.values()))
+            raise ValueError(f"{t}: not a tag a classifier emits ({emits})")
+        if info.name in given:  # a classifier gives a request one tag
+            raise ValueError(f"{t}: {info.name} already gave {given[info.name]} (one tag per classifier)")
+        given[info.name] = t
+    return given

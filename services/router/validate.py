@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from kinference_common.classifiers import given_tags
 from kinference_common.request_body import BadRequest, decode, reads_as_chat
 from kinference_router.upstream import parse_retry_after
 
@@ -103,6 +104,11 @@ def explain_input(data: bytes) -> ExplainInput:
     tags = raw.get("tags")
     if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
         raise BadRequest("`tags` must be a list of strings")
+    if tags is not None:
+        try:
+            given_tags(tags)
+        except ValueError as exc:
+            raise BadRequest(f"`tags`: {exc}") from None
     tenant = raw.get("tenant")
     if tenant is not None and not isinstance(tenant, str):
         raise BadRequest("`tenant` must be a string")

@@ -215,6 +215,9 @@ async def test_json_nested_a_thousand_deep_is_400_without_an_error_log(env: Env)
     ({"body": chat(), "headers": {"a": {"b": 1}}}, "`headers`"),
     ({"body": chat(), "tags": 5}, "`tags`"),
     ({"body": chat(), "tags": [1]}, "`tags`"),
+    ({"body": chat(), "tags": ["pii-confrmed"]}, "`tags`: pii-confrmed: not a tag a classifier emits (the pii "
+                                                 "classifier emits pii-confirmed, pii-none, pii-unknown)"),
+    ({"body": chat(), "tags": ["pii-none", "pii-confirmed"]}, "pii-confirmed: pii already gave pii-none"),
     ({"body": chat(), "tenant": 7}, "`tenant`"),
     ({"body": {"model": "m"}}, "messages"),  # read as a chat body, as the data port's chat path refuses it
     ([1, 2], "JSON object"),

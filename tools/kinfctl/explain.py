@@ -43,7 +43,7 @@ from typing import Any, TextIO
 
 import msgspec
 import yaml
-from kinference_common.classifiers import BUILTIN_CLASSIFIERS, classifier_for_prefix
+from kinference_common.classifiers import BUILTIN_CLASSIFIERS, classifier_for_prefix, given_tags
 from kinference_common.compiler import compile_documents
 from kinference_common.durations import DurationError, format_duration, parse_duration
 from kinference_common.engine import InFlightLedger, Snapshot, decide, interpret, rejection_status
@@ -250,16 +250,10 @@ def explain(args: argparse.Namespace, now: float | None = None) -> DecisionTrace
     headers = parse_headers(args.header)
     body = load_body(args.request)
     telemetry = load_telemetry(args.telemetry)
-    given: dict[str, str] = {}
-    for t in args.tag:
-        info = classifier_for_prefix(t)
-        if info is None or t not in info.tags:
-            emits = (f"the {info.name} classifier emits {', '.join(sorted(info.tags))}" if info is not None else
-                     "tags are " + "; ".join(", ".join(sorted(i.tags)) for i in BUILTIN_CLASSIFIERS.values()))
-            raise CommandError(f"--tag {t}: not a tag a classifier emits ({emits})")
-        if info.name in given:  # a classifier gives a request one tag
-            raise CommandError(f"--tag {t}: {info.name} already gave {given[info.name]} (one tag per classifier)")
-        given[info.name] = t
+    try:
+        given = given_tags(args.tag)
+    except ValueError as exc:
+        raise CommandError(f"--tag {exc}") from None
     _note_foreign_telemetry(telemetry, pool, args.telemetry)
 
     now = time.time() if now is None else now
