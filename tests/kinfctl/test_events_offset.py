@@ -49,3 +49,23 @@ async def test_a_bad_offset_is_a_clear_error() -> None:
     assert proc.returncode == 1
     assert "KINFERENCE_PORT_OFFSET must be a whole number, not 'lots'" in err.decode()
     assert "Traceback" not in err.decode()
+
+
+def test_unreachable_nats_names_the_stacks_started_with_another_offset(tmp_path, monkeypatch) -> None:
+    import argparse
+
+    from kinfctl import localstack
+
+    (tmp_path / ".run-3000" / "nats-auth").mkdir(parents=True)
+    (tmp_path / ".run-17").mkdir()  # no nats-auth/: not a stack
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")  # found from below, as the stack's directory is
+    port = natsserver.free_port()  # nothing listens there
+    args = argparse.Namespace(nats_url=f"nats://127.0.0.1:{port}", nats_user="kinfctl", nats_password_file=None)
+    message = localstack.why_unreachable(args, 0, OSError("no servers available for connection"), None)
+    assert message == (f"cannot reach NATS at nats://127.0.0.1:{port}: no servers available for connection; "
+                       "a stack was started with another port offset: .run-3000/ (--port-offset 3000)")
+    # the stack of the offset asked for is not named as another
+    assert localstack.other_stacks(3000) == ""
+    (tmp_path / ".run" / "nats-auth").mkdir(parents=True)
+    assert localstack.other_stacks(3000) == "; a stack was started with another port offset: .run/ (--port-offset 0)"

@@ -133,7 +133,25 @@ def why_unreachable(args: argparse.Namespace, offset: int, exc: BaseException, l
                     f"was found in {run_dir_name(offset)}/nats-auth/{user} (pass --nats-password-file FILE, "
                     f"or run kinfctl from the directory where the stack was started)")
         return f"NATS at {args.nats_url} is up but refused user {user!r} with the password of {pw or 'the environment'}"
-    return f"cannot reach NATS at {args.nats_url}: {exc or type(exc).__name__}"
+    return f"cannot reach NATS at {args.nats_url}: {exc or type(exc).__name__}{other_stacks(offset)}"
+
+
+def other_stacks(offset: int, start: Path | None = None) -> str:
+    """A hint naming the stacks started here or above with another port
+    offset (``.run-N`` holding ``nats-auth/``), or ``""``."""
+    here = (start or Path.cwd()).resolve()
+    found: list[int] = []
+    for d in (here, *here.parents):
+        for p in sorted(d.glob(".run*")):
+            m = re.fullmatch(r"\.run(?:-(-?\d+))?", p.name)
+            if m and (p / "nats-auth").is_dir():
+                n = int(m.group(1) or 0)
+                if n != offset and n not in found:
+                    found.append(n)
+    if not found:
+        return ""
+    named = ", ".join(f"{run_dir_name(n)}/ (--port-offset {n})" for n in found)
+    return f"; a stack was started with another port offset: {named}"
 
 
 def _listening(url: str) -> bool:
