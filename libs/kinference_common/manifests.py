@@ -2,7 +2,8 @@
 
 Every document becomes either a typed resource (:data:`resources.Resource`) or a
 :class:`ManifestError` that names the document (file, position, kind,
-namespace/name when known) and the field path, in the words an operator can
+namespace/name when known), the field path and, for YAML text, the line the
+field is on (a missing field: its parent's), in the words an operator can
 act on. Documents of kinds Kinference does not read are kept as
 :class:`SkippedDocument` so a caller can say what it ignored.
 
@@ -39,16 +40,32 @@ MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 @dataclass(frozen=True, slots=True)
 class DocumentRef:
     """Where a document came from: ``source`` (a path, or ``<stdin>``) and its
-    1-based position among the documents of that source."""
+    1-based position among the documents of that source (0: the source as
+    a whole); ``lines``: the line of each field path in the source, for a
+    document read from YAML text."""
 
     source: str
     index: int
     kind: str | None = None
     namespace: str | None = None
     name: str | None = None
+    lines: dict[str, int] | None = field(default=None, compare=False, repr=False)
+
+    def line_of(self, path: str) -> int | None:
+        """The line of the field at ``path``, or of its nearest parent
+        written in the source (a missing field: where it belongs); None
+        when the document has no lines."""
+        if not self.lines:
+            return None
+        while True:
+            line = self.lines.get(path)
+            if line is not None or not path:
+                return line
+            cut = max(path.rfind("."), path.rfind("["))
+            path = path[:max(cut, 0)]
 
     def __str__(self) -> str:
-        where = f"{self.source}#{self.index}"
+        where = f"{self.source}#{self.index}" if self.index else self.source
         if self.kind and self.name:
             return f"{where} ({self.kind} {self.namespace or 'default'}/{self.name})"
         if self.kind:
@@ -64,9 +81,15 @@ class ManifestError:
     path: str
     message: str
 
+    @property
+    def line(self) -> int | None:
+        """The source line of the field at fault (its parent's when it is missing)."""
+        return self.document.line_of(self.path) if self.path else None
+
     def __str__(self) -> str:
         at = f" at {self.path}" if self.path else ""
-        return f"{self.document}{at}: {self.message}"
+        line = self.line
+        return f"{self.document}{at}{f' (line {line})' if line else ''}: {self.message}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,6 +99,7 @@ class ManifestError:
             "namespace": self.document.namespace,
             "name": self.document.name,
             "path": self.path,
+            "line": self.line,
             "message": self.message,
         }
 
@@ -175,7 +199,7 @@ def load_text(text: str, source: str) -> list[Loaded]:
     """Load every document of a YAML (or JSON, which is YAML) text."""
     out: list[Loaded] = []
     try:
-        docs = list(yaml.load_all(text, Loader=StrictLoader))  # noqa: S506 - a SafeLoader
+        docs = _documents(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -184,21 +208,70 @@ def load_text(text: str, source: str) -> list[Loaded]:
     except RecursionError:
         return [ManifestError(DocumentRef(source, 0), "", "not valid YAML: nested too deeply")]
     index = 0
-    for doc in docs:
+    for doc, node in docs:
         if doc is None:  # an empty document between two `---`
             continue
         index += 1
-        out.extend(_flatten_lists(doc, source, index))
+        out.extend(_flatten_lists(doc, node, source, index))
     return out
 
 
-def _flatten_lists(doc: Any, source: str, index: int) -> list[Loaded]:
+def _documents(text: str) -> list[tuple[Any, yaml.Node]]:
+    """Each document of ``text`` with its node (which knows its lines), as
+    ``yaml.load_all`` with :class:`StrictLoader` reads them."""
+    loader = StrictLoader(text)
+    try:
+        out = []
+        while loader.check_node():
+            node = loader.get_node()
+            out.append((loader.construct_document(node), node))
+        return out
+    finally:
+        loader.dispose()
+
+
+def _lines(node: yaml.Node) -> dict[str, int]:
+    """The 1-based line of every field path of a document (``spec.rules[0].name``:
+    the line of its key; a list item: where it starts)."""
+    lines: dict[str, int] = {"": node.start_mark.line + 1}
+    stack: list[tuple[str, yaml.Node]] = [("", node)]
+    while stack:
+        path, n = stack.pop()
+        if isinstance(n, yaml.MappingNode):
+            for key, value in n.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    continue
+                sub = f"{path}.{key.value}" if path else key.value
+                lines.setdefault(sub, key.start_mark.line + 1)
+                stack.append((sub, value))
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                sub = f"{path}[{i}]"
+                lines.setdefault(sub, item.start_mark.line + 1)
+                stack.append((sub, item))
+    return lines
+
+
+def _item_nodes(node: yaml.Node) -> list[yaml.Node] | None:
+    """The nodes of a List document's ``items``."""
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value == "items" and isinstance(value, yaml.SequenceNode):
+                return list(value.value)
+    return None
+
+
+def _flatten_lists(doc: Any, node: yaml.Node | None, source: str, index: int) -> list[Loaded]:
     """A ``kind: List`` (what ``kubectl get -o yaml`` prints) holds items."""
     # kubectl's `kind: List`, or a typed one (`InferencePolicyList`, what the API returns)
     kind = doc.get("kind") if isinstance(doc, dict) else None
     if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
-        return [x for item in doc["items"] for x in _decode(item, DocumentRef(source, index))]
-    return _decode(doc, DocumentRef(source, index))
+        nodes = _item_nodes(node) if node is not None else None
+        if nodes is None or len(nodes) != len(doc["items"]):
+            nodes = [None] * len(doc["items"])
+        return [x for item, n in zip(doc["items"], nodes, strict=True)
+                for x in _decode(item, DocumentRef(source, index, lines=None if n is None else _lines(n)))]
+    return _decode(doc, DocumentRef(source, index, lines=None if node is None else _lines(node)))
 
 
 # ------------------------------------------------------------------- decoding
@@ -394,6 +467,7 @@ def _decode(doc: Any, ref: DocumentRef) -> list[Loaded]:
         kind if isinstance(kind, str) else None,
         namespace or ("default" if name else None),
         name,
+        ref.lines,
     )
     if not isinstance(kind, str) or not kind:
         return [ManifestError(ref, "kind", "missing required field `kind`")]

@@ -620,9 +620,11 @@ def manifest_errors_note(stack: Stack) -> str:
     # written as lint writes them (the file's name alone: they all lie in the manifests directory)
     lines = []
     for e in errors[:3]:
+        path, line = e.get("path") or "", e.get("line")
         ref = DocumentRef(Path(str(e.get("source", ""))).name, e.get("document") or 0,
-                          e.get("kind"), e.get("namespace"), e.get("name"))
-        lines.append(f"    {ManifestError(ref, e.get('path') or '', str(e.get('message')))}")
+                          e.get("kind"), e.get("namespace"), e.get("name"),
+                          {path: line} if path and isinstance(line, int) else None)
+        lines.append(f"    {ManifestError(ref, path, str(e.get('message')))}")
     more = f"    ... and {len(errors) - 3} more\n" if len(errors) > 3 else ""
     n = len(errors)
     return (f"WARNING: the manifests have {n} error{'s' if n > 1 else ''}; what they break is not in force:\n"

@@ -220,7 +220,7 @@ def test_a_duplicate_key_is_an_error_naming_file_line_and_key() -> None:
     text = policy_yaml("p", "unmatched: Reject\nrules: []\nunmatched: ServeLocal")
     [err] = load_text(text, "dup.yaml")
     assert isinstance(err, ManifestError)
-    assert str(err).startswith("dup.yaml#0: not valid YAML: line 7, column 3: duplicate key `unmatched` "
+    assert str(err).startswith("dup.yaml: not valid YAML: line 7, column 3: duplicate key `unmatched` "
                                "(first at line 5, column 3)")
     # in a flow mapping, and in JSON
     [err] = load_text(policy_yaml("p", _rule(
@@ -423,3 +423,51 @@ def test_the_search_for_type_errors_makes_none_up_and_goes_past_enum_fields() ->
              "  url: http://x/v1\n  auth: {secretRef: {name: a, key: b}}\n  models: [{name: m}]\n"
              "  limits: {requestsPerMinute: 0}\n")
     assert _errors(bound) == [("spec.limits.requestsPerMinute", "must be at least 1")]
+
+
+# ------------------------------------------------------------ where, by line
+
+LINED = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: unrelated}
+---
+apiVersion: kinference.buoyant.io/v1alpha1
+kind: InferencePolicy
+metadata:
+  name: p
+spec:
+  rules:
+    - name: r
+      route:
+        select:
+          - type: Local
+            minimize: FastestTTFT
+"""
+
+
+def test_an_error_names_the_line_of_the_field_at_fault() -> None:
+    [_, err] = load_text(LINED, "p.yaml")
+    assert isinstance(err, ManifestError) and err.path == "spec.rules[0].route.select[0].minimize"
+    assert err.line == 15
+    assert str(err).startswith("p.yaml#2 (InferencePolicy default/p) at spec.rules[0].route.select[0].minimize "
+                               "(line 15): invalid value 'FastestTTFT'")
+    assert err.to_dict()["line"] == 15
+
+
+def test_a_missing_field_is_placed_at_its_parent_and_list_items_at_their_own_lines() -> None:
+    text = ("apiVersion: v1\nkind: List\nitems:\n"
+            "- apiVersion: kinference.buoyant.io/v1alpha1\n  kind: InferencePolicy\n  metadata: {name: a}\n"
+            "  spec: {rules: [{name: r, route: {select: [{type: Local}]}}]}\n"
+            "- apiVersion: kinference.buoyant.io/v1alpha1\n  kind: InferencePolicy\n  metadata: {name: b}\n"
+            "  spec:\n    rules:\n    - name: r\n")
+    errors = [x for x in load_text(text, "l.yaml") if isinstance(x, ManifestError)]
+    assert [(e.document.name, e.path, e.line) for e in errors] == [("b", "spec.rules[0]", 13)]
+    assert "missing required field `route`" in errors[0].message
+
+
+def test_documents_without_lines_say_what_they_said() -> None:
+    err = ManifestError(DocumentRef("kinference.buoyant.io/v1alpha1", 1, "InferencePolicy", "ns", "p"), "spec", "bad")
+    assert err.line is None and str(err) == "kinference.buoyant.io/v1alpha1#1 (InferencePolicy ns/p) at spec: bad"
+    assert str(ManifestError(DocumentRef("gone.yaml", 0), "", "no such file or directory")) == \
+        "gone.yaml: no such file or directory"

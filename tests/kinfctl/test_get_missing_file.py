@@ -26,7 +26,7 @@ def test_a_missing_file_is_the_error_alone(tmp_path: Path, output: str, capsys: 
     code, out, err = run(["get", "pools", "-f", str(missing), "-o", output], capsys)
     assert code == 1
     assert out == ""
-    assert err.strip().splitlines() == [f"kinfctl: error: {missing}#0: no such file or directory"]
+    assert err.strip().splitlines() == [f"kinfctl: error: {missing}: no such file or directory"]
 
 
 def test_a_file_that_does_not_parse_is_the_error_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,7 +38,7 @@ def test_a_typo_in_a_drop_fails_the_lint(examples: Path) -> None:
     p = kinfctl("lint", str(examples))
     assert p.returncode == 1, p.stdout
     assert (f"error: {policy}#1 (InferencePolicy default/burst-unless-pii) at "
-            "spec.rules[0].route.exclude[0].drop.queuedPrompt: `queuedPrompt` is not a field of an exclusion's "
+            "spec.rules[0].route.exclude[0].drop.queuedPrompt (line 14): `queuedPrompt` is not a field of an exclusion's "
             "`drop`: ignoring it would widen the predicate") in p.stdout
     assert "did you mean `queuedPrompts`?" in p.stdout
     assert "warning UnknownField" not in p.stdout
@@ -75,10 +75,10 @@ def test_an_unknown_field_of_another_kind_stays_a_warning(examples: Path) -> Non
 @pytest.mark.parametrize(
     ("api_version", "kind", "words"),
     [("kinference.buoyant.io/v1alpha1", "InferencePolicyy",
-      "at kind: kinference.buoyant.io defines no kind `InferencePolicyy`"),
+      "at kind (line 4): kinference.buoyant.io defines no kind `InferencePolicyy`"),
      ("kinference.buoyant.io/v1alpha1", "inferencepolicy", "did you mean `InferencePolicy`?"),
      ("kinference.buoyant.io/v1", "InferencePolicy",
-      "at apiVersion: kinference.buoyant.io serves InferencePolicy in version v1alpha1 only, not v1")],
+      "at apiVersion (line 3): kinference.buoyant.io serves InferencePolicy in version v1alpha1 only, not v1")],
 )
 def test_a_kind_or_version_we_do_not_serve_fails_the_lint(api_version: str, kind: str, words: str) -> None:
     text = (EXAMPLES / "10-burst-policy.yaml").read_text()
@@ -95,7 +95,7 @@ def test_a_duplicate_key_fails_the_lint(examples: Path) -> None:
     pool.write_text(pool.read_text() + "metadata: {name: other, namespace: default}\n")
     p = kinfctl("lint", str(examples))
     assert p.returncode == 1
-    assert f"error: {pool}#0: not valid YAML: line" in p.stdout and "duplicate key `metadata`" in p.stdout
+    assert f"error: {pool}: not valid YAML: line" in p.stdout and "duplicate key `metadata`" in p.stdout
     # the concatenation the trial ran: two documents merged into one, every key twice
     cat = "".join(f.read_text() for f in sorted(EXAMPLES.glob("*.yaml")))
     p = kinfctl("lint", "-", stdin=cat)
@@ -107,3 +107,15 @@ def test_input_with_no_kinference_manifest_is_said_so() -> None:
     p = kinfctl("lint", "-", stdin="apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     assert p.returncode == 1
     assert "no Kinference manifests found in -" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_policy_warning_names_its_line(examples: Path) -> None:
+    policy = examples / "10-burst-policy.yaml"
+    text = policy.read_text()
+    assert "pii-unknown" in text
+    policy.write_text(text.replace("pii-unknown", "pii-unkown", 1))
+    line = next(i for i, t in enumerate(policy.read_text().splitlines(), 1) if "pii-unkown" in t)
+    p = kinfctl("lint", str(policy))
+    assert p.returncode == 0, p.stdout  # warnings never fail a lint
+    assert f"warning UnknownTag at rules[0].route.exclude[" in p.stdout
+    assert f"({policy} line {line}): tag 'pii-unkown' can never be present (did you mean 'pii-unknown'?" in p.stdout

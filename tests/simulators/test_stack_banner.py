@@ -52,7 +52,7 @@ def test_the_banner_warns_when_the_manifests_it_started_with_have_errors(tmp_pat
     text = banner(stack)
     assert "WARNING: the manifests have 1 error; what they break is not in force:" in text
     assert "10-burst-policy.yaml#1 (InferencePolicy default/burst-unless-pii) at " \
-           "spec.rules[0].route.exclude[0].drop.queuedPrompt:" in text
+           "spec.rules[0].route.exclude[0].drop.queuedPrompt (line 14):" in text
     assert f"kinfctl lint {stack.run_dir / 'manifests'}" in text
     assert text.index("WARNING") < text.index("Press Ctrl-C")
 
