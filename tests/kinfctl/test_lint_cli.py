@@ -92,7 +92,7 @@ def test_manifest_error_exits_1_naming_document_and_path(good: Path) -> None:
         "spec:\n  rules:\n    - name: r\n      route: {exclude: []}\n")
     p = kinfctl("lint", str(good))
     assert p.returncode == 1
-    assert f"error: {good / 'broken.yaml'}#1 (InferencePolicy default/broken) at spec.rules[0].route: " \
+    assert f"error: {good / 'broken.yaml'}#1 (InferencePolicy default/broken) at spec.rules[0].route (line 7): " \
            "missing required field `select`" in p.stdout
     assert "Traceback" not in p.stdout + p.stderr
     # --strict does not hide an error behind exit 2
