@@ -127,11 +127,8 @@ def print_text(res: CompileResult, out: TextIO) -> None:
                     out.write(f"    {c}: {mode}\n")
             else:
                 out.write(f"  rule {rule.name}: no classifier\n")
-        loaded = res.objects.get("InferencePolicy", {}).get((ns, name))
         for w in st.warnings:
-            line = loaded.document.line_of(f"spec.{w.term}" if w.term else "spec") if loaded is not None else None
-            where = f" ({loaded.document.source} line {line})" if loaded is not None and line else ""
-            out.write(f"  warning {w.code} at {w.term}{where}: {w.message}\n")
+            out.write(f"  warning {w.code} at {w.term}: {w.message}\n")
     for (ns, name), st in sorted(res.pool_status.items()):
         pool = res.objects["InferencePool"][(ns, name)].obj
         ref = pool.spec.policy_ref  # type: ignore[union-attr]
