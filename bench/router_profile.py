@@ -192,14 +192,15 @@ def page_block(results: dict[str, dict[str, Any]]) -> str:
     other than the transport alone, its parts (share, us per request) beside
     the transport alone's in the same mode, when that was profiled too."""
     out = ["Written by `make profile-router` from `bench/results/router_profile.json` (each target's "
-           "last run; concurrency 64, the router on one core, py-spy sampling it):", ""]
+           "last run; the router on one core, py-spy sampling it):", ""]
     for k, r in sorted(results.items(), key=lambda kv: (kv[1]["target"] == BASELINE, kv[0])):
         if r["target"] == BASELINE and any(v["target"] != BASELINE and v["mode"] == r["mode"]
                                            for v in results.values()):
             continue  # shown as the column beside the router's
         base = results.get(f"{BASELINE}/{r['mode']}") if r["target"] != BASELINE else None
         cpu = r.get("cpu_us_per_request")
-        head = (f"`{r['target']}`, {r['mode']}, measured {_when(r)}: {r['rps']:.0f} req/s, "
+        head = (f"`{r['target']}`, {r['mode']}, concurrency {r.get('concurrency', '?')}, measured {_when(r)}: "
+                f"{r['rps']:.0f} req/s, "
                 f"{'-' if cpu is None else f'{cpu:.1f}'} us of CPU per request, {r['samples']} samples")
         if base is not None:
             bcpu = base.get("cpu_us_per_request")

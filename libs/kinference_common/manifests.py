@@ -208,23 +208,24 @@ def load_text(text: str, source: str) -> list[Loaded]:
     except RecursionError:
         return [ManifestError(DocumentRef(source, 0), "", "not valid YAML: nested too deeply")]
     index = 0
-    for doc, node in docs:
+    for doc, lines in docs:
         if doc is None:  # an empty document between two `---`
             continue
         index += 1
-        out.extend(_flatten_lists(doc, node, source, index))
+        out.extend(_flatten_lists(doc, lines, source, index))
     return out
 
 
-def _documents(text: str) -> list[tuple[Any, yaml.Node]]:
-    """Each document of ``text`` with its node (which knows its lines), as
-    ``yaml.load_all`` with :class:`StrictLoader` reads them."""
+def _documents(text: str) -> list[tuple[Any, dict[str, int]]]:
+    """Each document of ``text`` with the lines of its fields (:func:`_lines`),
+    as ``yaml.load_all`` with :class:`StrictLoader` reads them."""
     loader = StrictLoader(text)
     try:
         out = []
         while loader.check_node():
             node = loader.get_node()
-            out.append((loader.construct_document(node), node))
+            lines = _lines(node)  # before construction, which rewrites merged mappings in place
+            out.append((loader.construct_document(node), lines))
         return out
     finally:
         loader.dispose()
@@ -232,18 +233,38 @@ def _documents(text: str) -> list[tuple[Any, yaml.Node]]:
 
 def _lines(node: yaml.Node) -> dict[str, int]:
     """The 1-based line of every field path of a document (``spec.rules[0].name``:
-    the line of its key; a list item: where it starts)."""
+    the line of its key; a list item: where it starts; a field a merge key
+    (``<<: *base``) brings in: the anchor's line, unless written again).
+    Each node is walked once, at the first path that reaches it: an alias
+    gives the fields under it its own line only (and a recursive anchor, or
+    aliases of aliases, cannot make the walk loop or grow)."""
     lines: dict[str, int] = {"": node.start_mark.line + 1}
+    seen: set[int] = set()
     stack: list[tuple[str, yaml.Node]] = [("", node)]
     while stack:
         path, n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
         if isinstance(n, yaml.MappingNode):
+            merged: list[yaml.Node] = []
             for key, value in n.value:
-                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                if key.tag == "tag:yaml.org,2002:merge":
+                    merged += value.value if isinstance(value, yaml.SequenceNode) else [value]
+                    continue
+                if not isinstance(key, yaml.ScalarNode):
                     continue
                 sub = f"{path}.{key.value}" if path else key.value
-                lines.setdefault(sub, key.start_mark.line + 1)
+                lines[sub] = key.start_mark.line + 1  # written here: wins over a merged one
                 stack.append((sub, value))
+            for m in merged:  # what the merge brings in, where not written here
+                if isinstance(m, yaml.MappingNode):
+                    for key, value in m.value:
+                        if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                            sub = f"{path}.{key.value}" if path else key.value
+                            if sub not in lines:
+                                lines[sub] = key.start_mark.line + 1
+                                stack.append((sub, value))
         elif isinstance(n, yaml.SequenceNode):
             for i, item in enumerate(n.value):
                 sub = f"{path}[{i}]"
@@ -252,26 +273,21 @@ def _lines(node: yaml.Node) -> dict[str, int]:
     return lines
 
 
-def _item_nodes(node: yaml.Node) -> list[yaml.Node] | None:
-    """The nodes of a List document's ``items``."""
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            if isinstance(key, yaml.ScalarNode) and key.value == "items" and isinstance(value, yaml.SequenceNode):
-                return list(value.value)
-    return None
+def _item_lines(lines: dict[str, int], i: int) -> dict[str, int]:
+    """The lines of item ``i`` of a List document, with paths from the item."""
+    prefix = f"items[{i}]"
+    return {path[len(prefix):].lstrip("."): line for path, line in lines.items()
+            if path == prefix or path.startswith(prefix + ".") or path.startswith(prefix + "[")}
 
 
-def _flatten_lists(doc: Any, node: yaml.Node | None, source: str, index: int) -> list[Loaded]:
+def _flatten_lists(doc: Any, lines: dict[str, int] | None, source: str, index: int) -> list[Loaded]:
     """A ``kind: List`` (what ``kubectl get -o yaml`` prints) holds items."""
     # kubectl's `kind: List`, or a typed one (`InferencePolicyList`, what the API returns)
     kind = doc.get("kind") if isinstance(doc, dict) else None
     if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
-        nodes = _item_nodes(node) if node is not None else None
-        if nodes is None or len(nodes) != len(doc["items"]):
-            nodes = [None] * len(doc["items"])
-        return [x for item, n in zip(doc["items"], nodes, strict=True)
-                for x in _decode(item, DocumentRef(source, index, lines=None if n is None else _lines(n)))]
-    return _decode(doc, DocumentRef(source, index, lines=None if node is None else _lines(node)))
+        return [x for i, item in enumerate(doc["items"])
+                for x in _decode(item, DocumentRef(source, index, lines=_item_lines(lines, i) if lines else None))]
+    return _decode(doc, DocumentRef(source, index, lines=lines))
 
 
 # ------------------------------------------------------------------- decoding

@@ -471,3 +471,25 @@ def test_documents_without_lines_say_what_they_said() -> None:
     assert err.line is None and str(err) == "kinference.buoyant.io/v1alpha1#1 (InferencePolicy ns/p) at spec: bad"
     assert str(ManifestError(DocumentRef("gone.yaml", 0), "", "no such file or directory")) == \
         "gone.yaml: no such file or directory"
+
+
+def test_recursive_and_repeated_aliases_are_read_at_once() -> None:
+    # review: the line map walked aliases again and again (a recursive anchor never ended)
+    [skipped] = load_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: &a [*a]\n", "r.yaml")
+    assert isinstance(skipped, SkippedDocument)
+    errors = load_text("apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata: {name: p}\n"
+                       "spec: &a {rules: [*a]}\n", "r.yaml")
+    assert errors and all(isinstance(e, ManifestError) for e in errors)
+    laughs = "a: &a [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(7))
+    [skipped] = load_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n" + laughs, "r.yaml")
+    assert isinstance(skipped, SkippedDocument)
+
+
+def test_a_field_written_over_a_merge_key_is_placed_where_it_is_written() -> None:
+    text = ("apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata:\n  name: p\n"
+            "x-base: &b\n  type: Local\n  minimize: InFlight\n"
+            "spec:\n  rules:\n    - name: r\n      route:\n        select:\n          - <<: *b\n"
+            "            minimize: FastestTTFT\n")
+    errors = [e for e in load_text(text, "m.yaml") if isinstance(e, ManifestError) and "minimize" in e.path]
+    assert [(e.path, e.line) for e in errors] == [("spec.rules[0].route.select[0].minimize", 14)]

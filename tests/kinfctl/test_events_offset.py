@@ -69,3 +69,20 @@ def test_unreachable_nats_names_the_stacks_started_with_another_offset(tmp_path,
     assert localstack.other_stacks(3000) == ""
     (tmp_path / ".run" / "nats-auth").mkdir(parents=True)
     assert localstack.other_stacks(3000) == "; a stack was started with another port offset: .run/ (--port-offset 0)"
+
+
+def test_the_hint_skips_directories_of_no_offset_and_ones_it_cannot_read(tmp_path, monkeypatch) -> None:
+    from kinfctl import localstack
+
+    (tmp_path / ".run-03" / "nats-auth").mkdir(parents=True)  # make run names offset 3 .run-3
+    (tmp_path / ".run-5" / "nats-auth").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    real = localstack.Path.is_dir
+
+    def is_dir(self: localstack.Path) -> bool:
+        if self.parent.name == ".run-5":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(localstack.Path, "is_dir", is_dir)
+    assert localstack.other_stacks(0) == ""

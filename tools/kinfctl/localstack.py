@@ -36,7 +36,7 @@ def find_run_dir(offset: int, start: Path | None = None) -> Path | None:
     here = (start or Path.cwd()).resolve()
     for d in (here, *here.parents):
         candidate = d / run_dir_name(offset)
-        if (candidate / "nats-auth").is_dir():
+        if _is_dir(candidate / "nats-auth"):
             return candidate
     return None
 
@@ -81,7 +81,7 @@ def stack_of(urls: list[str], offset: int, start: Path | None = None) -> Path | 
     here = (start or Path.cwd()).resolve()
     candidates = [first] if first is not None else []
     for d in (here, *here.parents):
-        candidates += sorted(p for p in d.glob(".run*") if (p / "nats-auth").is_dir())
+        candidates += sorted(p for p in d.glob(".run*") if _is_dir(p / "nats-auth"))
     for run in candidates:
         if want <= {_address(u) for u in stack_servers(run)}:
             return run
@@ -144,14 +144,25 @@ def other_stacks(offset: int, start: Path | None = None) -> str:
     for d in (here, *here.parents):
         for p in sorted(d.glob(".run*")):
             m = re.fullmatch(r"\.run(?:-(-?\d+))?", p.name)
-            if m and (p / "nats-auth").is_dir():
-                n = int(m.group(1) or 0)
-                if n != offset and n not in found:
-                    found.append(n)
+            if m is None:
+                continue
+            n = int(m.group(1) or 0)
+            if p.name != run_dir_name(n) or n == offset or n in found:
+                continue  # .run-03 is no port offset's directory
+            if _is_dir(p / "nats-auth"):
+                found.append(n)
     if not found:
         return ""
     named = ", ".join(f"{run_dir_name(n)}/ (--port-offset {n})" for n in found)
     return f"; a stack was started with another port offset: {named}"
+
+
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()``, False where it cannot be looked into (another user's stack)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 def _listening(url: str) -> bool:

@@ -53,9 +53,11 @@ judged by the context rules of :mod:`kinference_common.detectors.freetext`
 
 What is scanned: each text as a model reads it. Characters written in place
 of ASCII ones are folded first, one for one (:func:`fold`: other scripts'
-digits, full-width forms, Unicode spaces and dashes, zero-width characters as
-spaces), so ``４１１１``, ``alice＠example.com`` or a card grouped with
-no-break spaces is read as its ASCII form. A value split between two texts
+digits, full-width digits, letters and ``@``, Unicode spaces, hyphens,
+zero-width characters as spaces), so ``４１１１``, ``alice＠example.com`` or
+a card grouped with no-break spaces is read as its ASCII form; a text
+holding characters that show nothing (a soft hyphen, a zero-width space,
+direction marks) is read without them too (:func:`without_invisible`). A value split between two texts
 (two parts of one message, or two messages) is read across the seam: the
 end of one text and the start of the next are scanned joined, as the model
 sees them (:data:`SEAM_CHARS` of each side).
@@ -69,8 +71,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
+import bisect
 import functools
+import ipaddress
+import itertools
 import json
 import math
 import re
@@ -121,8 +125,14 @@ class Rule:
 
 #: the zero-width characters (a space to the scan: they split nothing a reader sees)
 _ZERO_WIDTH = (0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF)
-#: dashes and minus signs written for ``-``
-_DASHES = (0x2010, 0x2011, 0x2012, 0x2013, 0x2014, 0x2015, 0x2212, 0xFE58, 0xFE63)
+#: hyphens, short dashes and minus signs written for ``-`` (not the em dash
+#: and the bar: they set a phrase apart, as in ``4111 ... 1111—12/27``)
+_DASHES = (0x2010, 0x2011, 0x2012, 0x2013, 0x2212, 0xFE63)
+#: the full-width forms read as ASCII: digits, letters and what an address,
+#: a number or a key is written with (not the punctuation around them: a
+#: full-width colon after a word is CJK prose, not ``word:token``)
+_FULL_WIDTH = (*range(0xFF10, 0xFF1A), *range(0xFF21, 0xFF3B), *range(0xFF41, 0xFF5B),
+               0xFF20, 0xFF0E, 0xFF0D, 0xFF0B, 0xFF3F)
 
 
 #: the mathematical digits (bold, double-struck, ...): the one block of digits
@@ -142,7 +152,7 @@ def _fold_table() -> tuple[dict[str, str], re.Pattern[str]]:
             table[cp] = 0x30 + unicodedata.decimal(ch)
         elif cat == "Zs":
             table[cp] = 0x20
-    for cp in range(0xFF01, 0xFF5F):  # full-width forms of ASCII ! to ~
+    for cp in _FULL_WIDTH:
         table[cp] = cp - 0xFEE0
     table.update(dict.fromkeys(_ZERO_WIDTH, 0x20))
     table.update(dict.fromkeys(_DASHES, 0x2D))
@@ -168,6 +178,21 @@ def fold(text: str) -> str:
         return text
     table, pattern = _fold_table()
     return pattern.sub(lambda m: table[m.group()], text)
+
+
+#: characters that show nothing (format controls, the soft hyphen, joiners,
+#: variation selectors): a text holding one is also read without them
+_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+                        "\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0]")
+
+
+def without_invisible(text: str) -> tuple[str, list[int]] | None:
+    """``text`` without the characters that show nothing, and where each
+    character left was in ``text``; None when it holds none."""
+    if text.isascii() or _INVISIBLE.search(text) is None:
+        return None
+    kept = [i for i, ch in enumerate(text) if not _INVISIBLE.match(ch)]
+    return "".join(text[i] for i in kept), kept
 
 
 #: how much of each side of a seam between two texts is read joined (the
@@ -223,15 +248,23 @@ def seams(texts: Sequence[str]) -> Iterator[tuple[int, str, int]]:
     ``4111 1111`` + ``1111 1111`` or as ``41111111`` + ``11111111``); other
     digits only directly (with a space, ``2`` + ``011-09-16`` reads as
     a phone number)."""
+    yield from _seams(texts, direct=True)
+
+
+def _seams(texts: Sequence[str], direct: bool) -> Iterator[tuple[int, str, int]]:
+    """:func:`seams`; ``direct`` False: only the joins with a space."""
     kept = [(i, t) for i, t in enumerate(texts) if t]
     only = [t for _, t in kept]
     for k in range(len(only) - 1):
+        spaced = only[k][-1].isdigit() and only[k + 1][0].isdigit()
+        if not direct and not spaced:
+            continue
         left, right = _side(only, k, True), _side(only, k + 1, False)
         if not left or not right:  # one long token at the seam: nothing split there is read
             continue
-        yield kept[k][0], left + right, len(left)
-        if left[-1].isdigit() and right[0].isdigit() and _GROUP_END.search(left, len(left) - 5) \
-                and _GROUP_START.match(right):
+        if direct:
+            yield kept[k][0], left + right, len(left)
+        if spaced and _GROUP_END.search(left, len(left) - 5) and _GROUP_START.match(right):
             yield kept[k][0], left + " " + right, len(left)
 
 
@@ -365,30 +398,103 @@ def card_issuer(d: str) -> str | None:
 _CARD_GROUPS = {(4, 4, 4, 4), (4, 4, 4, 4, 3), (4, 6, 5), (4, 6, 4), (4, 4, 5), (4, 4, 4, 1)}
 
 
-_CARD_SEPARATOR = re.compile(r"[^0-9]+")
-
-
-def card(text: str, start: int, end: int) -> Verdict:
-    """Grouped like a card: every separator spaces (one or two, tabs too:
-    text copied from a form), or every one a ``-``, or every one a ``.``."""
-    raw = text[start:end]
-    if _inside_token(text, start, end) or _in_digit_groups(text, start, end):
-        return NONE  # four groups inside a longer run (an IBAN's BBAN) are not a card
-    seps = set(_CARD_SEPARATOR.findall(raw))
-    if len(seps) > 1 and not all(not sep.strip() for sep in seps):
-        return NONE
-    if seps:
-        groups = tuple(len(g) for g in _CARD_SEPARATOR.split(raw))
-        if groups not in _CARD_GROUPS:
-            return NONE
-    digits = "".join(c for c in raw if c.isdigit())
+def _card_digits(digits: str, grouped: bool) -> Verdict:
+    """The verdict on a card's digits (``grouped``: written in groups)."""
     if not luhn.is_valid(digits):
         return NONE
     if card_issuer(digits):
-        if not seps and len(digits) == 13 and ean.is_valid(digits):
+        if not grouped and len(digits) == 13 and ean.is_valid(digits):
             return UNKNOWN  # as likely a product barcode as a 13-digit Visa
         return CONFIRMED
-    return UNKNOWN if seps else NONE
+    return UNKNOWN if grouped else NONE
+
+
+def card(text: str, start: int, end: int) -> Verdict:
+    """Plain, or grouped like a card with one space or one ``-`` throughout.
+    Another number written next to it (a quantity or a row number before,
+    an expiry or a CVC after: groups of fewer than four digits at the ends,
+    or a run of groups with the other separator) is left out."""
+    if _inside_token(text, start, end) or _in_digit_groups(text, start, end):
+        return NONE  # four groups inside a longer run (an IBAN's BBAN) are not a card
+    tokens = _CARD_SPLIT.split(text[start:end])
+    if len(tokens) == 1:
+        return _card_digits(tokens[0], False)
+    # runs of groups with one separator throughout, the longest first
+    runs: list[list[str]] = [[tokens[0]]]
+    for k in range(1, len(tokens), 2):
+        if k > 1 and tokens[k] != tokens[k - 2]:
+            runs.append([tokens[k - 1]])
+        runs[-1].append(tokens[k + 1])
+    best = NONE
+    for parts in sorted(runs, key=len, reverse=True):
+        verdict = _card_run(parts)
+        if verdict is CONFIRMED:
+            return verdict
+        if verdict is UNKNOWN:
+            best = verdict
+    return best
+
+
+_CARD_SPLIT = re.compile(r"([ -])")
+
+
+def _card_run(parts: list[str]) -> Verdict:
+    """The verdict on groups written with one separator: the whole run,
+    else the run without up to two groups of fewer than four digits at
+    either end (a number written next to the card)."""
+    if tuple(len(g) for g in parts) in _CARD_GROUPS:
+        verdict = _card_digits("".join(parts), True)
+        if verdict is not NONE:
+            return verdict
+    best = NONE
+    for lo in range(3):
+        for hi in range(len(parts), max(lo, len(parts) - 3), -1):
+            if not (lo or hi < len(parts)) or not all(len(g) < 4 for g in parts[:lo] + parts[hi:]):
+                continue
+            inner = parts[lo:hi]
+            if len(inner) == 1 and 13 <= len(inner[0]) <= 19:
+                verdict = _card_digits(inner[0], False)
+            elif tuple(len(g) for g in inner) in _CARD_GROUPS:
+                verdict = _card_digits("".join(inner), True)
+            else:
+                continue
+            if verdict is CONFIRMED:
+                return verdict
+            if verdict is UNKNOWN:
+                best = verdict
+    return best
+
+
+#: what else separates a card's groups, written by hand or pasted from a
+#: form: one or two spaces or tabs (mixed), a dot, or a line break (once)
+_CARD_SEP = r"(?:[ \t]{1,2}|\.|[ \t]?\r?\n[ \t]?)"
+_SPACED_BEFORE = re.compile(r"[0-9](?:[ \t]{1,2}|[ \t]?\r?\n[ \t]?)$")
+_SPACED_AFTER = re.compile(r"(?:[ \t]{1,2}|[ \t]?\r?\n[ \t]?)[0-9]")
+
+
+def card_spaced(text: str, start: int, end: int) -> Verdict:
+    """Four groups of four (or 4-6-5, 4-6-4) separated by spaces and tabs
+    (one or two, mixed, at most one line break) or by dots throughout; not
+    one row of a table of such numbers (the same separator and digits
+    before or after it)."""
+    raw = text[start:end]
+    seps = _CARD_SEPARATOR.findall(raw)
+    if all(sep == " " for sep in seps) or _inside_token(text, start, end):
+        return NONE  # one space throughout: the ``card`` rule's
+    if all(sep == "." for sep in seps):
+        if (start >= 2 and text[start - 1] == "." and text[start - 2].isdigit()) or \
+                (end + 1 < len(text) and text[end] == "." and text[end + 1].isdigit()):
+            return NONE
+    elif any(sep.strip() for sep in seps) or raw.count("\n") > 1:
+        return NONE
+    elif _SPACED_BEFORE.search(text, max(0, start - 5), start) or _SPACED_AFTER.match(text, end):
+        return NONE
+    if tuple(len(g) for g in _CARD_SEPARATOR.split(raw)) not in _CARD_GROUPS:
+        return NONE
+    return _card_digits("".join(c for c in raw if c.isdigit()), True)
+
+
+_CARD_SEPARATOR = re.compile(r"[^0-9]+")
 
 
 def iban(text: str, start: int, end: int) -> Verdict:
@@ -723,7 +829,15 @@ RULES: tuple[Rule, ...] = (
         ),
         email,
     ),
-    Rule("card", Pattern("card", r"\b(?:[0-9](?:[ \t]{1,2}|[-.])?){11,18}[0-9]\b"), card),
+    Rule("card", Pattern("card", r"\b(?:[0-9][ -]?){11,18}[0-9]\b"), card),
+    Rule(
+        "card",
+        Pattern(
+            "card_spaced",
+            rf"\b[0-9]{{4}}(?:{_CARD_SEP}[0-9]{{4}}){{3}}\b|\b[0-9]{{4}}{_CARD_SEP}[0-9]{{6}}{_CARD_SEP}[0-9]{{4,5}}\b",
+        ),
+        card_spaced,
+    ),
     Rule(
         "iban",
         Pattern("iban", r"\b[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]){11,30}\b", caseless=True),
@@ -899,16 +1013,53 @@ class PiiDetector:
                     yield i, rule, start, end, rule.validate(text, start, end)
                 if budget is not None:
                     budget.check()
-        for i, joined, at in seams(folded):
-            if budget is not None:
-                budget.check()
-            scan = self.scanner.scan(joined)
-            offset = len(folded[i]) - at
-            for index in scan.fired():
-                rule = self.rules[index]
-                for start, end in scan.hits(index):
-                    if start < at < end:
-                        yield i, rule, offset + start, len(folded[i]), rule.validate(joined, start, end)
+            shown = without_invisible(texts[i])  # 4111<soft hyphen>1111...: read as shown too
+            if shown is not None and shown[0]:
+                compact, where = fold(shown[0]), shown[1]
+                scan = self.scanner.scan(compact)
+                for index in scan.fired():
+                    rule = self.rules[index]
+                    for start, end in scan.hits(index):
+                        yield i, rule, where[start], where[end - 1] + 1, rule.validate(compact, start, end)
+        kept = [i for i, t in enumerate(folded) if t]
+        if len(kept) < 2:
+            return
+        total = sum(len(folded[i]) for i in kept)
+        # many short texts: read them joined, once, rather than each seam's
+        # window (which would read more than the texts hold)
+        whole = total < 2 * SEAM_CHARS * (len(kept) - 1)
+        if whole:
+            joined = "".join(folded[i] for i in kept)
+            starts = list(itertools.accumulate((len(folded[i]) for i in kept[:-1]), initial=0))
+            yield from self._crossing(joined, starts, kept, folded, budget)
+        ends = dict(zip(kept, itertools.accumulate(len(folded[i]) for i in kept), strict=True))
+        for i, window, at in _seams(folded, direct=not whole):
+            # where the window starts in the texts joined: text ``i`` ends at ``at`` in it
+            yield from self._crossing(window, [0, at], kept, folded, budget, ends[i] - at)
+
+    def _crossing(self, joined: str, seams_at: list[int], kept: list[int], folded: list[str],
+                  budget: Budget | None, base: int = 0) -> Iterator[tuple[int, Rule, int, int, Verdict]]:
+        """Candidates of ``joined`` that cross one of ``seams_at`` (positions
+        in ``joined``, the first 0), each reported on the text it starts
+        in: ``(text index, rule, its start there, that text's end, verdict)``.
+        ``base``: where ``joined`` starts in all the texts joined."""
+        if budget is not None:
+            budget.check()
+        scan = self.scanner.scan(joined)
+        ends = list(itertools.accumulate(len(folded[i]) for i in kept))  # each text's end, all joined
+        n = 0
+        for index in scan.fired():
+            rule = self.rules[index]
+            for start, end in scan.hits(index):
+                n += 1
+                if budget is not None and not n % 64:  # texts joined can hold many candidates
+                    budget.check()
+                k = bisect.bisect_right(seams_at, start)
+                if k < len(seams_at) and seams_at[k] < end:  # a seam inside it
+                    verdict = rule.validate(joined, start, end)
+                    t = bisect.bisect_right(ends, base + start)  # the text it starts in
+                    first = ends[t - 1] if t else 0
+                    yield kept[t], rule, base + start - first, len(folded[kept[t]]), verdict
 
     def detect(
         self, texts: Sequence[str], roles: Sequence[str], unreadable: int, budget: Budget
@@ -932,10 +1083,9 @@ def explain(
     """Every candidate judged confirmed or unknown, ``(text index, entity, rule, start, end,
     verdict)``: what was found and which rule found it, never the text (for ``kinfctl classify
     --explain``; the service stops at the first confirmed hit instead)."""
-    # a start before its text's: a value over three texts or more, reported at its first seam already
-    out = [(i, rule.entity, rule.pattern.name, start, end, verdict)
-           for i, rule, start, end, verdict in detector.judged(texts) if verdict is not NONE and start >= 0]
-    out.sort(key=lambda f: (f[0], f[3]))
+    out = sorted({(i, rule.entity, rule.pattern.name, start, end, verdict)
+                  for i, rule, start, end, verdict in detector.judged(texts) if verdict is not NONE},
+                 key=lambda f: (f[0], f[3], f[4], f[1], f[2]))
     return out
 
 
