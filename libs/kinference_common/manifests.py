@@ -234,10 +234,12 @@ def _documents(text: str) -> list[tuple[Any, dict[str, int]]]:
 def _lines(node: yaml.Node) -> dict[str, int]:
     """The 1-based line of every field path of a document (``spec.rules[0].name``:
     the line of its key; a list item: where it starts; a field a merge key
-    (``<<: *base``) brings in: the anchor's line, unless written again).
-    Each node is walked once, at the first path that reaches it: an alias
-    gives the fields under it its own line only (and a recursive anchor, or
-    aliases of aliases, cannot make the walk loop or grow)."""
+    (``<<: *base``, or a list of them, merged in turn) brings in: the
+    anchor's line, unless written again). The walk is in document order and
+    takes each node once, at the first path that reaches it (an alias
+    written later keeps the lines of its anchor's fields where the anchor
+    is; a recursive anchor, or aliases of aliases, cannot make it loop or
+    grow)."""
     lines: dict[str, int] = {"": node.start_mark.line + 1}
     seen: set[int] = set()
     stack: list[tuple[str, yaml.Node]] = [("", node)]
@@ -246,31 +248,42 @@ def _lines(node: yaml.Node) -> dict[str, int]:
         if id(n) in seen:
             continue
         seen.add(id(n))
+        children: list[tuple[str, yaml.Node]] = []
         if isinstance(n, yaml.MappingNode):
-            merged: list[yaml.Node] = []
-            for key, value in n.value:
-                if key.tag == "tag:yaml.org,2002:merge":
-                    merged += value.value if isinstance(value, yaml.SequenceNode) else [value]
-                    continue
-                if not isinstance(key, yaml.ScalarNode):
-                    continue
+            for key, value in _pairs(n):
                 sub = f"{path}.{key.value}" if path else key.value
-                lines[sub] = key.start_mark.line + 1  # written here: wins over a merged one
-                stack.append((sub, value))
-            for m in merged:  # what the merge brings in, where not written here
-                if isinstance(m, yaml.MappingNode):
-                    for key, value in m.value:
-                        if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
-                            sub = f"{path}.{key.value}" if path else key.value
-                            if sub not in lines:
-                                lines[sub] = key.start_mark.line + 1
-                                stack.append((sub, value))
+                if sub not in lines:  # written here first, merged ones after
+                    lines[sub] = key.start_mark.line + 1
+                    children.append((sub, value))
         elif isinstance(n, yaml.SequenceNode):
             for i, item in enumerate(n.value):
                 sub = f"{path}[{i}]"
                 lines.setdefault(sub, item.start_mark.line + 1)
-                stack.append((sub, item))
+                children.append((sub, item))
+        stack.extend(reversed(children))  # the first child is walked first
     return lines
+
+
+def _pairs(n: yaml.MappingNode) -> list[tuple[yaml.ScalarNode, yaml.Node]]:
+    """A mapping's scalar keys and values in precedence order: those written
+    in it, then those of the mappings it merges (in the order listed, each
+    with its own merges), each merged mapping once."""
+    out: list[tuple[yaml.ScalarNode, yaml.Node]] = []
+    todo: list[yaml.Node] = [n]
+    done: set[int] = set()
+    while todo:
+        m = todo.pop(0)
+        if not isinstance(m, yaml.MappingNode) or id(m) in done:
+            continue
+        done.add(id(m))
+        merged: list[yaml.Node] = []
+        for key, value in m.value:
+            if key.tag == "tag:yaml.org,2002:merge":
+                merged += value.value if isinstance(value, yaml.SequenceNode) else [value]
+            elif isinstance(key, yaml.ScalarNode):
+                out.append((key, value))
+        todo[:0] = merged  # a mapping's own merges before those of the next one listed
+    return out
 
 
 def _item_lines(lines: dict[str, int], i: int) -> dict[str, int]:

@@ -167,7 +167,34 @@ NEXT_TO_A_NUMBER = [
     "card\uff1a4111111111111111\u3000\uff11\uff12\uff0f\uff12\uff17",
     "4111111111111111\u200b12",
     "ref 12 4111 1111 1111 1111",  # one space before: found now (was not)
+    # second review: a Unicode space or dash folded joined a neighbouring number to the value; the text as
+    # written is read too
+    "Rechnung 2024\u00a04111 1111 1111 1111",
+    "4111 1111 1111 1111\u00a01234",
+    "4111 1111 1111 1111\u202f2024",
+    "4111111111111111\u200b2027",
+    "Karte\u20134111 1111 1111 1111",
+    "4111 1111 1111 1111\u2013Ablauf 12/27",
+    "card 4111\t1111\t1111\t1111\n12/27",  # a short number on the next line: no table
+    "card 4222\t2222\t22222",  # 4-4-5
 ]
+
+
+@pytest.mark.parametrize(("entity", "text"), [
+    ("phone", "+44 20 7946 0958\u2013B\u00fcro"),
+    ("ssn", "ssn 12\u00a0078-05-1120"),
+    ("phone", "call \uff08415\uff09555-2671"),  # full-width brackets
+    ("phone", "call (415)\u2014555\u20142671"),
+])
+def test_values_next_to_unicode_spaces_and_dashes_are_found(classifiers: Classifiers, entity: str,
+                                                            text: str) -> None:
+    reply = classifiers.classify("pii", [text])
+    assert reply.tags == ["pii-confirmed"], (entity, text, reply)
+
+
+def test_a_text_of_thousands_of_candidates_fails_closed_at_its_deadline(classifiers: Classifiers) -> None:
+    reply = classifiers.classify("pii", ["1111  " * 20000], deadline_ms=20)
+    assert (reply.outcome, reply.tags) in (("deadline", ["pii-unknown"]), ("ok", ["pii-none"]))
 
 
 @pytest.mark.parametrize("text", NEXT_TO_A_NUMBER)

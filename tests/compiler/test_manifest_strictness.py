@@ -493,3 +493,17 @@ def test_a_field_written_over_a_merge_key_is_placed_where_it_is_written() -> Non
             "            minimize: FastestTTFT\n")
     errors = [e for e in load_text(text, "m.yaml") if isinstance(e, ManifestError) and "minimize" in e.path]
     assert [(e.path, e.line) for e in errors] == [("spec.rules[0].route.select[0].minimize", 14)]
+
+
+def test_an_anchor_keeps_its_lines_and_a_merge_chain_gives_the_anchors() -> None:
+    # second review: the walk went last path first, so an alias written after its anchor took the anchor's lines
+    text = ("apiVersion: kinference.buoyant.io/v1alpha1\nkind: InferencePolicy\nmetadata:\n  name: p\n"
+            "x-a: &a {minimize: Bad}\n"          # line 5
+            "x-b: &b {<<: *a, type: Local}\n"    # line 6
+            "spec:\n  rules:\n"
+            "    - &r\n      name: r\n      route:\n        select:\n          - {type: Local, minimize: Bad2}\n"
+            "    - *r\n"
+            "    - name: s\n      route:\n        select:\n          - <<: *b\n")  # line 19
+    errors = {e.path: e.line for e in load_text(text, "a.yaml") if isinstance(e, ManifestError) and "minimize" in e.path}
+    assert errors["spec.rules[0].route.select[0].minimize"] == 13  # where the anchored rule writes it
+    assert errors["spec.rules[2].route.select[0].minimize"] == 5  # merged from b, which merges a

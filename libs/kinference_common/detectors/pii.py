@@ -125,14 +125,10 @@ class Rule:
 
 #: the zero-width characters (a space to the scan: they split nothing a reader sees)
 _ZERO_WIDTH = (0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF)
-#: hyphens, short dashes and minus signs written for ``-`` (not the em dash
-#: and the bar: they set a phrase apart, as in ``4111 ... 1111—12/27``)
-_DASHES = (0x2010, 0x2011, 0x2012, 0x2013, 0x2212, 0xFE63)
-#: the full-width forms read as ASCII: digits, letters and what an address,
-#: a number or a key is written with (not the punctuation around them: a
-#: full-width colon after a word is CJK prose, not ``word:token``)
-_FULL_WIDTH = (*range(0xFF10, 0xFF1A), *range(0xFF21, 0xFF3B), *range(0xFF41, 0xFF5B),
-               0xFF20, 0xFF0E, 0xFF0D, 0xFF0B, 0xFF3F)
+#: dashes and minus signs written for ``-``
+_DASHES = (0x2010, 0x2011, 0x2012, 0x2013, 0x2014, 0x2015, 0x2212, 0xFE58, 0xFE63)
+#: the full-width forms of ASCII ``!`` to ``~``
+_FULL_WIDTH = range(0xFF01, 0xFF5F)
 
 
 #: the mathematical digits (bold, double-struck, ...): the one block of digits
@@ -251,11 +247,13 @@ def seams(texts: Sequence[str]) -> Iterator[tuple[int, str, int]]:
     yield from _seams(texts, direct=True)
 
 
-def _seams(texts: Sequence[str], direct: bool) -> Iterator[tuple[int, str, int]]:
+def _seams(texts: Sequence[str], direct: bool, budget: Budget | None = None) -> Iterator[tuple[int, str, int]]:
     """:func:`seams`; ``direct`` False: only the joins with a space."""
     kept = [(i, t) for i, t in enumerate(texts) if t]
     only = [t for _, t in kept]
     for k in range(len(only) - 1):
+        if budget is not None and not k % 64:
+            budget.check()
         spaced = only[k][-1].isdigit() and only[k + 1][0].isdigit()
         if not direct and not spaced:
             continue
@@ -468,12 +466,13 @@ def _card_run(parts: list[str]) -> Verdict:
 #: what else separates a card's groups, written by hand or pasted from a
 #: form: one or two spaces or tabs (mixed), a dot, or a line break (once)
 _CARD_SEP = r"(?:[ \t]{1,2}|\.|[ \t]?\r?\n[ \t]?)"
-_SPACED_BEFORE = re.compile(r"[0-9](?:[ \t]{1,2}|[ \t]?\r?\n[ \t]?)$")
-_SPACED_AFTER = re.compile(r"(?:[ \t]{1,2}|[ \t]?\r?\n[ \t]?)[0-9]")
+#: another four-digit group before or after, with such a separator: a row of a table
+_SPACED_BEFORE = re.compile(r"(?:^|[^0-9])[0-9]{4}(?:[ \t]{1,2}|[ \t]?\r?\n[ \t]?)$")
+_SPACED_AFTER = re.compile(r"(?:[ \t]{1,2}|[ \t]?\r?\n[ \t]?)[0-9]{4}(?:[^0-9]|$)")
 
 
 def card_spaced(text: str, start: int, end: int) -> Verdict:
-    """Four groups of four (or 4-6-5, 4-6-4) separated by spaces and tabs
+    """Four groups of four (or 4-4-4-4-3, 4-6-5, 4-6-4, 4-4-5) separated by spaces and tabs
     (one or two, mixed, at most one line break) or by dots throughout; not
     one row of a table of such numbers (the same separator and digits
     before or after it)."""
@@ -487,7 +486,7 @@ def card_spaced(text: str, start: int, end: int) -> Verdict:
             return NONE
     elif any(sep.strip() for sep in seps) or raw.count("\n") > 1:
         return NONE
-    elif _SPACED_BEFORE.search(text, max(0, start - 5), start) or _SPACED_AFTER.match(text, end):
+    elif _SPACED_BEFORE.search(text[max(0, start - 10):start]) or _SPACED_AFTER.match(text[end:end + 10]):
         return NONE
     if tuple(len(g) for g in _CARD_SEPARATOR.split(raw)) not in _CARD_GROUPS:
         return NONE
@@ -834,7 +833,11 @@ RULES: tuple[Rule, ...] = (
         "card",
         Pattern(
             "card_spaced",
-            rf"\b[0-9]{{4}}(?:{_CARD_SEP}[0-9]{{4}}){{3}}\b|\b[0-9]{{4}}{_CARD_SEP}[0-9]{{6}}{_CARD_SEP}[0-9]{{4,5}}\b",
+            # the 19-digit layout first (alternatives are tried in order)
+            rf"\b[0-9]{{4}}(?:{_CARD_SEP}[0-9]{{4}}){{3}}{_CARD_SEP}[0-9]{{3}}\b"
+            rf"|\b[0-9]{{4}}(?:{_CARD_SEP}[0-9]{{4}}){{3}}\b"
+            rf"|\b[0-9]{{4}}{_CARD_SEP}[0-9]{{6}}{_CARD_SEP}[0-9]{{4,5}}\b"
+            rf"|\b[0-9]{{4}}{_CARD_SEP}[0-9]{{4}}{_CARD_SEP}[0-9]{{5}}\b",
         ),
         card_spaced,
     ),
@@ -1006,13 +1009,19 @@ class PiiDetector:
                 budget.check()
             if not text:
                 continue
-            scan = self.scanner.scan(text)
-            for index in scan.fired():
-                rule = self.rules[index]
-                for start, end in scan.hits(index):
-                    yield i, rule, start, end, rule.validate(text, start, end)
-                if budget is not None:
-                    budget.check()
+            # folded, and as written when folding changed it: a no-break space
+            # or a dash folded joins a neighbouring number to a value that the
+            # text as written keeps apart (``2024\u00a04111 1111 1111 1111``)
+            for view in (text,) if text is texts[i] else (text, texts[i]):
+                scan = self.scanner.scan(view)
+                for index in scan.fired():
+                    rule = self.rules[index]
+                    for n, (start, end) in enumerate(scan.hits(index), 1):
+                        yield i, rule, start, end, rule.validate(view, start, end)
+                        if budget is not None and not n % 64:  # a text can hold thousands of candidates
+                            budget.check()
+                    if budget is not None:
+                        budget.check()
             shown = without_invisible(texts[i])  # 4111<soft hyphen>1111...: read as shown too
             if shown is not None and shown[0]:
                 compact, where = fold(shown[0]), shown[1]
@@ -1033,7 +1042,7 @@ class PiiDetector:
             starts = list(itertools.accumulate((len(folded[i]) for i in kept[:-1]), initial=0))
             yield from self._crossing(joined, starts, kept, folded, budget)
         ends = dict(zip(kept, itertools.accumulate(len(folded[i]) for i in kept), strict=True))
-        for i, window, at in _seams(folded, direct=not whole):
+        for i, window, at in _seams(folded, direct=not whole, budget=budget):
             # where the window starts in the texts joined: text ``i`` ends at ``at`` in it
             yield from self._crossing(window, [0, at], kept, folded, budget, ends[i] - at)
 
