@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,17 @@ spec:
     - {{kind: InferenceWorkerSet, name: {WORKER_SET}}}
   policyRef: {{name: bench-catch-all}}
 """
+
+
+def rewrite_block(page: Path, name: str, body: str) -> bool:
+    """Replace what sits between ``<!-- name -->`` and ``<!-- /name -->`` in
+    ``page`` with ``body``; False (the page untouched) when it has no such block."""
+    block = re.compile(rf"(<!-- {re.escape(name)} -->\n)(.*?)(<!-- /{re.escape(name)} -->)", re.S)
+    text = page.read_text()
+    if block.search(text) is None:
+        return False
+    page.write_text(block.sub(lambda m: m.group(1) + body + m.group(3), text))
+    return True
 
 
 def free_port() -> int:

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -48,7 +47,6 @@ from typing import Any
 from bench import harness, router
 
 RESULTS = harness.REPO / "bench" / "results" / "router_compiled.json"
-_BLOCK = re.compile(r"(<!-- router:compiled -->\n)(.*?)(<!-- /router:compiled -->)", re.S)
 
 #: the modules compiled: every module of the two packages a proxied request
 #: runs through (the HTTP server and client, request control, the engine,
@@ -224,12 +222,7 @@ def page_block(results: dict[str, dict[str, Any]]) -> str:
 
 def rewrite_page(page: Path, results: dict[str, dict[str, Any]]) -> bool:
     """Rewrite the page's block from ``results``; False when the page has none."""
-    text = page.read_text()
-    if _BLOCK.search(text) is None:
-        return False
-    body = page_block(results)
-    page.write_text(_BLOCK.sub(lambda m: m.group(1) + body + m.group(3), text))
-    return True
+    return harness.rewrite_block(page, "router:compiled", page_block(results))
 
 
 def load_results() -> dict[str, dict[str, Any]]:

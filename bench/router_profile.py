@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -71,7 +70,6 @@ OTHER = "other (interpreter, GC, libraries)"
 TARGETS = ("kinference", "kinference-no-record", "kinference-null")
 #: the transport alone, the column the router's parts are read against on the page
 BASELINE = "kinference-null"
-_BLOCK = re.compile(r"(<!-- router:profile -->\n)(.*?)(<!-- /router:profile -->)", re.S)
 
 
 #: the part a stack goes to only when no other part is in it: the loop runs
@@ -229,12 +227,7 @@ def _us(part: dict[str, Any]) -> str:
 
 def rewrite_page(page: Path, results: dict[str, dict[str, Any]]) -> bool:
     """Rewrite the page's block from ``results``; False when the page has none."""
-    text = page.read_text()
-    if _BLOCK.search(text) is None:
-        return False
-    body = page_block(results)
-    page.write_text(_BLOCK.sub(lambda m: m.group(1) + body + m.group(3), text))
-    return True
+    return harness.rewrite_block(page, "router:profile", page_block(results))
 
 
 def main(argv: list[str] | None = None) -> int:
