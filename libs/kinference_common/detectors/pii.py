@@ -60,7 +60,8 @@ holding characters that show nothing (a soft hyphen, a zero-width space,
 direction marks) is read without them too (:func:`without_invisible`). A value split between two texts
 (two parts of one message, or two messages) is read across the seam: the
 end of one text and the start of the next are scanned joined, as the model
-sees them (:data:`SEAM_CHARS` of each side).
+sees them (:data:`SEAM_CHARS` of each side, or all the texts joined once
+when they are short).
 
 Rules run in the order of :data:`RULES`, cheap and unambiguous ones first:
 the first confirmed candidate ends the request (the router needs a tag, not
@@ -235,7 +236,8 @@ _GROUP_END = re.compile(r"(?:^|[^0-9])[0-9]{4}$")
 _GROUP_START = re.compile(r"[0-9]{4}(?:[^0-9]|$)")
 
 
-def seams(texts: Sequence[str]) -> Iterator[tuple[int, str, int]]:
+def seams(texts: Sequence[str], direct: bool = True,
+          budget: Budget | None = None) -> Iterator[tuple[int, str, int]]:
     """``(i, joined, at)`` for each seam between ``texts[i]`` and the next
     text: the end of the texts up to ``i`` and the start of the rest joined
     as a model reads them, and where they meet in ``joined`` (a value split
@@ -243,12 +245,7 @@ def seams(texts: Sequence[str]) -> Iterator[tuple[int, str, int]]:
     meeting are joined both directly and with a space (a card split as
     ``4111 1111`` + ``1111 1111`` or as ``41111111`` + ``11111111``); other
     digits only directly (with a space, ``2`` + ``011-09-16`` reads as
-    a phone number)."""
-    yield from _seams(texts, direct=True)
-
-
-def _seams(texts: Sequence[str], direct: bool, budget: Budget | None = None) -> Iterator[tuple[int, str, int]]:
-    """:func:`seams`; ``direct`` False: only the joins with a space."""
+    a phone number). ``direct`` False: only the joins with a space."""
     kept = [(i, t) for i, t in enumerate(texts) if t]
     only = [t for _, t in kept]
     for k in range(len(only) - 1):
@@ -999,76 +996,75 @@ class PiiDetector:
         self, texts: Sequence[str], budget: Budget | None = None
     ) -> Iterator[tuple[int, Rule, int, int, Verdict]]:
         """Every candidate and its verdict, ``(text index, rule, start, end,
-        verdict)``, each text (folded) first, then each seam between two (a
-        candidate there only when it crosses the seam: reported on the text
-        before the seam, from its start to that text's end; the start is
-        negative when the value began in an earlier text)."""
+        verdict)``: each text folded, as written when folding changed it,
+        and without its invisible characters when it holds some; then the
+        candidates crossing a seam between two texts, each reported on the
+        text it starts in, from its start to that text's end."""
         folded = [fold(t) for t in texts]
         for i, text in enumerate(folded):
             if budget is not None:
                 budget.check()
             if not text:
                 continue
-            # folded, and as written when folding changed it: a no-break space
-            # or a dash folded joins a neighbouring number to a value that the
-            # text as written keeps apart (``2024\u00a04111 1111 1111 1111``)
+            # as written too: a no-break space or a dash folded joins a
+            # neighbouring number to a value the text as written keeps apart
+            # (``2024\u00a04111 1111 1111 1111``)
             for view in (text,) if text is texts[i] else (text, texts[i]):
-                scan = self.scanner.scan(view)
-                for index in scan.fired():
-                    rule = self.rules[index]
-                    for n, (start, end) in enumerate(scan.hits(index), 1):
-                        yield i, rule, start, end, rule.validate(view, start, end)
-                        if budget is not None and not n % 64:  # a text can hold thousands of candidates
-                            budget.check()
-                    if budget is not None:
-                        budget.check()
+                for rule, start, end, verdict in self._judge(view, budget):
+                    yield i, rule, start, end, verdict
             shown = without_invisible(texts[i])  # 4111<soft hyphen>1111...: read as shown too
             if shown is not None and shown[0]:
-                compact, where = fold(shown[0]), shown[1]
-                scan = self.scanner.scan(compact)
-                for index in scan.fired():
-                    rule = self.rules[index]
-                    for start, end in scan.hits(index):
-                        yield i, rule, where[start], where[end - 1] + 1, rule.validate(compact, start, end)
+                where = shown[1]
+                for rule, start, end, verdict in self._judge(fold(shown[0]), budget):
+                    yield i, rule, where[start], where[end - 1] + 1, verdict
         kept = [i for i, t in enumerate(folded) if t]
         if len(kept) < 2:
             return
-        total = sum(len(folded[i]) for i in kept)
+        ends = list(itertools.accumulate(len(folded[i]) for i in kept))  # each text's end, all joined
         # many short texts: read them joined, once, rather than each seam's
         # window (which would read more than the texts hold)
-        whole = total < 2 * SEAM_CHARS * (len(kept) - 1)
+        whole = ends[-1] < 2 * SEAM_CHARS * (len(kept) - 1)
         if whole:
-            joined = "".join(folded[i] for i in kept)
-            starts = list(itertools.accumulate((len(folded[i]) for i in kept[:-1]), initial=0))
-            yield from self._crossing(joined, starts, kept, folded, budget)
-        ends = dict(zip(kept, itertools.accumulate(len(folded[i]) for i in kept), strict=True))
-        for i, window, at in _seams(folded, direct=not whole, budget=budget):
+            yield from self._crossing("".join(folded[i] for i in kept), [0, *ends[:-1]], kept, ends, budget)
+        end_of = dict(zip(kept, ends, strict=True))
+        for i, window, at in seams(folded, direct=not whole, budget=budget):
             # where the window starts in the texts joined: text ``i`` ends at ``at`` in it
-            yield from self._crossing(window, [0, at], kept, folded, budget, ends[i] - at)
+            yield from self._crossing(window, [0, at], kept, ends, budget, end_of[i] - at)
 
-    def _crossing(self, joined: str, seams_at: list[int], kept: list[int], folded: list[str],
+    def _judge(self, view: str, budget: Budget | None,
+               keep: Callable[[int, int], bool] | None = None) -> Iterator[tuple[Rule, int, int, Verdict]]:
+        """``(rule, start, end, verdict)`` for each candidate of ``view`` (only
+        those ``keep`` keeps, before they are judged); the deadline checked
+        every 64 candidates and after each rule (a text can hold thousands)."""
+        scan = self.scanner.scan(view)
+        for index in scan.fired():
+            rule = self.rules[index]
+            for n, (start, end) in enumerate(scan.hits(index), 1):
+                if keep is None or keep(start, end):
+                    yield rule, start, end, rule.validate(view, start, end)
+                if budget is not None and not n % 64:
+                    budget.check()
+            if budget is not None:
+                budget.check()
+
+    def _crossing(self, joined: str, seams_at: list[int], kept: list[int], ends: list[int],
                   budget: Budget | None, base: int = 0) -> Iterator[tuple[int, Rule, int, int, Verdict]]:
         """Candidates of ``joined`` that cross one of ``seams_at`` (positions
         in ``joined``, the first 0), each reported on the text it starts
         in: ``(text index, rule, its start there, that text's end, verdict)``.
-        ``base``: where ``joined`` starts in all the texts joined."""
+        ``base``: where ``joined`` starts in all the texts joined, whose
+        ends are ``ends``."""
         if budget is not None:
             budget.check()
-        scan = self.scanner.scan(joined)
-        ends = list(itertools.accumulate(len(folded[i]) for i in kept))  # each text's end, all joined
-        n = 0
-        for index in scan.fired():
-            rule = self.rules[index]
-            for start, end in scan.hits(index):
-                n += 1
-                if budget is not None and not n % 64:  # texts joined can hold many candidates
-                    budget.check()
-                k = bisect.bisect_right(seams_at, start)
-                if k < len(seams_at) and seams_at[k] < end:  # a seam inside it
-                    verdict = rule.validate(joined, start, end)
-                    t = bisect.bisect_right(ends, base + start)  # the text it starts in
-                    first = ends[t - 1] if t else 0
-                    yield kept[t], rule, base + start - first, len(folded[kept[t]]), verdict
+
+        def crosses(start: int, end: int) -> bool:
+            k = bisect.bisect_right(seams_at, start)
+            return k < len(seams_at) and seams_at[k] < end
+
+        for rule, start, end, verdict in self._judge(joined, budget, crosses):
+            t = bisect.bisect_right(ends, base + start)  # the text it starts in
+            first = ends[t - 1] if t else 0
+            yield kept[t], rule, base + start - first, ends[t] - first, verdict
 
     def detect(
         self, texts: Sequence[str], roles: Sequence[str], unreadable: int, budget: Budget
