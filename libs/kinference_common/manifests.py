@@ -286,11 +286,18 @@ def _pairs(n: yaml.MappingNode) -> list[tuple[yaml.ScalarNode, yaml.Node]]:
     return out
 
 
-def _item_lines(lines: dict[str, int], i: int) -> dict[str, int]:
-    """The lines of item ``i`` of a List document, with paths from the item."""
-    prefix = f"items[{i}]"
-    return {path[len(prefix):].lstrip("."): line for path, line in lines.items()
-            if path == prefix or path.startswith(prefix + ".") or path.startswith(prefix + "[")}
+_ITEM = re.compile(r"items\[(\d+)\]")
+
+
+def _items_lines(lines: dict[str, int]) -> dict[int, dict[str, int]]:
+    """The lines of each item of a List document, with paths from the item
+    (one pass over the document's lines)."""
+    out: dict[int, dict[str, int]] = {}
+    for path, line in lines.items():
+        m = _ITEM.match(path)
+        if m is not None:
+            out.setdefault(int(m.group(1)), {})[path[m.end():].lstrip(".")] = line
+    return out
 
 
 def _flatten_lists(doc: Any, lines: dict[str, int] | None, source: str, index: int) -> list[Loaded]:
@@ -298,8 +305,9 @@ def _flatten_lists(doc: Any, lines: dict[str, int] | None, source: str, index: i
     # kubectl's `kind: List`, or a typed one (`InferencePolicyList`, what the API returns)
     kind = doc.get("kind") if isinstance(doc, dict) else None
     if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+        items = _items_lines(lines) if lines else {}
         return [x for i, item in enumerate(doc["items"])
-                for x in _decode(item, DocumentRef(source, index, lines=_item_lines(lines, i) if lines else None))]
+                for x in _decode(item, DocumentRef(source, index, lines=items.get(i)))]
     return _decode(doc, DocumentRef(source, index, lines=lines))
 
 

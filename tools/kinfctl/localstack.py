@@ -78,10 +78,8 @@ def stack_of(urls: list[str], offset: int, start: Path | None = None) -> Path | 
     above) holding ``nats-auth/``; None when they are no local stack's."""
     want = {_address(u) for u in urls}
     first = find_run_dir(offset, start)
-    here = (start or Path.cwd()).resolve()
     candidates = [first] if first is not None else []
-    for d in (here, *here.parents):
-        candidates += sorted(p for p in d.glob(".run*") if _is_dir(p / "nats-auth"))
+    candidates += _stack_dirs(start)
     for run in candidates:
         if want <= {_address(u) for u in stack_servers(run)}:
             return run
@@ -139,22 +137,25 @@ def why_unreachable(args: argparse.Namespace, offset: int, exc: BaseException, l
 def other_stacks(offset: int, start: Path | None = None) -> str:
     """A hint naming the stacks started here or above with another port
     offset (``.run-N`` holding ``nats-auth/``), or ``""``."""
-    here = (start or Path.cwd()).resolve()
     found: list[int] = []
-    for d in (here, *here.parents):
-        for p in sorted(d.glob(".run*")):
-            m = re.fullmatch(r"\.run(?:-(-?\d+))?", p.name)
-            if m is None:
-                continue
-            n = int(m.group(1) or 0)
-            if p.name != run_dir_name(n) or n == offset or n in found:
-                continue  # .run-03 is no port offset's directory
-            if _is_dir(p / "nats-auth"):
-                found.append(n)
+    for p in _stack_dirs(start):
+        m = re.fullmatch(r"\.run(?:-(-?\d+))?", p.name)
+        if m is None:
+            continue
+        n = int(m.group(1) or 0)
+        if p.name == run_dir_name(n) and n != offset and n not in found:  # .run-03 is no offset's directory
+            found.append(n)
     if not found:
         return ""
     named = ", ".join(f"{run_dir_name(n)}/ (--port-offset {n})" for n in found)
     return f"; a stack was started with another port offset: {named}"
+
+
+def _stack_dirs(start: Path | None = None) -> list[Path]:
+    """Every ``.run*`` directory holding ``nats-auth/`` in ``start`` (the
+    current directory) or above it, nearest first."""
+    here = (start or Path.cwd()).resolve()
+    return [p for d in (here, *here.parents) for p in sorted(d.glob(".run*")) if _is_dir(p / "nats-auth")]
 
 
 def _is_dir(path: Path) -> bool:
