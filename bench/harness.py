@@ -74,6 +74,17 @@ def rewrite_block(page: Path, name: str, body: str) -> bool:
     return True
 
 
+def page_only(prog: str, name: str, results: object, results_path: Path, page: Path, body: str) -> int:
+    """``--page-only`` of a benchmark: rewrite the page's ``name`` block from
+    the results file without measuring (SystemExit naming what is missing)."""
+    if not results:
+        raise SystemExit(f"{prog}: no results in {results_path.relative_to(REPO)}")
+    if not rewrite_block(page, name, body):
+        raise SystemExit(f"{prog}: {page.name} has no {name} block")
+    print(f"rewrote the {name} block of {page.relative_to(REPO)}")
+    return 0
+
+
 def free_port() -> int:
     return natsserver.free_port()
 

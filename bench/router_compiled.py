@@ -248,12 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.page_only:
         results = load_results()
-        if not results:
-            raise SystemExit(f"bench-router-compiled: no results in {RESULTS.relative_to(harness.REPO)}")
-        if not rewrite_page(router.PAGE, results):
-            raise SystemExit(f"bench-router-compiled: {router.PAGE.name} has no router:compiled block")
-        print(f"rewrote the router:compiled block of {router.PAGE.relative_to(harness.REPO)}")
-        return 0
+        return harness.page_only("bench-router-compiled", "router:compiled", results, RESULTS, router.PAGE,
+                                 page_block(results) if results else "")
     if args.rounds < 1 or args.duration < 1:
         p.error("--rounds and --duration must be at least 1")
     args.concurrency = [64]

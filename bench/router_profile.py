@@ -249,12 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.page_only:
         results = load_results()
-        if not results:
-            raise SystemExit(f"profile-router: no results in {RESULTS.relative_to(harness.REPO)}")
-        if not rewrite_page(router.PAGE, results):
-            raise SystemExit(f"profile-router: {router.PAGE.name} has no router:profile block")
-        print(f"rewrote the router:profile block of {router.PAGE.relative_to(harness.REPO)}")
-        return 0
+        return harness.page_only("profile-router", "router:profile", results, RESULTS, router.PAGE,
+                                 page_block(results) if results else "")
     result = asyncio.run(profile(args))
     print(f"{args.target} at {args.mode} c={args.concurrency}: {result['rps']:.0f} req/s, "
           f"{result['cpu_us_per_request']} us of router CPU per request, {result['samples']} samples")
