@@ -148,7 +148,54 @@ LOOKALIKE = [
     ("card", "card 41111111\u200b11111111"),  # a zero-width space in a number written plain
     ("email", "mail alice\u200b@example.com"),
     ("card", "card \u0664\u0661\u0661\u0661 \u0661\u0661\u0661\u0661 \u0661\u0661\u0661\u0661 \u0661\u0661\u0661\u0661"),  # Arabic-Indic
+    # a user's trial: these went to the provider
+    ("card", "card " + "".join(c + "\U000e0041" for c in "4111111111111111")),  # tag characters
+    ("card", "card " + "".join(c + "\u0301" for c in "4111111111111111")),  # combining accents
+    ("card", "card " + "".join(c + "\ufe0f\u20e3" for c in "4111111111111111")),  # keycaps, 4\ufe0f\u20e3
+    ("card", "card \u2074\u00b9\u00b9\u00b9 1111 1111 1111"),  # superscript digits
+    ("card", "card \u2463\u2460\u2460\u2460 \u2460\u2460\u2460\u2460 1111 1111"),  # circled digits
+    ("email", "write to jos\u00e9@example.com"),  # letters of other scripts in an address
+    ("email", "write to alice@b\u00fccher.de"),
+    ("email", "write to \u0438\u0432\u0430\u043d@\u043f\u043e\u0447\u0442\u0430.\u0440\u0444"),
 ]
+
+#: a value glued to the word that names it (a user's trial: each went to the provider)
+LABELLED = [
+    ("card", "Card:4111111111111111"),
+    ("card", "card:4111 1111 1111 1111"),
+    ("card", "cc_number:4111111111111111"),
+    ("card", "pan-4111111111111111"),
+    ("card", "card.4111111111111111"),
+    ("card", "{pan:4111111111111111, exp: 12/27}"),
+    ("card", "payment ok card:5555555555554444 amount:12.00"),
+    ("phone", "tel:+14155550132"),
+    ("phone", "[call me](tel:+14155550132)"),
+    ("phone", '<a href="tel:+14155550132">'),
+    ("phone", "phone:+14155550132"),
+    ("phone", "mobile:07700 900123"),
+    ("ip", "ip:8.8.4.4"),
+    # an address at the very start of a text was never read (its missing neighbour taken for a dot)
+    ("ip", "8.8.8.8 is my server"),
+    ("ip", "2a00:1450:4001:81c::200e"),
+]
+
+@pytest.mark.parametrize(("entity", "text"), LABELLED)
+def test_a_value_glued_to_its_label_is_found(classifiers: Classifiers, entity: str, text: str) -> None:
+    reply = classifiers.classify("pii", [text])
+    assert reply.tags == ["pii-confirmed"], text
+    assert reply.findings == [entity]
+
+
+@pytest.mark.parametrize("text", [
+    "sha256:4111111111111111 x",  # glued to a token holding digits: a piece of it
+    "git commit abc123-4111111111111111",
+    "release v1.2.3.4 out",
+    "Gr\u00f6\u00dfe 12 m\u00b2 und 10\u2075 Pa",
+    "caf\u00e9@home is nice",
+])
+def test_labels_and_foldings_leave_tokens_and_words_alone(classifiers: Classifiers, text: str) -> None:
+    assert classifiers.classify("pii", [text]).tags == ["pii-none"], text
+
 
 #: a card with another number written next to it (review: a wider separator first joined them, and the card
 #: was lost): each was confirmed before the look-alike reading came in, and must stay so
@@ -219,6 +266,11 @@ SPLIT = [
     ("email", ["write to alice@exa", "mple.com today"]),
     ("iban", ["IBAN: DE89 3704 00", "44 0532 0130 00."]),
     ("card", ["x" * 500 + " card 4111 1111", " 1111 1111 " + "y" * 500]),  # long texts: their ends
+    # a user's trial: a third text written up against the split value hid it (``1111what``)
+    ("card", ["You are a helpful banking assistant.", "my card is 4111 1111", "1111 1111", "what is my balance?"]),
+    ("card", ["card 4111 1111", "1111 1111", "ok?"]),
+    ("card", ["hello", "4111 1111", "1111 1111"]),
+    ("ssn", ["ssn 123-45", "-6789", "thanks"]),
 ]
 
 

@@ -147,6 +147,8 @@ def _fold_table() -> tuple[dict[str, str], re.Pattern[str]]:
         cat = unicodedata.category(ch)
         if cat == "Nd":
             table[cp] = 0x30 + unicodedata.decimal(ch)
+        elif cat == "No" and unicodedata.digit(ch, None) is not None:  # superscript, circled ①
+            table[cp] = 0x30 + unicodedata.digit(ch)
         elif cat == "Zs":
             table[cp] = 0x20
     for cp in _FULL_WIDTH:
@@ -168,19 +170,47 @@ def _fold_table() -> tuple[dict[str, str], re.Pattern[str]]:
 def fold(text: str) -> str:
     """``text`` with the characters written in place of ASCII ones folded to
     them, one for one (the same length: offsets stay the text's): decimal
-    digits of the BMP's scripts and the mathematical digits, full-width
-    forms, Unicode spaces, dashes, the small commercial at; zero-width
-    characters become spaces. ASCII text is returned as it is, at once."""
+    digits of the BMP's scripts, the mathematical, superscript and circled
+    digits, full-width forms, Unicode spaces, dashes, the small commercial
+    at; zero-width characters become spaces; and the letters of other
+    scripts near an ``@`` become ``a``, so that an address written in them
+    (``josé@example.com``, ``alice@bücher.de``) is read as one. ASCII text
+    is returned as it is, at once."""
     if text.isascii():
         return text
     table, pattern = _fold_table()
-    return pattern.sub(lambda m: table[m.group()], text)
+    text = pattern.sub(lambda m: table[m.group()], text)
+    return _letters_near_at(text) if "@" in text else text
+
+
+#: a letter (or digit-less word character) outside ASCII
+_OTHER_LETTER = re.compile(r"[^\W\d_\x00-\x7f]")
+_AT = re.compile("@")
+
+
+def _letters_near_at(text: str) -> str:
+    """Letters of other scripts within :data:`SEAM_CHARS` of an ``@`` read as ``a``
+    (an e-mail address is no longer than that on either side, as the seams read it)."""
+    out, done = [], 0
+    for m in _AT.finditer(text):
+        lo, hi = max(done, m.start() - SEAM_CHARS), min(len(text), m.end() + SEAM_CHARS)
+        if hi <= done:
+            continue
+        out.append(text[done:lo])
+        out.append(_OTHER_LETTER.sub("a", text[lo:hi]))
+        done = hi
+    out.append(text[done:])
+    return "".join(out)
 
 
 #: characters that show nothing (format controls, the soft hyphen, joiners,
-#: variation selectors): a text holding one is also read without them
+#: variation selectors, tag characters) or only mark the one before them (the
+#: combining accents, the keycap of ``4️⃣``): a text holding one is also read
+#: without them
 _INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
-                        "\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0]")
+                        "\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0"
+                        "\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
+                        "\U000e0000-\U000e007f]")
 
 
 def without_invisible(text: str) -> tuple[str, list[int]] | None:
@@ -198,12 +228,13 @@ def without_invisible(text: str) -> tuple[str, list[int]] | None:
 SEAM_CHARS = 64
 
 
-def _side(texts: Sequence[str], i: int, tail: bool) -> str:
+def _side(texts: Sequence[str], i: int, tail: bool) -> tuple[str, str]:
     """The end of ``texts[:i + 1]`` (``tail``) or the start of ``texts[i:]``,
     read as one text: up to :data:`SEAM_CHARS` characters, running on
     through short texts, cut where a word or number begins or ends (a cut
-    through one would read a part of it as a whole)."""
-    text = texts[i]
+    through one would read a part of it as a whole). Twice, of the same
+    length: as written, and :func:`apart` where it runs on through texts."""
+    text = apart_text = texts[i]
     if len(text) < SEAM_CHARS:  # run on through the short texts beyond
         got = [text]
         n = len(text)
@@ -213,20 +244,41 @@ def _side(texts: Sequence[str], i: int, tail: bool) -> str:
             got.append(texts[i])
             n += len(texts[i])
             i += step
-        text = "".join(reversed(got)) if tail else "".join(got)
+        if tail:
+            got.reverse()
+        text, apart_text = "".join(got), apart(got)
     if len(text) <= SEAM_CHARS:
-        return text
+        return text, apart_text
     if tail:
         cut = len(text) - SEAM_CHARS
         if text[cut - 1].isalnum():  # on past the word or number cut through
             m = _NOT_ALNUM.search(text, cut)
             cut = len(text) if m is None else m.start()
-        return text[cut:]
+        return text[cut:], apart_text[cut:]
     cut = SEAM_CHARS
     if text[cut].isalnum():  # back to before the word or number cut through
         m = _BEFORE_LAST_NOT_ALNUM.match(text, 0, cut + 1)
         cut = 0 if m is None else m.end()
-    return text[:cut]
+    return text[:cut], apart_text[:cut]
+
+
+def apart(texts: Sequence[str]) -> str:
+    """``texts`` joined, the same length as written, but where a letter meets
+    a digit that letter is read as a space. A value split between texts
+    meets itself as written (``alice1`` + ``@example.com``, ``DE`` +
+    ``89 3704 ...``), but a word written up against a number may be another
+    text: ``1111 1111`` + ``what is my balance?`` reads as the one token
+    ``1111what``, and a card split before it is lost. So the seams read both."""
+    out = list(texts)
+    for k in range(len(out) - 1):
+        a, b = out[k], out[k + 1]
+        if not a or not b:
+            continue
+        if a[-1].isalpha() and b[0].isdigit():
+            out[k] = a[:-1] + " "
+        elif a[-1].isdigit() and b[0].isalpha():
+            out[k + 1] = " " + b[1:]
+    return "".join(out)
 
 
 _NOT_ALNUM = re.compile(r"[\W_]")
@@ -245,7 +297,8 @@ def seams(texts: Sequence[str], direct: bool = True,
     meeting are joined both directly and with a space (a card split as
     ``4111 1111`` + ``1111 1111`` or as ``41111111`` + ``11111111``); other
     digits only directly (with a space, ``2`` + ``011-09-16`` reads as
-    a phone number). ``direct`` False: only the joins with a space."""
+    a phone number). Each join is also read :func:`apart` when that
+    differs. ``direct`` False: only the joins with a space."""
     kept = [(i, t) for i, t in enumerate(texts) if t]
     only = [t for _, t in kept]
     for k in range(len(only) - 1):
@@ -254,13 +307,19 @@ def seams(texts: Sequence[str], direct: bool = True,
         spaced = only[k][-1].isdigit() and only[k + 1][0].isdigit()
         if not direct and not spaced:
             continue
-        left, right = _side(only, k, True), _side(only, k + 1, False)
+        (left, left_apart), (right, right_apart) = _side(only, k, True), _side(only, k + 1, False)
         if not left or not right:  # one long token at the seam: nothing split there is read
             continue
+        joined = left + right
+        other = apart((left_apart, right_apart))
         if direct:
-            yield kept[k][0], left + right, len(left)
+            yield kept[k][0], joined, len(left)
+            if other != joined:
+                yield kept[k][0], other, len(left)
         if spaced and _GROUP_END.search(left, len(left) - 5) and _GROUP_START.match(right):
             yield kept[k][0], left + " " + right, len(left)
+            if left_apart != left or right_apart != right:
+                yield kept[k][0], left_apart + " " + right_apart, len(left)
 
 
 def _neighbours(text: str, start: int, end: int) -> tuple[str, str]:
@@ -268,13 +327,27 @@ def _neighbours(text: str, start: int, end: int) -> tuple[str, str]:
 
 
 def _inside_token(text: str, start: int, end: int) -> bool:
-    """True when the span continues a larger dotted/dashed token (IPs, UUIDs, versions)."""
+    """True when the span continues a larger dotted/dashed token (IPs, UUIDs, versions).
+
+    A word of letters glued before it by one of those separators is a label,
+    not more of the token: ``Card:4111…``, ``tel:+1415…``, ``pan-4111…``,
+    ``ip:8.8.4.4``, ``wa.me/1415…`` are read as the value they name."""
     before, after = _neighbours(text, start, end)
-    if before in ".-_/:" and start > 1 and text[start - 2].isalnum():
+    if before in ".-_/:" and start > 1 and text[start - 2].isalnum() and not _label_before(text, start - 1):
         return True
     if after in ".-_/:" and end + 1 < len(text) and text[end + 1].isalnum():
         return True
     return before.isalnum() or after.isalnum()
+
+
+def _label_before(text: str, sep: int) -> bool:
+    """True when the run of letters and digits ending just before ``text[sep]``
+    is letters only (a label or a scheme: ``card``, ``tel``, ``cc_number``'s
+    ``number``), not a piece of a number, a version or a hash."""
+    i = sep
+    while i > 0 and text[i - 1].isalnum():
+        i -= 1
+    return text[i:sep].isalpha()
 
 
 # ----------------------------------------------------------------- validators
@@ -634,8 +707,9 @@ def ip_address(text: str, start: int, end: int) -> Verdict:
     before, after = _neighbours(text, start, end)
     if after == "." and end + 1 < len(text) and text[end + 1].isdigit():
         return NONE  # 1.2.3.4.5: a version or OID, not an address
-    if before in ".:" or after == ":" or before.isalnum() or after.isalnum():
-        return NONE  # part of a longer dotted or colon-separated token (a::b::c, OIDs)
+    if (before == "." or (before == ":" and not _label_before(text, start - 1)) or after == ":"
+            or before.isalnum() or after.isalnum()):
+        return NONE  # part of a longer dotted or colon-separated token (a::b::c, OIDs); ip:8.8.4.4 is one
     if "." in raw:
         octets = raw.split(".")
         if any(len(o) > 1 and o[0] == "0" for o in octets):
@@ -1025,7 +1099,10 @@ class PiiDetector:
         # window (which would read more than the texts hold)
         whole = ends[-1] < 2 * SEAM_CHARS * (len(kept) - 1)
         if whole:
-            yield from self._crossing("".join(folded[i] for i in kept), [0, *ends[:-1]], kept, ends, budget)
+            parts = [folded[i] for i in kept]
+            joined, other = "".join(parts), apart(parts)
+            for view in (joined,) if other == joined else (joined, other):  # and words apart from numbers
+                yield from self._crossing(view, [0, *ends[:-1]], kept, ends, budget)
         end_of = dict(zip(kept, ends, strict=True))
         for i, window, at in seams(folded, direct=not whole, budget=budget):
             # where the window starts in the texts joined: text ``i`` ends at ``at`` in it
