@@ -57,6 +57,13 @@ CONFIRMED = [
     ("DOB: 1985-07-03, policy 55", "dob"),
     ("Geburtsdatum: 03.07.1985", "dob"),
     ("my son was born on 4 March 2019 and has a fever", "dob"),
+    # a verb between the label and the date (each missed before)
+    ("my date of birth is 03/07/1985", "dob"),
+    ("my date of birth is 1985-07-03", "dob"),
+    ("his date of birth is 3 July 1985", "dob"),
+    ("date of birth = 1985-07-03", "dob"),
+    ("my birthday is 03/07/1985", "dob"),
+    ("Maria's birthday was on 3 July 1985", "dob"),
 ]
 
 
@@ -111,6 +118,9 @@ CLEAN = [
     "Studio 54 Disco Club",
     "Formula 1 Grand Prix Circuit",
     "The 3 Musketeers Trail",
+    # a birthday that is no one's
+    "the shop's birthday is 03/07/1985",
+    "the birthday party is on 03/07/2024",
 ]
 
 

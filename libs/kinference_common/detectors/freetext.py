@@ -12,9 +12,10 @@ closing ("Regards,", "Mit freundlichen Grüßen") or after a "Name:" field.
 the phrase. Addresses need a house number next to a street type, in the
 order the language writes it (``221B Baker Street``, ``14 Rue des Lilas``,
 ``Via Roma 12``, ``Hauptstraße 12``, ``Kerkstraat 12a``). A date of birth
-needs a label ("DOB", "date of birth", "Geburtsdatum") or "born" with a date
-and someone personal nearby (I, my, son, patient...): "Einstein was born on
-14 March 1879" stays clean. An age needs "N years old" and a personal marker,
+needs a label ("DOB", "date of birth", "Geburtsdatum"; a short verb may
+follow it: "my date of birth is 03/07/1985", "birthday is" only after "my",
+"his", "Maria's") or "born" with a date and someone personal nearby (I, my,
+son, patient...): "Einstein was born on 14 March 1879" stays clean. An age needs "N years old" and a personal marker,
 or an "Age:" field.
 
 Verdicts: name with context, address and date of birth are confirmed; an age
@@ -552,7 +553,8 @@ _MONTHS = (
     "|januari|februari|maart|juni|juli|augustus|oktober"
 )
 _DATE = re.compile(
-    rf"[ \t:,-]*(?:(?:on|am|le|il|el|op|the|den|:)[ \t]+)?(?:"
+    # after the label: a colon, "=", a short verb ("is", "was", "ist", "est")
+    rf"[ \t:,=-]*(?P<verb>(?:is|was|ist|war|est|es|era|è)[ \t]+)?(?:(?:on|am|le|il|el|op|the|den|:)[ \t]+)?(?:"
     r"(?:[0-3]?[0-9][./-][01]?[0-9][./-](?:1[89]|20)?[0-9]{2})"
     r"|(?:(?:1[89]|20)[0-9]{2}-[01][0-9]-[0-3][0-9])"
     rf"|(?:[0-3]?[0-9](?:st|nd|rd|th|er|º)?\.?[ \t]+(?:de[ \t]+|of[ \t]+)?(?i:{_MONTHS})\.?,?[ \t]+(?:de[ \t]+)?(?:1[89]|20)[0-9]{{2}})"
@@ -568,9 +570,24 @@ _PERSONAL = re.compile(
 )
 
 
+#: whose birthday it is, just before the word: "my", "his", "Maria's", "my son's"
+_OWNER = re.compile(
+    r"(?:\b(?i:my|your|his|her|our|their)|\b[A-Z][a-z]+['’]s"
+    r"|\b(?i:son|daughter|wife|husband|mother|father|mom|mum|dad|child|kid|baby|brother|sister|patient"
+    r"|client|customer)['’]s)[ \t]+$"
+)
+
+
 def dob_label(text: str, start: int, end: int) -> Verdict:
-    """"DOB: 03/07/1985", "date of birth 3 July 1985", "Geburtsdatum: 03.07.1985"."""
-    return CONFIRMED if _DATE.match(text, end) else NONE
+    """"DOB: 03/07/1985", "date of birth 3 July 1985", "Geburtsdatum: 03.07.1985",
+    "my date of birth is 03/07/1985". "birthday is <date>"
+    only of someone ("my birthday is 03/07/1985"): "the shop's birthday is ..." is none."""
+    m = _DATE.match(text, end)
+    if m is None:
+        return NONE
+    if m.group("verb") and text[start:end].lower().startswith("birthday"):
+        return CONFIRMED if _OWNER.search(text, max(0, start - 30), start) else NONE
+    return CONFIRMED
 
 
 _BORN_YEAR = re.compile(r"[ \t]+(?:in|en|im|a)[ \t]+(?:1[89]|20)[0-9]{2}\b")
