@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router bench-router-compiled profile-router bench-hotpath bench-routing bench-scaleup bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
+        bench-classifier bench-router bench-router-compiled profile-router bench-hotpath bench-routing bench-routing-oracle bench-scaleup bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
         chaos eval-classifier compare-freetext lint docs compose clean
 
 help:  ## list the targets
@@ -107,6 +107,9 @@ bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results
 	$(BIN)/python -m bench.routing.report --check
 	nice -n 15 $(BIN)/python -m bench.routing.burst
 	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
+
+bench-routing-oracle: install  ## the goal's cases again beside a router told every pod's exact state (slow: about an hour) -> bench/results/routing_oracle.json and docs/routing-benchmark.md
+	nice -n 15 $(BIN)/python -m bench.routing.oracle $(ORACLE_ARGS)
 
 bench-scaleup: install  ## a pod added to a loaded fleet: when each router gives it work (docs/routing-benchmark.md)
 	nice -n 15 $(BIN)/python -m bench.routing.scaleup $(SCALEUP_ARGS)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kinference_collector.derive import DeriveConfig, EndpointTracker
@@ -181,6 +181,8 @@ class Pod:
         )
         self.sched = Scheduler(cfg, self.profile)
         self.busy = False
+        #: when the step in progress ends (sim seconds; meaningful while ``busy``)
+        self.step_end = 0.0
         self.tracker = EndpointTracker(
             Target(address=f"{spec.name}:8000", namespace=NAMESPACE, worker_set=spec.worker_set, pod=spec.name,
                    model=spec.model), DeriveConfig(window=10.0, stale_after=5.0))
@@ -226,6 +228,11 @@ class Router:
     def pick(self, req: SimRequest, now: float) -> str | None:
         """A pod key, a provider key, or None (rejected)."""
         raise NotImplementedError
+
+    def see_fleet(self, pods: Mapping[str, Pod]) -> None:
+        """The pods themselves, by key: only a reference router that is told
+        everything (:mod:`.oracle`) keeps them; a router under test decides on
+        telemetry and its own sends."""
 
     def on_first_token(self, req: SimRequest, now: float) -> None:
         pass
@@ -300,6 +307,7 @@ def simulate(
     for i, r in enumerate(routers):
         r.schedule = lambda t, fn: push(t, _CALL, fn)
         r.setup(pods, providers, random.Random(f"router/{seed}/{i}"))
+        r.see_fleet(fleet_pods)
 
     for r in requests:
         push(r.time, _ARRIVAL, r)
@@ -318,6 +326,7 @@ def simulate(
     def start_step(pod: Pod, now: float) -> None:
         result = pod.sched.step(now)
         pod.busy = True
+        pod.step_end = result.end
         pod.load.add(result.start, result.duration, result.decode_seqs, result.decode_context_tokens, win)
         push(result.end, _STEP, (pod, result))
 
