@@ -20,8 +20,12 @@ cluster is exactly what was classified (the router's
   keys outside the OpenAI API's own vocabulary (:data:`KNOWN_KEYS`: a
   schema's property names are read, ``type`` or ``description`` are not)
   and numbers of 7 digits or more (a card or phone number sent as a JSON
-  number). Tool and function definitions and ``response_format`` are read
-  with the role ``developer``, the rest with no role.
+  number). A string
+  or number under an object key is read as one text with its key,
+  ``key: value`` (``ssn: 123456789``), as the same data written as prose
+  is; see :meth:`Extracted.walk`. Tool and function definitions and
+  ``response_format`` are read with the role ``developer``, the rest with
+  no role.
 
 Not read:
 
@@ -46,6 +50,7 @@ levels before this runs).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,26 +102,102 @@ class Extracted:
             if isinstance(text, (dict, list)):  # not the API's shape, but the provider receives it: read it
                 self.walk(text, role)
 
-    def walk(self, value: Any, role: str) -> None:
-        """Read every string of ``value`` (and its unknown keys, its big numbers), in document order."""
-        stack = [value]
+    def walk(self, value: Any, role: str, label: str | None = None) -> None:
+        """Read every string of ``value`` (and its unknown keys, its big numbers), in document order.
+
+        A string or big number under an object key is read as one text ``key: value``
+        (``ssn: 123456789``, ``name: Maria Gonzalez``): read apart, the key and its value
+        meet at a seam with nothing between them, and the detectors' hints ("ssn",
+        "name", "dob", "phone") would not stand before the value. The items of an array
+        have its key; ``label`` is the key of ``value`` itself (a top-level field's)."""
+        stack: list[tuple[Any, str | None]] = [(value, label)]
         texts, roles = self.texts, self.roles
         while stack:
-            v = stack.pop()
-            if type(v) is str:
-                if v:
-                    texts.append(v)
+            v, at = stack.pop()
+            text = v if type(v) is str else number_text(v)
+            if text is not None:
+                if text:
+                    texts.append(f"{at}: {text}" if at else text)
                     roles.append(role)
             elif isinstance(v, dict):
+                definition = _is_definition(v)
                 for k, x in reversed(list(v.items())):
-                    stack.append(x)
-                    if k not in KNOWN_KEYS:
-                        stack.append(str(k))
+                    key = str(k)
+                    if _reads(x):  # the key is read in the value's own text
+                        stack.append((x, _child_label(key, at, definition)))
+                        continue
+                    stack.append((x, _child_label(key, at, False)))
+                    if key not in KNOWN_KEYS:
+                        stack.append((key, None))
             elif isinstance(v, list):
-                stack.extend(reversed(v))
-            elif isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) >= _BIG_NUMBER:
-                texts.append(str(v))
-                roles.append(role)
+                stack.extend((x, at) for x in reversed(v))
+
+    def read_field(self, key: str, value: Any, role: str, known: bool) -> None:
+        """A field of a body or message: read with its key as label (its key alone
+        first, unless ``known``, when the value is an object or array)."""
+        if not known and not _reads(value):
+            self.add(key, role)
+        self.walk(value, role, label_of(key))
+
+
+def number_text(value: Any) -> str | None:
+    """A number of :data:`_BIG_NUMBER` or more as the text a walk reads; None for
+    anything else (a smaller number, a boolean, not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) >= _BIG_NUMBER:
+        return None
+    return str(value)
+
+
+def _reads(value: Any) -> bool:
+    """Whether a walk reads ``value`` as a text of its own (a non-empty string, a big number)."""
+    return (type(value) is str and value != "") or number_text(value) is not None
+
+
+#: JSON Schema keywords whose value is an instance of the property's data
+#: (``"ssn": {"default": "123456789"}``): read under the property's name
+_VALUE_KEYWORDS = frozenset({"default", "examples", "example", "enum", "const"})
+#: keys whose string is the API's own vocabulary (``"type": "string"``, ``"role": "user"``)
+#: or prose of its own (a text part's ``text``, a tool's ``description``): read bare, as
+#: before, a label would add only words (and split a value written across two parts)
+_BARE_KEYS = frozenset({
+    "type", "role", "format", "detail", "required", "$ref", "syntax", "voice",
+    "text", "content", "arguments", "refusal", "description", "title",
+})
+#: keys that make an object a tool, function or schema definition: its ``name`` is an identifier
+_DEFINITION_KEYS = frozenset({"parameters", "schema", "input_schema", "strict"})
+
+
+def _is_definition(obj: dict[Any, Any]) -> bool:
+    return "name" in obj and not _DEFINITION_KEYS.isdisjoint(obj)
+
+
+def _child_label(key: str, parent: str | None, definition: bool) -> str | None:
+    """The label of a string or number under ``key``: the key, the parent's for a
+    schema's example of its data, none for the API's vocabulary and for the name of a
+    tool or schema definition (``"name": "Weather Report"`` names no one)."""
+    if key in _VALUE_KEYWORDS:
+        return parent
+    if key in _BARE_KEYS or (definition and key == "name"):
+        return None
+    return label_of(key)
+
+
+#: a key of words: letters, joined by ``_`` or ``-`` or written camelCase (no digits: a
+#: token or number used as a key is read as written)
+_IDENTIFIER = re.compile(r"[A-Za-z]+(?:[_-][A-Za-z]+)*")
+_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])|[_-]")
+
+
+def label_of(key: str) -> str:
+    """A key as a label the detectors read: an identifier's words apart
+    (``user_name``, ``userName``, ``date-of-birth`` -> ``user name``, ``date of
+    birth``; the detectors' hints are whole words, and ``_`` joins words). The
+    first word keeps its case (``Name`` is a form's label). Any other key (an
+    e-mail address, a number, a token) as written."""
+    if len(key) > 64 or not _IDENTIFIER.fullmatch(key):
+        return key
+    words = _CAMEL.split(key)
+    return " ".join([words[0], *(w.lower() for w in words[1:])])
 
 
 def _content(out: Extracted, content: Any, role: str) -> None:
@@ -224,9 +305,7 @@ def _message(out: Extracted, msg: dict[str, Any]) -> None:
             value = rest_calls
         elif key == "function_call":
             value = rest_fn
-        if key not in KNOWN_KEYS:
-            out.add(str(key), role)
-        out.walk(value, role)
+        out.read_field(str(key), value, role, key in KNOWN_KEYS)
 
 
 def texts_from_body(body: dict[str, Any]) -> Extracted:
@@ -256,9 +335,7 @@ def texts_from_body(body: dict[str, Any]) -> Extracted:
         if key in SETTINGS and (value is None or isinstance(value, (bool, int, float))):
             continue
         role = "developer" if key in _DEVELOPER_FIELDS else ""
-        if key not in KNOWN_KEYS and key not in KNOWN_FIELDS:
-            out.add(str(key), role)
-        out.walk(value, role)
+        out.read_field(str(key), value, role, key in KNOWN_KEYS or key in KNOWN_FIELDS)
     return out
 
 

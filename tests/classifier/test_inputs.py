@@ -27,8 +27,8 @@ def test_chat_messages_all_roles_and_text_parts() -> None:
         ],
     }
     out = texts_from_body(body)
-    # the tool call's function name is read too: a provider receives it
-    assert out.texts == ["be nice", "look at this", "and this", '{"q": "x"}', "f", "result", "f"]
+    # the tool call's function name is read too (with its key): a provider receives it
+    assert out.texts == ["be nice", "look at this", "and this", '{"q": "x"}', "name: f", "result", "f"]
     assert out.roles == ["system", "user", "user", "assistant", "assistant", "tool", "tool"]
     assert out.unreadable == 1
 
@@ -62,7 +62,9 @@ def test_every_string_a_provider_receives_is_read() -> None:
         "stop": ["END"], "x_custom": {"phone": 4155550100},
         "user": "jane@example.com", "metadata": {"card": "4111111111111111"},
     })
+    # a string or big number under a key is read with it ("phone: 4155550100"); the API's own
+    # vocabulary ("type"), prose ("description") and a definition's name ("pay", "s") bare
     assert out.texts == ["hi", "function", "pay", "card 4111 1111 1111 1111", "object", "jane@example.com",
-                         "string", "json_schema", "s", "T", "END", "x_custom", "phone", "4155550100"]
-    assert out.roles[1:10] == ["developer"] * 9
+                         "string", "json_schema", "s", "T", "stop: END", "x_custom", "phone: 4155550100"]
+    assert out.roles[1:10] == ["developer"] * 9 and out.roles[10:] == [""] * 3
     assert "4111111111111111" not in out.texts  # metadata and user are never sent to a provider

@@ -64,6 +64,13 @@ CONFIRMED = [
     ("date of birth = 1985-07-03", "dob"),
     ("my birthday is 03/07/1985", "dob"),
     ("Maria's birthday was on 3 July 1985", "dob"),
+    # a form written as JSON or a Python dict (each missed before)
+    ('{"name": "Maria Gonzalez"}', "person"),
+    ('{"name": "Maria Gonzalez, PhD", "plan": "gold"}', "person"),
+    ("{'name': 'Maria Gonzalez'}", "person"),
+    ('{"dob": "1985-07-03"}', "dob"),
+    ('{"date_of_birth": "1985-07-03"}', "dob"),
+    ('{"dateOfBirth": "03/07/1985"}', "dob"),
 ]
 
 
@@ -118,9 +125,12 @@ CLEAN = [
     "Studio 54 Disco Club",
     "Formula 1 Grand Prix Circuit",
     "The 3 Musketeers Trail",
-    # a birthday that is no one's
+    # a birthday that is no one's, JSON that names no one
     "the shop's birthday is 03/07/1985",
     "the birthday party is on 03/07/2024",
+    '{"name": "get_weather", "description": "Get the weather"}',
+    '{"name": "Maria Gonzalez is here"}',
+    '{"created": "1985-07-03", "name": "release"}',
 ]
 
 

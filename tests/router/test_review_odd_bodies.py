@@ -16,6 +16,8 @@ from kinference_common.prompt_texts import texts_from_body
 from kinference_router import provider_request
 from kinference_common.request_body import BadRequest, parse
 
+from .prompt_read import strings_read, was_read
+
 CARD = "4111 1111 1111 1111"
 
 json_leaf = st.one_of(st.text(max_size=6), st.integers(-5, 5), st.booleans(), st.none())
@@ -65,7 +67,7 @@ def test_strings_where_a_message_or_prompt_was_expected_are_read() -> None:
                 {"model": "m", "prompt": [[1, 2], {"text": CARD}]},
                 {"model": "m", "prompt": {"text": CARD}}):
         ex = texts_from_body(raw)
-        assert CARD in ex.texts and ex.unreadable > 0, raw
+        assert CARD in strings_read(ex.texts) and ex.unreadable > 0, raw
 
 
 def test_a_non_text_part_is_read_but_for_its_payload() -> None:
@@ -77,7 +79,9 @@ def test_a_non_text_part_is_read_but_for_its_payload() -> None:
         {"0": None}]}]}
     ex = texts_from_body(raw)
     assert ex.unreadable == 5
-    assert "https://img.example/u?email=bob@example.com" in ex.texts and "ssn-078-05-1120.pdf" in ex.texts
+    # read with their keys: "url: https://...", "filename: ssn-078-05-1120.pdf"
+    read = strings_read(ex.texts)
+    assert "https://img.example/u?email=bob@example.com" in read and "ssn-078-05-1120.pdf" in read
     assert "0" in ex.texts
     assert not any(t.startswith("data:") or t in ("UklGRg==", "JVBERi0=") for t in ex.texts)
 
@@ -90,7 +94,7 @@ def test_tool_call_arguments_given_as_an_object_are_read() -> None:
          "tool_calls": [{"id": "c1", "type": "function",
                          "function": {"name": "pay", "arguments": {"card": CARD}}}]},
         {"role": "user", "content": [{"type": "text", "text": {"nested": "bob@example.com"}}]}]}
-    read = texts_from_body(raw).texts
+    read = strings_read(texts_from_body(raw).texts)
     assert CARD in read and "bob@example.com" in read
 
 
@@ -126,8 +130,8 @@ def test_odd_bodies_never_crash_and_what_leaves_was_read(b: dict[str, Any]) -> N
     # even what the classifiers count unreadable (they answer "unknown") has its strings read: a
     # policy excluding only pii-confirmed still keeps a card found there in the cluster. Only
     # non-text parts (images, audio, files) are not read; this strategy draws none.
-    read = set(texts_from_body(b).texts)
+    read = strings_read(texts_from_body(b).texts)
     sent = msgspec.json.decode(provider_request.body(b, "provider-model"))
     sent.pop("model")
     for s in strings(sent):
-        assert s in read or s in VOCABULARY, (s, b)
+        assert was_read(s, read) or s in VOCABULARY, (s, b)

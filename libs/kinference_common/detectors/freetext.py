@@ -7,15 +7,17 @@ regular expression. A capitalised word is a name only where the writer said
 so: after "my name is" and its European equivalents, after a salutation
 ("Dear", "Hallo", "Bonjour") that ends at a comma or line break, after a
 courtesy title ("Mrs", "Herr", "Mme", "Sig.ra"), in a signature line after a
-closing ("Regards,", "Mit freundlichen Grüßen") or after a "Name:" field.
+closing ("Regards,", "Mit freundlichen Grüßen") or after a "Name:" field
+(written as JSON or a Python dict too: ``{"name": "Maria Gonzalez"}``).
 "I'm"/"I am" and "this is" need a first and last name followed by the end of
 the phrase. Addresses need a house number next to a street type, in the
 order the language writes it (``221B Baker Street``, ``14 Rue des Lilas``,
 ``Via Roma 12``, ``Hauptstraße 12``, ``Kerkstraat 12a``). A date of birth
-needs a label ("DOB", "date of birth", "Geburtsdatum"; a short verb may
-follow it: "my date of birth is 03/07/1985", "birthday is" only after "my",
-"his", "Maria's") or "born" with a date and someone personal nearby (I, my,
-son, patient...): "Einstein was born on 14 March 1879" stays clean. An age needs "N years old" and a personal marker,
+needs a label ("DOB", "date of birth", "Geburtsdatum", ``"dob":``; a short
+verb may follow it: "my date of birth is 03/07/1985", "birthday is" only
+after "my", "his", "Maria's") or "born" with a date and someone personal
+nearby (I, my, son, patient...): "Einstein was born on 14 March 1879" stays
+clean. An age needs "N years old" and a personal marker,
 or an "Age:" field.
 
 Verdicts: name with context, address and date of birth are confirmed; an age
@@ -96,14 +98,17 @@ def person_intro(text: str, start: int, end: int) -> Verdict:
     return CONFIRMED if _clean_name(_INTRO_RE.match(text, end - 1), 1) else NONE
 
 
-_FIELD_RE = re.compile(rf"[ \t]*({_NAME})[ \t]*(?=[,;|\n]|$)")
+_FIELD_RE = re.compile(rf"[ \t]*({_NAME})[ \t]*(?=[,;|\n}}]|$)")
+_QUOTED_FIELD_RE = {q: re.compile(rf"({_NAME})[ \t]*(?={q}|[,;])") for q in "\"'"}
 
 
 def person_field(text: str, start: int, end: int) -> Verdict:
-    """"Name: Maria Gonzalez" at a line start: first and last name (YAML ``name: build`` is lower case)."""
-    if start > 0 and text[start - 1] not in "\n\r\t ,;(|":
+    """"Name: Maria Gonzalez" at a line start: first and last name (YAML ``name: build`` is lower case).
+    Written as JSON or a Python dict too (``{"name": "Maria Gonzalez"}``): a quoted name ends at its quote."""
+    if start > 0 and text[start - 1] not in "\n\r\t ,;(|{\"'":
         return NONE
-    m = _FIELD_RE.match(text, end - 1)
+    quote = text[end - 2]
+    m = (_QUOTED_FIELD_RE[quote] if quote in "\"'" else _FIELD_RE).match(text, end - 1)
     # A form's "Name: Bernard" (capitalised label) may hold a first name alone;
     # a YAML or code key is lower case (``name: Release``) and needs two tokens.
     return CONFIRMED if _clean_name(m, 1 if text[start].isupper() else 2) else NONE
@@ -553,8 +558,8 @@ _MONTHS = (
     "|januari|februari|maart|juni|juli|augustus|oktober"
 )
 _DATE = re.compile(
-    # after the label: a colon, "=", a short verb ("is", "was", "ist", "est")
-    rf"[ \t:,=-]*(?P<verb>(?:is|was|ist|war|est|es|era|è)[ \t]+)?(?:(?:on|am|le|il|el|op|the|den|:)[ \t]+)?(?:"
+    # after the label: a colon, "=", quotes (JSON), a short verb ("is", "was", "ist", "est")
+    rf"[ \t:,=\"'-]*(?P<verb>(?:is|was|ist|war|est|es|era|è)[ \t]+)?(?:(?:on|am|le|il|el|op|the|den|:)[ \t]+)?(?:"
     r"(?:[0-3]?[0-9][./-][01]?[0-9][./-](?:1[89]|20)?[0-9]{2})"
     r"|(?:(?:1[89]|20)[0-9]{2}-[01][0-9]-[0-3][0-9])"
     rf"|(?:[0-3]?[0-9](?:st|nd|rd|th|er|º)?\.?[ \t]+(?:de[ \t]+|of[ \t]+)?(?i:{_MONTHS})\.?,?[ \t]+(?:de[ \t]+)?(?:1[89]|20)[0-9]{{2}})"
@@ -580,7 +585,7 @@ _OWNER = re.compile(
 
 def dob_label(text: str, start: int, end: int) -> Verdict:
     """"DOB: 03/07/1985", "date of birth 3 July 1985", "Geburtsdatum: 03.07.1985",
-    "my date of birth is 03/07/1985". "birthday is <date>"
+    "my date of birth is 03/07/1985", ``"dob": "1985-07-03"``. "birthday is <date>"
     only of someone ("my birthday is 03/07/1985"): "the shop's birthday is ..." is none."""
     m = _DATE.match(text, end)
     if m is None:
@@ -665,7 +670,9 @@ CUES: tuple[tuple[str, str, Pattern, object], ...] = (
         Pattern(
             "person_field",
             r"\b(?i:full[ \t]{1,3}name|name|patient|customer|client|applicant|employee|contact[ \t]{1,3}person"
-            r"|nom|pr" + _NA + r"nom|nombre|nome|vorname|nachname|naam|account[ \t]{1,3}holder|cardholder)[ \t]{0,3}:[ \t]{0,3}(?:[A-Z]|" + _NA + r")",
+            r"|nom|pr" + _NA + r"nom|nombre|nome|vorname|nachname|naam|account[ \t]{1,3}holder|cardholder)"
+            # a JSON or Python dict's quoted key and value: {"name": "Maria Gonzalez"}
+            r"[\"']?[ \t]{0,3}:[ \t]{0,3}[\"']?(?:[A-Z]|" + _NA + r")",
         ),
         person_field,
     ),
@@ -794,7 +801,7 @@ CUES: tuple[tuple[str, str, Pattern, object], ...] = (
         "birth_label",
         Pattern(
             "dob_label",
-            r"\b(?:d\.?o\.?b\.?|date[ \t]{1,3}of[ \t]{1,3}birth|birth[ \t]?date|birthday|geburtsdatum|geb\.|geboren[ \t]{1,3}am"
+            r"\b(?:d\.?o\.?b\.?|date[ \t_]{0,3}of[ \t_]{0,3}birth|birth[ \t_]?date|birthday|geburtsdatum|geb\.|geboren[ \t]{1,3}am"
             r"|date[ \t]{1,3}de[ \t]{1,3}naissance|n" + _NA + r"e?[ \t]{1,3}le|fecha[ \t]{1,3}de[ \t]{1,3}nacimiento|data[ \t]{1,3}di[ \t]{1,3}nascita"
             r"|nat[oa][ \t]{1,3}il|geboortedatum|geboren[ \t]{1,3}op|nacid[oa][ \t]{1,3}el)",
             caseless=True,
