@@ -20,7 +20,7 @@ cluster is exactly what was classified (the router's
   keys outside the OpenAI API's own vocabulary (:data:`KNOWN_KEYS`: a
   schema's property names are read, ``type`` or ``description`` are not)
   and numbers of 7 digits or more (a card or phone number sent as a JSON
-  number). A string
+  number; a float that is a whole number as its integer digits). A string
   or number under an object key is read as one text with its key,
   ``key: value`` (``ssn: 123456789``), as the same data written as prose
   is; see :meth:`Extracted.walk`. Tool and function definitions and
@@ -33,8 +33,9 @@ Not read:
 - :data:`PRIVATE_FIELDS` (``user``, ``metadata``, ``safety_identifier``,
   ``prompt_cache_key``): the router never forwards them to a provider, so
   an email address in ``user`` does not keep a clean prompt in the cluster;
-- the numbers and booleans of :data:`SETTINGS` (``temperature``,
-  ``max_tokens``, ``seed``, ...; a string there is read);
+- the booleans of :data:`SETTINGS` (``temperature``, ``max_tokens``,
+  ``seed``, ...) and their numbers under 9 digits (a string there is read,
+  and so is a number no setting takes: :func:`setting_is_content`);
 - the payload of parts that are not text (``image_url``, ``input_audio``,
   ``file``: base64 data, ``data:`` URLs) and token-id prompts (lists of
   integers): they are counted in ``unreadable`` instead (the rest of such a
@@ -84,6 +85,9 @@ _DEVELOPER_FIELDS = frozenset({"tools", "functions", "response_format"})
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 #: the smallest number a walk reads (7 digits: a phone number's local part)
 _BIG_NUMBER = 1_000_000
+#: the smallest number of a setting that is read (9 digits: more than any count, rank
+#: or penalty takes; a seed this long is rare, and is read as any other number)
+_SETTING_LIMIT = 100_000_000
 
 
 @dataclass(slots=True)
@@ -141,10 +145,14 @@ class Extracted:
 
 
 def number_text(value: Any) -> str | None:
-    """A number of :data:`_BIG_NUMBER` or more as the text a walk reads; None for
+    """A number of :data:`_BIG_NUMBER` or more as the text a walk reads (a float
+    that is a whole number as its integer digits: ``4111111111111111.0`` and
+    ``4.111111111111111e15`` are the card ``4111111111111111``); None for
     anything else (a smaller number, a boolean, not a number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) >= _BIG_NUMBER:
         return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
     return str(value)
 
 
@@ -198,6 +206,17 @@ def label_of(key: str) -> str:
         return key
     words = _CAMEL.split(key)
     return " ".join([words[0], *(w.lower() for w in words[1:])])
+
+
+def setting_is_content(value: Any) -> bool:
+    """Whether a value of one of :data:`SETTINGS` is read: a string, an object or
+    array, or a number no setting takes (:data:`_SETTING_LIMIT` or more: a seed
+    or ``top_k`` of 16 digits is a card or phone number sent where nobody reads)."""
+    if value is None or isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return abs(value) >= _SETTING_LIMIT
+    return True
 
 
 def _content(out: Extracted, content: Any, role: str) -> None:
@@ -332,7 +351,7 @@ def texts_from_body(body: dict[str, Any]) -> Extracted:
             continue
         if key == "suffix" and isinstance(value, str):
             continue
-        if key in SETTINGS and (value is None or isinstance(value, (bool, int, float))):
+        if key in SETTINGS and not setting_is_content(value):
             continue
         role = "developer" if key in _DEVELOPER_FIELDS else ""
         out.read_field(str(key), value, role, key in KNOWN_KEYS or key in KNOWN_FIELDS)

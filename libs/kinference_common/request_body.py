@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from kinference_common.prompt_texts import ROLES, SETTINGS, texts_from_body
+from kinference_common.prompt_texts import ROLES, SETTINGS, setting_is_content, texts_from_body
 
 #: the deepest nesting of arrays and objects a body may have (a tool's JSON
 #: schema nests a few levels; a thousand is an attack on the parser)
@@ -176,13 +176,14 @@ def _simple_texts(raw: dict[str, Any], fields: _Fields) -> list[str] | None:
     general walk; None for any other body. Common: every message is exactly
     ``{role, content}`` with a standard role and a string ``content``, and
     every other field is ``model`` or a number, boolean or null of
-    :data:`~kinference_common.prompt_texts.SETTINGS` (not multi-part content,
+    :data:`~kinference_common.prompt_texts.SETTINGS` that is not read (not a
+    number no setting takes; not multi-part content,
     names, tool calls, tools, ``stop``...)."""
     messages = fields.messages
     if messages is None:
         return None
     for key, value in raw.items():
-        if key not in _SIMPLE_FIELDS or (type(value) not in _SCALARS and key in SETTINGS):
+        if key not in _SIMPLE_FIELDS or (key in SETTINGS and setting_is_content(value)):
             return None
     texts: list[str] = []
     for msg in messages:
@@ -196,7 +197,6 @@ def _simple_texts(raw: dict[str, Any], fields: _Fields) -> list[str] | None:
 
 
 _SIMPLE_FIELDS = SETTINGS | {"model", "messages"}
-_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def _too_deep(value: Any) -> bool:

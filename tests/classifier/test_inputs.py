@@ -48,8 +48,15 @@ def test_token_id_prompts_are_unreadable() -> None:
 
 
 def test_settings_and_model_are_not_content() -> None:
-    out = texts_from_body({"model": "secret-model", "temperature": 0, "seed": 4111111111111111, "stream": True})
+    out = texts_from_body({"model": "secret-model", "temperature": 0.7, "seed": 42, "stream": True, "max_tokens": 256,
+                           "top_k": 40, "top_p": 1, "n": 1, "logprobs": False, "repetition_penalty": 1.05})
     assert out.texts == [] and out.unreadable == 0
+
+
+def test_a_number_no_setting_takes_is_read() -> None:
+    """A seed of 16 digits is no seed anyone picks: it is read, with its key."""
+    out = texts_from_body({"model": "m", "seed": 4111111111111111, "top_k": 4155550132, "temperature": 4111111111111111.0})
+    assert out.texts == ["seed: 4111111111111111", "top k: 4155550132", "temperature: 4111111111111111"]
 
 
 def test_every_string_a_provider_receives_is_read() -> None:
@@ -68,3 +75,15 @@ def test_every_string_a_provider_receives_is_read() -> None:
                          "string", "json_schema", "s", "T", "stop: END", "x_custom", "phone: 4155550100"]
     assert out.roles[1:10] == ["developer"] * 9 and out.roles[10:] == [""] * 3
     assert "4111111111111111" not in out.texts  # metadata and user are never sent to a provider
+
+
+def test_the_router_s_fast_path_reads_a_number_no_setting_takes() -> None:
+    """The common chat body is read without the general walk; a seed of 16 digits takes it."""
+    import msgspec
+
+    from kinference_common.request_body import parse
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 4111111111111111, "top_p": 1}
+    assert parse(msgspec.json.encode(body), chat=True).texts == ["hi", "seed: 4111111111111111"]
+    body["seed"] = 42
+    assert parse(msgspec.json.encode(body), chat=True).texts == ["hi"]

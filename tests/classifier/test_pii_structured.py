@@ -1,4 +1,4 @@
-"""Personal data sent as JSON beside the messages (extra fields, tool schemas): read
+"""Personal data sent as JSON beside the messages (extra fields, tool schemas, settings): read
 with its key, as the same data written as prose is, so that it never leaves the cluster."""
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ LEAKED = [
     "," + _TOOL % '{"phone":{"type":"string","examples":["4155550132"]}}',
     ',"response_format":{"type":"json_schema","json_schema":{"name":"person","schema":{"type":"object",'
     '"examples":[{"name":"Maria Gonzalez","phone":"4155550132"}]}}}',
+    # a number no setting takes; a card sent as a JSON float
+    ',"seed":4111111111111111',
+    ',"temperature":4111111111111111',
+    ',"extra":4111111111111111.0',
+    ',"extra":4.111111111111111e15',
+    ',"extra":{"card":4.111111111111111e15}',
     # JSON text in a string field
     ',"extra":{"note":"{\\"name\\": \\"Maria Gonzalez\\"}"}',
 ]
