@@ -34,8 +34,9 @@ Not read:
   ``prompt_cache_key``): the router never forwards them to a provider, so
   an email address in ``user`` does not keep a clean prompt in the cluster;
 - the booleans of :data:`SETTINGS` (``temperature``, ``max_tokens``,
-  ``seed``, ...) and their numbers under 9 digits (a string there is read,
-  and so is a number no setting takes: :func:`setting_is_content`);
+  ``seed``, ...), their numbers under 9 digits and a ``seed``'s number of
+  any size (a string there is read, and so is a number no setting takes:
+  :func:`setting_is_content`);
 - the payload of parts that are not text (``image_url``, ``input_audio``,
   ``file``: base64 data, ``data:`` URLs) and token-id prompts (lists of
   integers): they are counted in ``unreadable`` instead (the rest of such a
@@ -86,7 +87,8 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 #: the smallest number a walk reads (7 digits: a phone number's local part)
 _BIG_NUMBER = 1_000_000
 #: the smallest number of a setting that is read (9 digits: more than any count, rank
-#: or penalty takes; a seed this long is rare, and is read as any other number)
+#: or penalty takes); never a ``seed``'s, which takes any 64-bit number (one random
+#: seed in twenty would read as a card)
 _SETTING_LIMIT = 100_000_000
 
 
@@ -110,10 +112,11 @@ class Extracted:
         """Read every string of ``value`` (and its unknown keys, its big numbers), in document order.
 
         A string or big number under an object key is read as one text ``key: value``
-        (``ssn: 123456789``, ``name: Maria Gonzalez``): read apart, the key and its value
+        (``ssn: 123456789``, ``date of birth: 1985-07-03``): read apart, the key and its value
         meet at a seam with nothing between them, and the detectors' hints ("ssn",
-        "name", "dob", "phone") would not stand before the value. The items of an array
-        have its key; ``label`` is the key of ``value`` itself (a top-level field's)."""
+        "dob", "phone") would not stand before the value. The first item of an array
+        has its key (the others none: a value split over two items is read across their
+        seam); ``label`` is the key of ``value`` itself (a top-level field's)."""
         stack: list[tuple[Any, str | None]] = [(value, label)]
         texts, roles = self.texts, self.roles
         while stack:
@@ -133,8 +136,8 @@ class Extracted:
                     stack.append((x, _child_label(key, at, False)))
                     if key not in KNOWN_KEYS:
                         stack.append((key, None))
-            elif isinstance(v, list):
-                stack.extend((x, at) for x in reversed(v))
+            elif isinstance(v, list):  # the first item has the array's key: a value split over items meets itself
+                stack.extend((x, None if i else at) for i, x in reversed(list(enumerate(v))))
 
     def read_field(self, key: str, value: Any, role: str, known: bool) -> None:
         """A field of a body or message: read with its key as label (its key alone
@@ -181,13 +184,34 @@ def _is_definition(obj: dict[Any, Any]) -> bool:
 
 def _child_label(key: str, parent: str | None, definition: bool) -> str | None:
     """The label of a string or number under ``key``: the key, the parent's for a
-    schema's example of its data, none for the API's vocabulary and for the name of a
-    tool or schema definition (``"name": "Weather Report"`` names no one)."""
+    schema's example of its data, none for the API's vocabulary, for the name of a
+    tool or schema definition (``"name": "Weather Report"`` names no one) and for a
+    key that names things as often as people (:func:`_names_things`)."""
     if key in _VALUE_KEYWORDS:
         return parent
-    if key in _BARE_KEYS or (definition and key == "name"):
+    if key in _BARE_KEYS or (definition and key == "name") or _names_things(key):
         return None
     return label_of(key)
+
+
+#: keys ending in "name" that name a person (``customer_name``, ``fullName``)
+_PERSON_NAME_KEYS = frozenset({
+    "full name", "first name", "last name", "given name", "family name", "surname", "user name", "customer name",
+    "patient name", "contact name", "cardholder name", "account holder name", "holder name", "person name",
+    "employee name", "maiden name", "legal name", "middle name",
+})
+
+
+def _names_things(key: str) -> bool:
+    """A key like ``name``, ``product_name``, ``displayName``, ``customer`` or
+    ``client``: its value is a product, a project, a company as often as a
+    person, and labelled as a form's field (``name: Blue Widget``) every
+    two capitalised words under it would read as someone's name. Read bare,
+    as before keys were read with their values."""
+    words = label_of(key).lower()
+    if words in ("customer", "client", "company", "organization", "organisation"):
+        return True
+    return (words == "name" or words.endswith(" name")) and words not in _PERSON_NAME_KEYS
 
 
 #: a key of words: letters, joined by ``_`` or ``-`` or written camelCase (no digits: a
@@ -208,14 +232,15 @@ def label_of(key: str) -> str:
     return " ".join([words[0], *(w.lower() for w in words[1:])])
 
 
-def setting_is_content(value: Any) -> bool:
-    """Whether a value of one of :data:`SETTINGS` is read: a string, an object or
-    array, or a number no setting takes (:data:`_SETTING_LIMIT` or more: a seed
-    or ``top_k`` of 16 digits is a card or phone number sent where nobody reads)."""
+def setting_is_content(value: Any, key: str = "") -> bool:
+    """Whether the value of the setting ``key`` (one of :data:`SETTINGS`) is read:
+    a string, an object or array, or a number no setting takes
+    (:data:`_SETTING_LIMIT` or more: a ``top_k`` of 16 digits is a card or phone
+    number sent where nobody reads), except a ``seed``'s (any 64-bit number)."""
     if value is None or isinstance(value, bool):
         return False
     if isinstance(value, (int, float)):
-        return abs(value) >= _SETTING_LIMIT
+        return key != "seed" and abs(value) >= _SETTING_LIMIT
     return True
 
 
@@ -351,7 +376,7 @@ def texts_from_body(body: dict[str, Any]) -> Extracted:
             continue
         if key == "suffix" and isinstance(value, str):
             continue
-        if key in SETTINGS and not setting_is_content(value):
+        if key in SETTINGS and not setting_is_content(value, key):
             continue
         role = "developer" if key in _DEVELOPER_FIELDS else ""
         out.read_field(str(key), value, role, key in KNOWN_KEYS or key in KNOWN_FIELDS)

@@ -183,7 +183,7 @@ def _simple_texts(raw: dict[str, Any], fields: _Fields) -> list[str] | None:
     if messages is None:
         return None
     for key, value in raw.items():
-        if key not in _SIMPLE_FIELDS or (key in SETTINGS and setting_is_content(value)):
+        if key not in _SIMPLE_FIELDS or (key in SETTINGS and setting_is_content(value, key)):
             return None
     texts: list[str] = []
     for msg in messages:

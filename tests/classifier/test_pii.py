@@ -177,6 +177,11 @@ LABELLED = [
     # an address at the very start of a text was never read (its missing neighbour taken for a dot)
     ("ip", "8.8.8.8 is my server"),
     ("ip", "2a00:1450:4001:81c::200e"),
+    # a review: a port after the address; a number written against words of a script without spaces
+    ("ip", "connect to 8.8.4.4:53 failed"),
+    ("card", "\u79c1\u306e\u30ab\u30fc\u30c9\u756a\u53f7\u306f4539578763621486\u3067\u3059"),
+    ("card", "\ub0b4 \uce74\ub4dc \ubc88\ud638\ub294 4539578763621486\uc785\ub2c8\ub2e4"),
+    ("card", "\u6211\u7684\u5361\u53f7\u662f4539 5787 6362 1486\uff0c\u8c22\u8c22"),
 ]
 
 @pytest.mark.parametrize(("entity", "text"), LABELLED)
@@ -192,6 +197,10 @@ def test_a_value_glued_to_its_label_is_found(classifiers: Classifiers, entity: s
     "release v1.2.3.4 out",
     "Gr\u00f6\u00dfe 12 m\u00b2 und 10\u2075 Pa",
     "caf\u00e9@home is nice",
+    # a review: a URL's path segment is an id more often than a card; @ in Chinese and Japanese prose
+    "GET /api/orders/4111111111111111 200",
+    "\u8bf7\u8054\u7cfb\u6211\u4eec\u7684\u5ba2\u670d@\u5c0f\u738b.\u4ed6\u4f1a\u5904\u7406",
+    "\u8a73\u7d30\u306f\u7530\u4e2d@\u55b6\u696d\u90e8.\u307e\u3067\u9023\u7d61",
 ])
 def test_labels_and_foldings_leave_tokens_and_words_alone(classifiers: Classifiers, text: str) -> None:
     assert classifiers.classify("pii", [text]).tags == ["pii-none"], text
@@ -271,6 +280,7 @@ SPLIT = [
     ("card", ["card 4111 1111", "1111 1111", "ok?"]),
     ("card", ["hello", "4111 1111", "1111 1111"]),
     ("ssn", ["ssn 123-45", "-6789", "thanks"]),
+    ("email", ["jos\u00e9@", "ex\u00e4mple.com"]),  # a review: the part without the @ was not folded
 ]
 
 

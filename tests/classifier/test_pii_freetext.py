@@ -65,9 +65,9 @@ CONFIRMED = [
     ("my birthday is 03/07/1985", "dob"),
     ("Maria's birthday was on 3 July 1985", "dob"),
     # a form written as JSON or a Python dict (each missed before)
-    ('{"name": "Maria Gonzalez"}', "person"),
-    ('{"name": "Maria Gonzalez, PhD", "plan": "gold"}', "person"),
-    ("{'name': 'Maria Gonzalez'}", "person"),
+    ('{"full name": "Maria Gonzalez"}', "person"),
+    ('{"full_name": "Maria Gonzalez, PhD", "plan": "gold"}', "person"),
+    ("{'patient': 'Maria Gonzalez'}", "person"),
     ('{"dob": "1985-07-03"}', "dob"),
     ('{"date_of_birth": "1985-07-03"}', "dob"),
     ('{"dateOfBirth": "03/07/1985"}', "dob"),
@@ -130,6 +130,10 @@ CLEAN = [
     "the birthday party is on 03/07/2024",
     '{"name": "get_weather", "description": "Get the weather"}',
     '{"name": "Maria Gonzalez is here"}',
+    # a quoted name, customer or client: products and companies as often as people (a review: 86% of product JSON)
+    '[{"name": "Blue Widget", "price": 9.99}, {"name": "Red Gadget", "price": 5}]',
+    "{'customer': 'Acme Corp', 'client': 'Globex Inc'}",
+    '{"name": "Maria Gonzalez"}',
     '{"created": "1985-07-03", "name": "release"}',
 ]
 

@@ -31,7 +31,8 @@ _TOOL = ('"tools":[{"type":"function","function":{"name":"lookup","description":
 LEAKED = [
     # the trial's: a key and its value were read apart, or a known key ("name") not at all
     ',"extra":{"ssn":"123456789"}',
-    ',"extra":{"name":"Maria Gonzalez"}',
+    ',"extra":{"full_name":"Maria Gonzalez"}',
+    ',"extra":{"customerName":"Maria Gonzalez"}',
     ',"extra":{"dob":"1985-07-03"}',
     ',"extra":{"phone":"4155550132"}',
     ',"documents":[{"ssn":"123456789","name":"Maria Gonzalez"}]',
@@ -43,13 +44,17 @@ LEAKED = [
     ',"response_format":{"type":"json_schema","json_schema":{"name":"person","schema":{"type":"object",'
     '"examples":[{"name":"Maria Gonzalez","phone":"4155550132"}]}}}',
     # a number no setting takes; a card sent as a JSON float
-    ',"seed":4111111111111111',
+    ',"top_k":4111111111111111',
     ',"temperature":4111111111111111',
     ',"extra":4111111111111111.0',
     ',"extra":4.111111111111111e15',
     ',"extra":{"card":4.111111111111111e15}',
     # JSON text in a string field
-    ',"extra":{"note":"{\\"name\\": \\"Maria Gonzalez\\"}"}',
+    ',"extra":{"note":"{\\"full name\\": \\"Maria Gonzalez\\"}"}',
+    # a value split over two items of an array (a review: each item with the array's key hid it)
+    ',"stop":["alice.smith@exam","ple.com"]',
+    ',"extra":{"notes":["SSN 123-45-","6789"]}',
+    ',"extra":["call +1 415 555","0132 today"]',
 ]
 
 
@@ -58,8 +63,8 @@ def test_personal_data_as_json_fields_is_confirmed(extra: str) -> None:
     assert _tag(extra) == ["pii-confirmed"]
 
 
-@pytest.mark.parametrize("content", ['{"name": "Maria Gonzalez"}', '{"dob": "1985-07-03"}',
-                                     "{'name': 'Maria Gonzalez', 'plan': 'gold'}"])
+@pytest.mark.parametrize("content", ['{"full_name": "Maria Gonzalez"}', '{"dob": "1985-07-03"}',
+                                     "{'patient': 'Maria Gonzalez', 'plan': 'gold'}"])
 def test_json_in_message_content_is_confirmed(content: str) -> None:
     body = {"model": "qwen-2.5", "messages": [{"role": "user", "content": content}]}
     ex = texts_from_body(body)
@@ -78,6 +83,10 @@ CLEAN = [
     ',"tools":[{"type":"function","function":{"name":"Get Weather","parameters":{"type":"object"}}}]',
     ',"stop":["END","\\n\\n"],"logit_bias":{"50256":-100},"stream_options":{"include_usage":true}',
     ',"chat_template_kwargs":{"enable_thinking":false},"extra":{"model_name":"qwen","retries":3}',
+    # a review: keys that name products, projects and companies as often as people, a random 64-bit seed
+    ',"extra":{"project":{"name":"Apollo Launch"}},"items":[{"name":"Blue Widget","price":9.99}]',
+    ',"extra":{"customer":"Acme Corp","product_name":"Blue Widget","displayName":"Green Team"}',
+    ',"seed":6974517200266348566',
 ]
 
 
@@ -92,5 +101,5 @@ def test_a_message_name_and_tool_call_are_read_as_before() -> None:
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "pay", "arguments": '{"card": "4111111111111111"}'}}]}]}
     ex = texts_from_body(body)
-    assert ex.texts == ["hi", "maria", '{"card": "4111111111111111"}', "id: c1", "function", "name: pay"]
+    assert ex.texts == ["hi", "maria", '{"card": "4111111111111111"}', "id: c1", "function", "pay"]
     assert Classifiers().classify("pii", ex.texts, roles=ex.roles).tags == ["pii-confirmed"]

@@ -8,7 +8,9 @@ so: after "my name is" and its European equivalents, after a salutation
 ("Dear", "Hallo", "Bonjour") that ends at a comma or line break, after a
 courtesy title ("Mrs", "Herr", "Mme", "Sig.ra"), in a signature line after a
 closing ("Regards,", "Mit freundlichen Grüßen") or after a "Name:" field
-(written as JSON or a Python dict too: ``{"name": "Maria Gonzalez"}``).
+(written as JSON or a Python dict too, for keys that name people:
+``{"full name": "Maria Gonzalez"}``, ``{"patient": ...}``; a quoted ``name``
+or ``customer`` names products and companies as often).
 "I'm"/"I am" and "this is" need a first and last name followed by the end of
 the phrase. Addresses need a house number next to a street type, in the
 order the language writes it (``221B Baker Street``, ``14 Rue des Lilas``,
@@ -102,11 +104,20 @@ _FIELD_RE = re.compile(rf"[ \t]*({_NAME})[ \t]*(?=[,;|\n}}]|$)")
 _QUOTED_FIELD_RE = {q: re.compile(rf"({_NAME})[ \t]*(?={q}|[,;])") for q in "\"'"}
 
 
+_KEY = re.compile(r"[^\"':]*")
+#: quoted keys (JSON, a Python dict) whose value is a person's name no more often than a
+#: product's, a project's or a company's
+_THINGS_KEYS = frozenset({"name", "customer", "client", "employee", "nom", "nombre", "nome", "naam"})
+
+
 def person_field(text: str, start: int, end: int) -> Verdict:
     """"Name: Maria Gonzalez" at a line start: first and last name (YAML ``name: build`` is lower case).
-    Written as JSON or a Python dict too (``{"name": "Maria Gonzalez"}``): a quoted name ends at its quote."""
+    Written as JSON or a Python dict too (``{"full name": "Maria Gonzalez"}``, ``{'patient': ...}``): a quoted
+    name ends at its quote; a quoted ``name``, ``customer`` or ``client`` is not read (products, projects)."""
     if start > 0 and text[start - 1] not in "\n\r\t ,;(|{\"'":
         return NONE
+    if start > 0 and text[start - 1] in "\"'" and _KEY.match(text, start).group().lower() in _THINGS_KEYS:
+        return NONE  # {"name": "Blue Widget"}: a JSON key that names products and companies as often as people
     quote = text[end - 2]
     m = (_QUOTED_FIELD_RE[quote] if quote in "\"'" else _FIELD_RE).match(text, end - 1)
     # A form's "Name: Bernard" (capitalised label) may hold a first name alone;
@@ -669,7 +680,7 @@ CUES: tuple[tuple[str, str, Pattern, object], ...] = (
         "name_field",
         Pattern(
             "person_field",
-            r"\b(?i:full[ \t]{1,3}name|name|patient|customer|client|applicant|employee|contact[ \t]{1,3}person"
+            r"\b(?i:full[ \t_]{1,3}name|name|patient|customer|client|applicant|employee|contact[ \t]{1,3}person"
             r"|nom|pr" + _NA + r"nom|nombre|nome|vorname|nachname|naam|account[ \t]{1,3}holder|cardholder)"
             # a JSON or Python dict's quoted key and value: {"name": "Maria Gonzalez"}
             r"[\"']?[ \t]{0,3}:[ \t]{0,3}[\"']?(?:[A-Z]|" + _NA + r")",

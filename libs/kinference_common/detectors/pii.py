@@ -173,9 +173,9 @@ def fold(text: str) -> str:
     digits of the BMP's scripts, the mathematical, superscript and circled
     digits, full-width forms, Unicode spaces, dashes, the small commercial
     at; zero-width characters become spaces; and the letters of other
-    scripts near an ``@`` become ``a``, so that an address written in them
-    (``josé@example.com``, ``alice@bücher.de``) is read as one. ASCII text
-    is returned as it is, at once."""
+    alphabets near an ``@`` (Latin, Greek, Cyrillic) become ``a``, so that
+    an address written in them (``josé@example.com``, ``alice@bücher.de``)
+    is read as one. ASCII text is returned as it is, at once."""
     if text.isascii():
         return text
     table, pattern = _fold_table()
@@ -183,21 +183,25 @@ def fold(text: str) -> str:
     return _letters_near_at(text) if "@" in text else text
 
 
-#: a letter (or digit-less word character) outside ASCII
-_OTHER_LETTER = re.compile(r"[^\W\d_\x00-\x7f]")
+#: runs of letters of the alphabets addresses are written in beside ASCII
+#: (Latin, Greek, Cyrillic; not CJK, whose text has ``@`` in other uses)
+_OTHER_LETTERS = re.compile("[\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u0370-\u03ff\u0400-\u04ff"
+                            "\u1e00-\u1eff]+")
 _AT = re.compile("@")
 
 
 def _letters_near_at(text: str) -> str:
     """Letters of other scripts within :data:`SEAM_CHARS` of an ``@`` read as ``a``
     (an e-mail address is no longer than that on either side, as the seams read it)."""
+    if _OTHER_LETTERS.search(text) is None:  # nothing to fold (Chinese text with @ in it)
+        return text
     out, done = [], 0
     for m in _AT.finditer(text):
         lo, hi = max(done, m.start() - SEAM_CHARS), min(len(text), m.end() + SEAM_CHARS)
         if hi <= done:
             continue
         out.append(text[done:lo])
-        out.append(_OTHER_LETTER.sub("a", text[lo:hi]))
+        out.append(_OTHER_LETTERS.sub(lambda m: "a" * len(m.group()), text[lo:hi]))
         done = hi
     out.append(text[done:])
     return "".join(out)
@@ -213,13 +217,18 @@ _INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180
                         "\U000e0000-\U000e007f]")
 
 
-def without_invisible(text: str) -> tuple[str, list[int]] | None:
-    """``text`` without the characters that show nothing, and where each
-    character left was in ``text``; None when it holds none."""
+def without_invisible(text: str) -> str | None:
+    """``text`` without the characters that show nothing; None when it holds none.
+    (:func:`shown_at` says where each character left was in ``text``.)"""
     if text.isascii() or _INVISIBLE.search(text) is None:
         return None
-    kept = [i for i, ch in enumerate(text) if not _INVISIBLE.match(ch)]
-    return "".join(text[i] for i in kept), kept
+    return _INVISIBLE.sub("", text)
+
+
+def shown_at(text: str) -> list[int]:
+    """Where each character of ``without_invisible(text)`` is in ``text``
+    (asked only for a hit: a text of combining accents can be long)."""
+    return [i for i, ch in enumerate(text) if not _INVISIBLE.match(ch)]
 
 
 #: how much of each side of a seam between two texts is read joined (the
@@ -331,13 +340,27 @@ def _inside_token(text: str, start: int, end: int) -> bool:
 
     A word of letters glued before it by one of those separators is a label,
     not more of the token: ``Card:4111…``, ``tel:+1415…``, ``pan-4111…``,
-    ``ip:8.8.4.4``, ``wa.me/1415…`` are read as the value they name."""
+    ``ip:8.8.4.4`` are read as the value they name (not after a ``/``: a
+    URL's path segment is an id more often than a label)."""
     before, after = _neighbours(text, start, end)
-    if before in ".-_/:" and start > 1 and text[start - 2].isalnum() and not _label_before(text, start - 1):
-        return True
+    if before in ".-_/:" and start > 1 and text[start - 2].isalnum() and (
+            before == "/" or text[start - 2].isdigit() or not _label_before(text, start - 1)):
+        return True  # (after a ``/``: a URL's path segment, an id more often than a value named)
     if after in ".-_/:" and end + 1 < len(text) and text[end + 1].isalnum():
         return True
-    return before.isalnum() or after.isalnum()
+    return _glued(before) or _glued(after)
+
+
+#: scripts written without spaces between words (Thai, Lao, Myanmar, Khmer,
+#: CJK, kana, Hangul): a number written against their letters stands apart
+#: (``カード番号は4539578763621486です``)
+_UNSPACED = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u9fff\ua960-\ua97f"
+                       "\uac00-\ud7ff\uf900-\ufaff\uff66-\uff9f]")
+
+
+def _glued(ch: str) -> bool:
+    """Whether a letter or digit ``ch`` next to a value makes it part of a longer token."""
+    return ch.isalnum() and _UNSPACED.match(ch) is None
 
 
 def _label_before(text: str, sep: int) -> bool:
@@ -702,13 +725,17 @@ def phone_bare(text: str, start: int, end: int) -> Verdict:
     return UNKNOWN if phone(text, start, end) is CONFIRMED else NONE
 
 
+_PORT = re.compile(r":[0-9]{1,5}(?![0-9A-Za-z:.])")
+
+
 def ip_address(text: str, start: int, end: int) -> Verdict:
     raw = text[start:end]
     before, after = _neighbours(text, start, end)
     if after == "." and end + 1 < len(text) and text[end + 1].isdigit():
         return NONE  # 1.2.3.4.5: a version or OID, not an address
-    if (before == "." or (before == ":" and not _label_before(text, start - 1)) or after == ":"
-            or before.isalnum() or after.isalnum()):
+    port = after == ":" and "." in raw and _PORT.match(text, end) is not None  # 8.8.4.4:53
+    if (before == "." or (before == ":" and not _label_before(text, start - 1)) or (after == ":" and not port)
+            or _glued(before) or _glued(after)):
         return NONE  # part of a longer dotted or colon-separated token (a::b::c, OIDs); ip:8.8.4.4 is one
     if "." in raw:
         octets = raw.split(".")
@@ -1087,9 +1114,12 @@ class PiiDetector:
                 for rule, start, end, verdict in self._judge(view, budget):
                     yield i, rule, start, end, verdict
             shown = without_invisible(texts[i])  # 4111<soft hyphen>1111...: read as shown too
-            if shown is not None and shown[0]:
-                where = shown[1]
-                for rule, start, end, verdict in self._judge(fold(shown[0]), budget):
+            if shown:
+                if budget is not None:
+                    budget.check()
+                where: list[int] | None = None
+                for rule, start, end, verdict in self._judge(fold(shown), budget):
+                    where = where or shown_at(texts[i])
                     yield i, rule, where[start], where[end - 1] + 1, verdict
         kept = [i for i, t in enumerate(folded) if t]
         if len(kept) < 2:
@@ -1133,6 +1163,8 @@ class PiiDetector:
         ends are ``ends``."""
         if budget is not None:
             budget.check()
+        if "@" in joined and not joined.isascii():  # an address split between texts: its letters too
+            joined = _letters_near_at(joined)
 
         def crosses(start: int, end: int) -> bool:
             k = bisect.bisect_right(seams_at, start)
