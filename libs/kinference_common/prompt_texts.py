@@ -165,8 +165,9 @@ def _reads(value: Any) -> bool:
 
 
 #: JSON Schema keywords whose value is an instance of the property's data
-#: (``"ssn": {"default": "123456789"}``): read under the property's name
-_VALUE_KEYWORDS = frozenset({"default", "examples", "example", "enum", "const"})
+#: (``"ssn": {"default": "123456789"}``), and a ``value`` wrapping one
+#: (``"ssn": {"value": "123456789"}``): read under the property's name
+_VALUE_KEYWORDS = frozenset({"default", "examples", "example", "enum", "const", "value"})
 #: keys whose string is the API's own vocabulary (``"type": "string"``, ``"role": "user"``)
 #: or prose of its own (a text part's ``text``, a tool's ``description``): read bare, as
 #: before, a label would add only words (and split a value written across two parts)

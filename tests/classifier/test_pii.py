@@ -179,6 +179,11 @@ LABELLED = [
     ("ip", "2a00:1450:4001:81c::200e"),
     # a review: a port after the address; a number written against words of a script without spaces
     ("ip", "connect to 8.8.4.4:53 failed"),
+    # a recheck: a label with one digit after its letters; a character of the variation selectors supplement
+    ("ip", "ipv4:8.8.4.4"),
+    ("ip", "ipv6:2001:4860:4860::8888"),
+    ("card", "card2:4111111111111111"),
+    ("card", "card " + "".join(c + "\U000e0100" for c in "4111111111111111")),
     ("card", "\u79c1\u306e\u30ab\u30fc\u30c9\u756a\u53f7\u306f4539578763621486\u3067\u3059"),
     ("card", "\ub0b4 \uce74\ub4dc \ubc88\ud638\ub294 4539578763621486\uc785\ub2c8\ub2e4"),
     ("card", "\u6211\u7684\u5361\u53f7\u662f4539 5787 6362 1486\uff0c\u8c22\u8c22"),
@@ -281,6 +286,7 @@ SPLIT = [
     ("card", ["hello", "4111 1111", "1111 1111"]),
     ("ssn", ["ssn 123-45", "-6789", "thanks"]),
     ("email", ["jos\u00e9@", "ex\u00e4mple.com"]),  # a review: the part without the @ was not folded
+    ("card", ["my card is 4111-1111", "1111-1111", "what is my balance?"]),  # a recheck: dashes at the seam
 ]
 
 

@@ -55,6 +55,9 @@ LEAKED = [
     ',"stop":["alice.smith@exam","ple.com"]',
     ',"extra":{"notes":["SSN 123-45-","6789"]}',
     ',"extra":["call +1 415 555","0132 today"]',
+    # a recheck: a value wrapped in an object of its own
+    ',"extra":{"ssn":{"value":"123456789"}}',
+    ',"extra":{"dob":{"value":"1985-07-03"}}',
 ]
 
 

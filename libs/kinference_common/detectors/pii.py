@@ -214,7 +214,7 @@ def _letters_near_at(text: str) -> str:
 _INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
                         "\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0"
                         "\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
-                        "\U000e0000-\U000e007f]")
+                        "\U000e0000-\U000e007f\U000e0100-\U000e01ef]")
 
 
 def without_invisible(text: str) -> str | None:
@@ -303,8 +303,9 @@ def seams(texts: Sequence[str], direct: bool = True,
     text: the end of the texts up to ``i`` and the start of the rest joined
     as a model reads them, and where they meet in ``joined`` (a value split
     over several short texts is read whole). Two groups of four digits
-    meeting are joined both directly and with a space (a card split as
-    ``4111 1111`` + ``1111 1111`` or as ``41111111`` + ``11111111``); other
+    meeting are joined both directly and with a space, or the ``-`` or ``.``
+    the groups before the seam have (a card split as ``4111 1111`` +
+    ``1111 1111``, ``4111-1111`` + ``1111-1111`` or ``41111111`` + ``11111111``); other
     digits only directly (with a space, ``2`` + ``011-09-16`` reads as
     a phone number). Each join is also read :func:`apart` when that
     differs. ``direct`` False: only the joins with a space."""
@@ -326,9 +327,11 @@ def seams(texts: Sequence[str], direct: bool = True,
             if other != joined:
                 yield kept[k][0], other, len(left)
         if spaced and _GROUP_END.search(left, len(left) - 5) and _GROUP_START.match(right):
-            yield kept[k][0], left + " " + right, len(left)
+            # with the separator its groups have before the seam (4111-1111 + 1111-1111), else a space
+            sep = left[-5] if len(left) > 4 and left[-5] in "-." else " "
+            yield kept[k][0], left + sep + right, len(left)
             if left_apart != left or right_apart != right:
-                yield kept[k][0], left_apart + " " + right_apart, len(left)
+                yield kept[k][0], left_apart + sep + right_apart, len(left)
 
 
 def _neighbours(text: str, start: int, end: int) -> tuple[str, str]:
@@ -344,7 +347,8 @@ def _inside_token(text: str, start: int, end: int) -> bool:
     URL's path segment is an id more often than a label)."""
     before, after = _neighbours(text, start, end)
     if before in ".-_/:" and start > 1 and text[start - 2].isalnum() and (
-            before == "/" or text[start - 2].isdigit() or not _label_before(text, start - 1)):
+            before == "/" or (start > 2 and text[start - 3:start - 1].isdigit())  # two digits: no label
+            or not _label_before(text, start - 1)):
         return True  # (after a ``/``: a URL's path segment, an id more often than a value named)
     if after in ".-_/:" and end + 1 < len(text) and text[end + 1].isalnum():
         return True
@@ -365,12 +369,14 @@ def _glued(ch: str) -> bool:
 
 def _label_before(text: str, sep: int) -> bool:
     """True when the run of letters and digits ending just before ``text[sep]``
-    is letters only (a label or a scheme: ``card``, ``tel``, ``cc_number``'s
-    ``number``), not a piece of a number, a version or a hash."""
+    is letters, perhaps with one digit after them (a label or a scheme:
+    ``card``, ``tel``, ``cc_number``'s ``number``, ``ipv4``, ``card2``), not a
+    piece of a number, a version or a hash (``sha256``, ``abc123``)."""
     i = sep
     while i > 0 and text[i - 1].isalnum():
         i -= 1
-    return text[i:sep].isalpha()
+    run = text[i:sep]
+    return run.isalpha() or (len(run) > 1 and run[:-1].isalpha() and run[-1].isdigit())
 
 
 # ----------------------------------------------------------------- validators
