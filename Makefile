@@ -108,7 +108,7 @@ bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results
 	nice -n 15 $(BIN)/python -m bench.routing.burst
 	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
 
-bench-routing-oracle: install  ## the goal's cases again beside a router told every pod's exact state (slow: about an hour) -> bench/results/routing_oracle.json and docs/routing-benchmark.md
+bench-routing-oracle: install  ## the goal's cases again beside a router told every pod's exact state (slow: 35 min for the six missed workloads on 2 cores) -> bench/results/routing_oracle.json and docs/routing-benchmark.md
 	nice -n 15 $(BIN)/python -m bench.routing.oracle $(ORACLE_ARGS)
 
 bench-scaleup: install  ## a pod added to a loaded fleet: when each router gives it work (docs/routing-benchmark.md)

@@ -78,7 +78,8 @@ def page_only(prog: str, name: str, results: object, results_path: Path, page: P
     """``--page-only`` of a benchmark: rewrite the page's ``name`` block from
     the results file without measuring (SystemExit naming what is missing)."""
     if not results:
-        raise SystemExit(f"{prog}: no results in {results_path.relative_to(REPO)}")
+        shown = results_path.relative_to(REPO) if results_path.is_relative_to(REPO) else results_path
+        raise SystemExit(f"{prog}: no results in {shown}")
     if not rewrite_block(page, name, body):
         raise SystemExit(f"{prog}: {page.name} has no {name} block")
     print(f"rewrote the {name} block of {page.relative_to(REPO)}")

@@ -141,15 +141,15 @@ def markdown(cmp: Sequence[dict], seed: int | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run.pin_hash_seed("bench.routing.oracle", argv)
     ap = argparse.ArgumentParser(prog="python -m bench.routing.oracle", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=list(run.HEADLINE_WORKLOADS),
                     help="comma-separated (default: the headline's)")
     ap.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.8, 0.9, 1.0],
                     help="comma-separated (default 0.8,0.9,1.0: the goal's)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--seed", type=int, default=1, help="the arrivals' seed (default 1, the headline's)")
+    ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="the results file (default "
+                    "bench/results/routing_oracle.json)")
     ap.add_argument("--merge", action="store_true", help="keep the cases of --out this run does not measure")
     ap.add_argument("--page-only", action="store_true", help="rewrite the page's block from --out, measure nothing")
     ap.add_argument("--no-page", action="store_true", help="leave docs/routing-benchmark.md alone")
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = json.loads(args.out.read_text()) if args.out.exists() else []
         seed = rows[0]["seed"] if rows else None
         return page_only(ap.prog, BLOCK, rows, args.out, PAGE, markdown(compare(rows), seed))
+    run.pin_hash_seed("bench.routing.oracle", argv)  # measuring: deterministic for the seed
     todo = [run.Case(w, r, load, seed=args.seed) for w in args.workloads for load in args.loads
             for r in [NAME, *run.ROUTERS]]  # the slow ones first
     print(f"bench-routing-oracle: {len(todo)} runs on {args.jobs} processes (seed {args.seed})", flush=True)

@@ -84,3 +84,9 @@ def test_a_smoke_run_writes_the_comparison(tmp_path) -> None:  # noqa: ANN001
     kin = next(r for r in rows if r["router"] == "kinference")
     assert full["requests"] == kin["requests"] > 0  # the same arrivals
     assert full["ttft_p99_s"] >= full["idle_floor_p99_s"] - 1e-9
+
+
+def test_page_only_without_results_says_so(tmp_path) -> None:  # noqa: ANN001
+    missing = tmp_path / "none.json"
+    with pytest.raises(SystemExit, match=f"no results in {missing}"):
+        oracle.main(["--page-only", "--out", str(missing)])
