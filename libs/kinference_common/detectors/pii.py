@@ -320,9 +320,8 @@ def seams(texts: Sequence[str], direct: bool = True,
         (left, left_apart), (right, right_apart) = _side(only, k, True), _side(only, k + 1, False)
         if not left or not right:  # one long token at the seam: nothing split there is read
             continue
-        joined = left + right
-        other = apart((left_apart, right_apart))
         if direct:
+            joined, other = left + right, apart((left_apart, right_apart))
             yield kept[k][0], joined, len(left)
             if other != joined:
                 yield kept[k][0], other, len(left)
@@ -347,8 +346,7 @@ def _inside_token(text: str, start: int, end: int) -> bool:
     URL's path segment is an id more often than a label)."""
     before, after = _neighbours(text, start, end)
     if before in ".-_/:" and start > 1 and text[start - 2].isalnum() and (
-            before == "/" or (start > 2 and text[start - 3:start - 1].isdigit())  # two digits: no label
-            or not _label_before(text, start - 1)):
+            before == "/" or not _label_before(text, start - 1)):
         return True  # (after a ``/``: a URL's path segment, an id more often than a value named)
     if after in ".-_/:" and end + 1 < len(text) and text[end + 1].isalnum():
         return True
@@ -372,6 +370,8 @@ def _label_before(text: str, sep: int) -> bool:
     is letters, perhaps with one digit after them (a label or a scheme:
     ``card``, ``tel``, ``cc_number``'s ``number``, ``ipv4``, ``card2``), not a
     piece of a number, a version or a hash (``sha256``, ``abc123``)."""
+    if sep > 1 and text[sep - 2:sep].isdigit():  # two digits: a number's end, at once (dotted numbers are many)
+        return False
     i = sep
     while i > 0 and text[i - 1].isalnum():
         i -= 1
