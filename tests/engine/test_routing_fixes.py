@@ -87,10 +87,24 @@ def test_the_index_forgets_what_the_cache_cannot_hold() -> None:
     index.record("k", first, max_blocks=20)
     assert index.match(first) == {"k": len(first)}
     index.record("k", second, max_blocks=20)
-    assert index.blocks("k") == 20
+    assert index.blocks("k") == int(20 * PrefixIndex.KV_FILL)
     # the older prompt lost its tail (its head was touched last, so it stays longest)
     assert index.match(first).get("k", 0) < len(first)
     assert index.match(second) == {"k": len(second)}
+
+
+def test_the_index_keeps_less_than_the_kv_cache_holds() -> None:
+    """The engine's cache also holds running requests' blocks and generated
+    tokens, which the index never sees: a prompt sent before the last
+    ``kv_fill`` of the cache's size in prompt blocks is forgotten (fix 11 of
+    docs/routing-benchmark.md). A prefix recorded, then 90 of 100 blocks of
+    other prompts: the engine no longer holds it, nor does the index."""
+    prefix = tuple(range(1000, 1010))
+    for index, kept in ((PrefixIndex(kv_fill=1.0), 10), (PrefixIndex(), 0)):
+        index.record("k", prefix, max_blocks=100)
+        index.record("k", tuple(range(2000, 2090)), max_blocks=100)
+        assert index.match(prefix).get("k", 0) == kept
+        assert index.hot_fraction("k") == 1.0  # its measure is still the whole cache: 100 of 100 in use
 
 
 def test_the_index_without_a_capacity_keeps_its_own_bound() -> None:

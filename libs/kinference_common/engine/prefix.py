@@ -55,9 +55,22 @@ class PrefixIndex:
     #: model's stickiness starts to grow there: :attr:`.ttft.TTFTModel.busy_kv`)
     PRESSED = 0.5
 
+    #: the part of an endpoint's KV cache (``max_blocks`` of :meth:`record`)
+    #: the index fills with the prompt blocks sent there before it forgets
+    #: the oldest. The engine's cache holds more than those prompts: the
+    #: blocks of running requests, which it cannot evict, and the blocks of
+    #: the tokens it generated, which the index never sees; so it forgets a
+    #: prefix before a cache of that size filled with prompts alone would.
+    #: Measured in the fleet benchmark (docs/routing-benchmark.md, fix 9):
+    #: at 1.0 about one ``shared_prefix_long`` request in ten went to a pod
+    #: the index said held its 6,000-token prefix and had to prefill it all.
+    KV_FILL = 0.85
+
     def __init__(self, max_blocks_per_endpoint: int = 16384, max_holders_per_block: int = 16,
-                 hot_window: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 hot_window: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                 kv_fill: float = KV_FILL) -> None:
         self.max_blocks = max_blocks_per_endpoint
+        self.kv_fill = kv_fill
         self.max_holders = max_holders_per_block
         self.hot_window = hot_window
         self._clock = clock
@@ -99,9 +112,9 @@ class PrefixIndex:
 
         ``max_blocks``: what the endpoint's KV cache can hold, in prompt
         blocks (:attr:`.candidates.Candidate.cache_blocks`); the endpoint's
-        set is kept that small (least recent out first), so that the index
-        forgets a prefix about when the engine's own LRU would have evicted
-        it. An index that remembers more than the cache holds promises
+        set is kept to :attr:`kv_fill` of it (least recent out first), so
+        that the index forgets a prefix about when the engine's own LRU would
+        have evicted it. An index that remembers more than the cache holds promises
         prefix hits the engine no longer has: a full prefill where a cheap
         one was predicted, which is a tail request (docs/routing-benchmark.md).
         """
@@ -145,7 +158,11 @@ class PrefixIndex:
                 owners[key] = None  # most recent last
                 if len(owners) > cap:
                     del owners[next(iter(owners))]
-        cap = self.max_blocks if max_blocks is None else max(1, min(self.max_blocks, max_blocks))
+        if max_blocks is None:
+            size = cap = self.max_blocks
+        else:  # the cache's size (its hot fraction's measure), and what the index keeps of it
+            size = max(1, min(self.max_blocks, max_blocks))
+            cap = max(1, min(self.max_blocks, int(max_blocks * self.kv_fill)))
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)
             owners = holders.get(old)
@@ -154,7 +171,7 @@ class PrefixIndex:
                 if not owners:
                     del holders[old]
         hot[1] += fresh
-        hot[3] = cap
+        hot[3] = size
         self._press(key, self._fraction(hot, w))
 
     def _press(self, key: str, f: float) -> None:
