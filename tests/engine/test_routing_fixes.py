@@ -87,24 +87,34 @@ def test_the_index_forgets_what_the_cache_cannot_hold() -> None:
     index.record("k", first, max_blocks=20)
     assert index.match(first) == {"k": len(first)}
     index.record("k", second, max_blocks=20)
-    assert index.blocks("k") == int(20 * PrefixIndex.KV_FILL)
+    assert index.blocks("k") == 20  # all sent in the last seconds: in use, kept up to the whole cache
     # the older prompt lost its tail (its head was touched last, so it stays longest)
     assert index.match(first).get("k", 0) < len(first)
     assert index.match(second) == {"k": len(second)}
 
 
-def test_the_index_keeps_less_than_the_kv_cache_holds() -> None:
+def test_the_index_keeps_less_than_the_kv_cache_holds_of_what_is_not_in_use() -> None:
     """The engine's cache also holds running requests' blocks and generated
-    tokens, which the index never sees: a prompt sent before the last
-    ``kv_fill`` of the cache's size in prompt blocks is forgotten (fix 11 of
-    docs/routing-benchmark.md). A prefix recorded, then 90 of 100 blocks of
-    other prompts: the engine no longer holds it, nor does the index."""
+    tokens, which the index never sees: of the blocks sent more than a hot
+    window ago (no longer in use), the index keeps only what fits in
+    ``kv_fill`` of the cache's size (fix 11 of docs/routing-benchmark.md).
+    A prefix sent, then 90 blocks of other prompts 10 s later: the engine no
+    longer holds the prefix, nor does the index. Blocks sent within the
+    last seconds (in use by running requests, which the engine cannot
+    evict) are kept up to the whole cache."""
     prefix = tuple(range(1000, 1010))
-    for index, kept in ((PrefixIndex(kv_fill=1.0), 10), (PrefixIndex(), 0)):
+    others = tuple(range(2000, 2090))
+    for fill, later, kept in ((1.0, 10.0, 10), (PrefixIndex.KV_FILL, 10.0, 0), (PrefixIndex.KV_FILL, 1.0, 10)):
+        now = [0.0]
+        index = PrefixIndex(clock=lambda: now[0], kv_fill=fill)
         index.record("k", prefix, max_blocks=100)
-        index.record("k", tuple(range(2000, 2090)), max_blocks=100)
-        assert index.match(prefix).get("k", 0) == kept
-        assert index.hot_fraction("k") == 1.0  # its measure is still the whole cache: 100 of 100 in use
+        now[0] = later
+        index.record("k", others, max_blocks=100)
+        assert index.match(prefix).get("k", 0) == kept, (fill, later)
+        assert index.blocks("k") == 90 + kept
+        # measured against the whole cache: the blocks sent in this window (and the one before) of 100
+        assert index.hot_fraction("k") == (0.9 if later >= index.hot_window else 1.0)
+    assert PrefixIndex().kv_fill == PrefixIndex.KV_FILL < 1.0
 
 
 def test_the_index_without_a_capacity_keeps_its_own_bound() -> None:

@@ -56,14 +56,17 @@ class PrefixIndex:
     PRESSED = 0.5
 
     #: the part of an endpoint's KV cache (``max_blocks`` of :meth:`record`)
-    #: the index fills with the prompt blocks sent there before it forgets
-    #: the oldest. The engine's cache holds more than those prompts: the
-    #: blocks of running requests, which it cannot evict, and the blocks of
-    #: the tokens it generated, which the index never sees; so it forgets a
-    #: prefix before a cache of that size filled with prompts alone would.
-    #: Measured in the fleet benchmark (docs/routing-benchmark.md, fix 9):
-    #: at 1.0 about one ``shared_prefix_long`` request in ten went to a pod
-    #: the index said held its 6,000-token prefix and had to prefill it all.
+    #: the index fills with prompt blocks no longer in use (sent before the
+    #: last hot window) before it forgets the oldest. The engine's cache
+    #: holds more than the prompts the index sees (the tokens it generated),
+    #: so it evicts an unused prefix before a cache of that size filled with
+    #: prompts alone would; the blocks of requests running now it cannot
+    #: evict, so blocks sent within the last hot window are kept up to the
+    #: whole cache. Measured in the fleet benchmark (docs/routing-benchmark.md,
+    #: fix 11): sized to the whole cache, one ``shared_prefix_long`` request
+    #: in ten went to a pod the index said held its 6,000-token prefix and
+    #: prefilled all of it; 0.85 of it for every block, ``trial`` past
+    #: saturation lost the copies its running requests were using.
     KV_FILL = 0.85
 
     def __init__(self, max_blocks_per_endpoint: int = 16384, max_holders_per_block: int = 16,
@@ -112,9 +115,10 @@ class PrefixIndex:
 
         ``max_blocks``: what the endpoint's KV cache can hold, in prompt
         blocks (:attr:`.candidates.Candidate.cache_blocks`); the endpoint's
-        set is kept to :attr:`kv_fill` of it (least recent out first), so
-        that the index forgets a prefix about when the engine's own LRU would
-        have evicted it. An index that remembers more than the cache holds promises
+        set is kept that small, and to :attr:`kv_fill` of it while its least
+        recent block was sent before the last hot window (least recent out
+        first), so that the index forgets a prefix about when the engine's
+        own LRU would have evicted it. An index that remembers more than the cache holds promises
         prefix hits the engine no longer has: a full prefill where a cheap
         one was predicted, which is a tail request (docs/routing-benchmark.md).
         """
@@ -159,11 +163,16 @@ class PrefixIndex:
                 if len(owners) > cap:
                     del owners[next(iter(owners))]
         if max_blocks is None:
-            size = cap = self.max_blocks
-        else:  # the cache's size (its hot fraction's measure), and what the index keeps of it
+            size = keep = self.max_blocks
+        else:
+            # the cache's size (what the hot fraction is measured against, and
+            # never exceeded), and what the index keeps of it of the blocks
+            # sent before the last hot window, no longer in use
             size = max(1, min(self.max_blocks, max_blocks))
-            cap = max(1, min(self.max_blocks, int(max_blocks * self.kv_fill)))
-        while len(lru) > cap:
+            keep = max(1, min(self.max_blocks, int(max_blocks * self.kv_fill)))
+        while len(lru) > keep:
+            if len(lru) <= size and next(iter(lru.values())) >= w - 1:
+                break  # the least recent block was sent in this window or the one before: in use
             old, _ = lru.popitem(last=False)
             owners = holders.get(old)
             if owners is not None:
