@@ -6,6 +6,7 @@ than its KV cache holds."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from kinference_common.engine import InFlightLedger, PrefixIndex, TTFTModel, decide
 from kinference_common.engine.tokens import block_hashes
@@ -93,28 +94,63 @@ def test_the_index_forgets_what_the_cache_cannot_hold() -> None:
     assert index.match(second) == {"k": len(second)}
 
 
+def _aged(fill: float, old: int, new: int, later: float, *, peer: bool = False) -> PrefixIndex:
+    """An index of a 100-block cache sent ``old`` blocks of one prompt at
+    t = 0, then ``new`` blocks of another at ``later`` (a peer's record
+    with ``peer``)."""
+    now = [0.0]
+    index = PrefixIndex(clock=lambda: now[0], kv_fill=fill)
+    record = index.record_peer if peer else index.record
+    record("k", tuple(range(1000, 1000 + old)), 100)
+    now[0] = later
+    record("k", tuple(range(2000, 2000 + new)), 100)
+    return index
+
+
 def test_the_index_keeps_less_than_the_kv_cache_holds_of_what_is_not_in_use() -> None:
-    """The engine's cache also holds running requests' blocks and generated
-    tokens, which the index never sees: of the blocks sent more than a hot
-    window ago (no longer in use), the index keeps only what fits in
-    ``kv_fill`` of the cache's size (fix 11 of docs/routing-benchmark.md).
-    A prefix sent, then 90 blocks of other prompts 10 s later: the engine no
-    longer holds the prefix, nor does the index. Blocks sent within the
-    last seconds (in use by running requests, which the engine cannot
-    evict) are kept up to the whole cache."""
+    """The engine's cache also holds the tokens it generated, which the
+    index never sees: while its least recent block was sent before the last
+    hot window (no longer in use), the index trims to ``kv_fill`` of the
+    cache's size (fix 11 of docs/routing-benchmark.md). A prefix sent, then
+    90 blocks of other prompts 10 s later: the engine no longer holds the
+    prefix, nor does the index."""
     prefix = tuple(range(1000, 1010))
-    others = tuple(range(2000, 2090))
-    for fill, later, kept in ((1.0, 10.0, 10), (PrefixIndex.KV_FILL, 10.0, 0), (PrefixIndex.KV_FILL, 1.0, 10)):
-        now = [0.0]
-        index = PrefixIndex(clock=lambda: now[0], kv_fill=fill)
-        index.record("k", prefix, max_blocks=100)
-        now[0] = later
-        index.record("k", others, max_blocks=100)
-        assert index.match(prefix).get("k", 0) == kept, (fill, later)
-        assert index.blocks("k") == 90 + kept
-        # measured against the whole cache: the blocks sent in this window (and the one before) of 100
-        assert index.hot_fraction("k") == (0.9 if later >= index.hot_window else 1.0)
     assert PrefixIndex().kv_fill == PrefixIndex.KV_FILL < 1.0
+    assert _aged(1.0, 10, 90, 10.0).match(prefix) == {"k": 10}
+    for peer in (False, True):  # a peer's record (replica sync) is trimmed the same way
+        index = _aged(PrefixIndex.KV_FILL, 10, 90, 10.0, peer=peer)
+        assert index.match(prefix) == {} and index.blocks("k") == 90
+        assert index.hot_fraction("k") == 0.9  # measured against the whole cache
+    # trimmed to the fill, not further: 40 old + 50 new blocks keep 35 of the old (its first ones)
+    index = _aged(PrefixIndex.KV_FILL, 40, 50, 10.0)
+    assert index.blocks("k") == 85 and index.match(tuple(range(1000, 1040))) == {"k": 35}
+
+
+def test_blocks_sent_in_the_last_hot_window_are_kept_up_to_the_whole_cache() -> None:
+    """A running request's blocks the engine cannot evict: blocks sent in
+    this hot window or the one before are kept up to the whole cache (with
+    the fill on every block, ``trial`` past saturation lost the copies its
+    running requests used); two windows later they are trimmed."""
+    prefix = tuple(range(1000, 1010))
+    window = PrefixIndex().hot_window
+    for later, kept in ((0.5 * window, 10), (1.5 * window, 10), (2.5 * window, 0)):
+        index = _aged(PrefixIndex.KV_FILL, 10, 90, later)
+        assert index.match(prefix).get("k", 0) == kept, later
+    assert _aged(PrefixIndex.KV_FILL, 10, 95, 0.0).blocks("k") == 100  # never more than the cache
+
+
+def test_the_fill_applies_to_the_cache_the_index_can_hold() -> None:
+    """A cache larger than the index's own bound is trimmed to the fill of
+    that bound, not kept whole; a fill outside (0, 1] is refused."""
+    now = [0.0]
+    index = PrefixIndex(max_blocks_per_endpoint=100, clock=lambda: now[0])
+    index.record("k", tuple(range(100)), 10**6)
+    now[0] = 10.0
+    index.record("k", tuple(range(1000, 1001)), 10**6)
+    assert index.blocks("k") == int(100 * PrefixIndex.KV_FILL)
+    for bad in (0.0, 1.2, -1.0):
+        with pytest.raises(ValueError, match="kv_fill"):
+            PrefixIndex(kv_fill=bad)
 
 
 def test_the_index_without_a_capacity_keeps_its_own_bound() -> None:

@@ -56,13 +56,13 @@ class PrefixIndex:
     PRESSED = 0.5
 
     #: the part of an endpoint's KV cache (``max_blocks`` of :meth:`record`)
-    #: the index fills with prompt blocks no longer in use (sent before the
-    #: last hot window) before it forgets the oldest. The engine's cache
-    #: holds more than the prompts the index sees (the tokens it generated),
-    #: so it evicts an unused prefix before a cache of that size filled with
-    #: prompts alone would; the blocks of requests running now it cannot
-    #: evict, so blocks sent within the last hot window are kept up to the
-    #: whole cache. Measured in the fleet benchmark (docs/routing-benchmark.md,
+    #: the index trims its least recent blocks to, stopping at the first one
+    #: sent within the last hot window (it never holds more than the whole
+    #: cache). The engine's cache holds more than the prompts the index sees
+    #: (the tokens it generated), so it evicts an unused prefix before a
+    #: cache of that size filled with prompts alone would; the blocks of
+    #: requests running now it cannot evict, so a set sent within the last
+    #: hot window is kept up to the whole cache. Measured in the fleet benchmark (docs/routing-benchmark.md,
     #: fix 11): sized to the whole cache, one ``shared_prefix_long`` request
     #: in ten went to a pod the index said held its 6,000-token prefix and
     #: prefilled all of it; 0.85 of it for every block, ``trial`` past
@@ -72,6 +72,8 @@ class PrefixIndex:
     def __init__(self, max_blocks_per_endpoint: int = 16384, max_holders_per_block: int = 16,
                  hot_window: float = 2.0, clock: Callable[[], float] = time.monotonic,
                  kv_fill: float = KV_FILL) -> None:
+        if not 0.0 < kv_fill <= 1.0:
+            raise ValueError(f"kv_fill must be in (0, 1], not {kv_fill}")
         self.max_blocks = max_blocks_per_endpoint
         self.kv_fill = kv_fill
         self.max_holders = max_holders_per_block
@@ -166,14 +168,18 @@ class PrefixIndex:
             size = keep = self.max_blocks
         else:
             # the cache's size (what the hot fraction is measured against, and
-            # never exceeded), and what the index keeps of it of the blocks
-            # sent before the last hot window, no longer in use
+            # never exceeded), and the part of it the index trims to while its
+            # least recent block was sent before the last hot window
             size = max(1, min(self.max_blocks, max_blocks))
-            keep = max(1, min(self.max_blocks, int(max_blocks * self.kv_fill)))
+            keep = max(1, int(size * self.kv_fill))
         while len(lru) > keep:
-            if len(lru) <= size and next(iter(lru.values())) >= w - 1:
-                break  # the least recent block was sent in this window or the one before: in use
-            old, _ = lru.popitem(last=False)
+            old, seen = lru.popitem(last=False)
+            if seen >= w - 1 and len(lru) < size:
+                # sent in this window or the one before, and so was every block
+                # after it: in use, kept (back in its place)
+                lru[old] = seen
+                lru.move_to_end(old, last=False)
+                break
             owners = holders.get(old)
             if owners is not None:
                 owners.pop(key, None)
