@@ -55,18 +55,13 @@ class PrefixIndex:
     #: model's stickiness starts to grow there: :attr:`.ttft.TTFTModel.busy_kv`)
     PRESSED = 0.5
 
-    #: the part of an endpoint's KV cache (``max_blocks`` of :meth:`record`)
-    #: the index trims its least recent blocks to, stopping at the first one
-    #: sent within the last hot window (it never holds more than the whole
-    #: cache). The engine's cache holds more than the prompts the index sees
-    #: (the tokens it generated), so it evicts an unused prefix before a
-    #: cache of that size filled with prompts alone would; the blocks of
-    #: requests running now it cannot evict, so a set sent within the last
-    #: hot window is kept up to the whole cache. Measured in the fleet benchmark (docs/routing-benchmark.md,
-    #: fix 11): sized to the whole cache, one ``shared_prefix_long`` request
-    #: in ten went to a pod the index said held its 6,000-token prefix and
-    #: prefilled all of it; 0.85 of it for every block, ``trial`` past
-    #: saturation lost the copies its running requests were using.
+    #: the part of an endpoint's KV cache the index keeps of blocks no longer
+    #: in use (:meth:`record` says how). The engine's cache also holds the
+    #: tokens it generated, which the index never sees, so it evicts an
+    #: unused prefix before a cache of that size filled with prompts would:
+    #: sized to the whole cache, one ``shared_prefix_long`` request in ten
+    #: went to a pod the index said held its 6,000-token prefix, which
+    #: prefilled all of it (docs/routing-benchmark.md, fix 11)
     KV_FILL = 0.85
 
     def __init__(self, max_blocks_per_endpoint: int = 16384, max_holders_per_block: int = 16,
@@ -116,13 +111,15 @@ class PrefixIndex:
         """Remember that the prompt with these blocks was sent to ``key``.
 
         ``max_blocks``: what the endpoint's KV cache can hold, in prompt
-        blocks (:attr:`.candidates.Candidate.cache_blocks`); the endpoint's
-        set is kept that small, and to :attr:`kv_fill` of it while its least
-        recent block was sent before the last hot window (least recent out
-        first), so that the index forgets a prefix about when the engine's
-        own LRU would have evicted it. An index that remembers more than the cache holds promises
-        prefix hits the engine no longer has: a full prefill where a cheap
-        one was predicted, which is a tail request (docs/routing-benchmark.md).
+        blocks (:attr:`.candidates.Candidate.cache_blocks`). The endpoint's
+        set is trimmed, least recent first, to :attr:`kv_fill` of it,
+        stopping at a block sent in this hot window or the one before
+        (running requests' blocks, which the engine cannot evict: kept up to
+        the whole cache), so that the index forgets a prefix about when the
+        engine's own LRU would have evicted it. An index that remembers more
+        than the cache holds promises prefix hits the engine no longer has:
+        a full prefill where a cheap one was predicted, which is a tail
+        request (docs/routing-benchmark.md).
         """
         if self._journal is not None and block_hashes:
             if len(self._journal) >= self.MAX_JOURNAL:
@@ -167,16 +164,13 @@ class PrefixIndex:
         if max_blocks is None:
             size = keep = self.max_blocks
         else:
-            # the cache's size (what the hot fraction is measured against, and
-            # never exceeded), and the part of it the index trims to while its
-            # least recent block was sent before the last hot window
+            # the cache's size (never exceeded; the hot fraction's measure)
             size = max(1, min(self.max_blocks, max_blocks))
             keep = max(1, int(size * self.kv_fill))
         while len(lru) > keep:
             old, seen = lru.popitem(last=False)
             if seen >= w - 1 and len(lru) < size:
-                # sent in this window or the one before, and so was every block
-                # after it: in use, kept (back in its place)
+                # recent, and so is every block after it: put back, kept
                 lru[old] = seen
                 lru.move_to_end(old, last=False)
                 break
