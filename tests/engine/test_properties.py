@@ -206,8 +206,10 @@ def check_pick(s, ledger, r, seed) -> None:
         return
     pick = d.candidate
     assert pick.builtin is None, "a notReady/ejected endpoint was picked"
-    if r.prompt_tokens is not None and r.max_tokens is not None and pick.context_window is not None:
-        assert pick.context_window >= r.prompt_tokens + r.max_tokens
+    if r.context_need() is not None and pick.context_window is not None:
+        # what the request surely needs fits (one whose estimate does not fit
+        # stays when nothing else does: decide._by_window, ESTIMATE_MARGIN)
+        assert pick.context_window >= r.context_need(sure=True)
     assert d.model == pick.served_name
     step = d.steps[-1]
     assert step.outcome == "Routed"
