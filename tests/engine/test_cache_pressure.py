@@ -5,7 +5,7 @@ a pod whose cache the other prefixes in use already fill
 
 from __future__ import annotations
 
-from kinference_common.engine import InFlightLedger, PrefixIndex, decide
+from kinference_common.engine import InFlightLedger, PrefixIndex, TTFTModel, decide
 from kinference_common.engine.tokens import block_hashes
 
 from .helpers import ep, pool, req, rule, snap, tier, ws
@@ -136,8 +136,8 @@ def test_the_raised_charges_are_built_once_per_snapshot_and_pressure() -> None:
     decide(s, r, ledger=ledger, prefix=index)
     first = s.pressed_s
     assert first is not None and first[2][s.candidates[1].index] == 12.0
-    # the snapshot's own unchanged (o is idle at its scrape: TTFTModel.prefix_stickiness_idle)
-    assert first[2] is not s.ttft_s and s.ttft_s[s.candidates[1].index] == 1.0
+    # the snapshot's own unchanged (nothing waits on o at its scrape: TTFTModel.prefix_stickiness_unqueued)
+    assert first[2] is not s.ttft_s and s.ttft_s[s.candidates[1].index] == TTFTModel().prefix_stickiness_unqueued
     decide(s, r, ledger=ledger, prefix=index)
     assert s.pressed_s is first
     index.record("default/qwen/o", block_hashes("yet another prompt " * 300)[:3], 100)  # 95 -> 98 of 100

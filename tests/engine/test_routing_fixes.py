@@ -256,43 +256,66 @@ def _idle_world(other: dict, queue_at_holder: int = 7_000):
     return eps, hashes, index, ledger
 
 
-def test_an_idle_pod_takes_a_copy_a_busy_one_would_not() -> None:
-    # o prefills 2,600 tokens and is charged for the copy: once (2,600 more) when
-    # idle, three times (7,800 more) when busy; h's 7,000 queued tokens fall
-    # between (5,200 < 7,000 < 10,400). The spread is off: it is tested below.
+def test_a_pod_with_nothing_waiting_takes_a_copy_a_queued_one_would_not() -> None:
+    # o prefills 2,600 tokens (0.26 s) and is charged for the copy: half as
+    # much again (1,300 more) with nothing waiting there, three times (7,800
+    # more) with a queue; h's 7,000 queued tokens fall between (3,900 <
+    # 7,000 < 10,400). The spread is off: it is tested below.
     r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
     pool_ = _pool(["PrefixAffinity"])
-    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
-    d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
-    assert d.endpoint == "o"
-    # what traces show is o's own PredictedTTFT (2,600 tokens), not the charge
-    assert abs(d.steps[-1].tiers[-1].value - 0.26) < 1e-9
-    # one request running there, or one waiting: busy, charged three times; h keeps it
-    for busy in ({"running": 1, "queued": 0, "kv": 0.01}, {"running": 0, "queued": 1, "kv": 0.0}):
-        eps, _, index, ledger = _idle_world(busy)
-        assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
-    # idle at its scrape, but this router sent it a request since: busy too
-    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
+
+    def pick(other: dict, model: TTFTModel = NO_SPREAD, **ledger_kw) -> str | None:
+        eps, _, index, ledger = _idle_world(other, **ledger_kw)
+        return decide(snap(pool_, eps, ttft_model=model), r, ledger=ledger, prefix=index).endpoint
+
+    # idle, or running requests with none waiting: o takes it
+    for free in ({"running": 0, "queued": 0, "kv": 0.0}, {"running": 30, "queued": 0, "kv": 0.4}):
+        eps, _, index, ledger = _idle_world(free)
+        d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
+        assert d.endpoint == "o"
+        # what traces show is o's own PredictedTTFT (2,600 tokens, slowed by
+        # the running decodes: TTFTModel.running_slowdown), not the charge
+        assert abs(d.steps[-1].tiers[-1].value - 0.26 * (1 + free["running"] / 2048)) < 1e-9
+    # one request waiting, a KV cache more than half used, or no waiting
+    # count in the scrape: charged as a pod with a queue; h keeps it
+    for busy in ({"running": 0, "queued": 1, "kv": 0.0}, {"running": 30, "queued": 0, "kv": 0.6},
+                 {"running": 30, "queued": None, "kv": 0.4}):
+        assert pick(busy) == "h"
+    # nothing waiting at its scrape, but this router sent it a request since
+    # that has no first token yet: a queue too
+    eps, _, index, ledger = _idle_world({"running": 30, "queued": 0, "kv": 0.4})
+    ledger.sent("default/qwen/o", 0, 0.0)
+    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
+    # ... whose first token came: nothing waits there again
+    eps, _, index, ledger = _idle_world({"running": 30, "queued": 0, "kv": 0.4})
     ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
-    d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
-    assert d.endpoint == "h"
-    # ... and when it still wins (h's queue outweighs even three copies), the
-    # trace shows its own PredictedTTFT without the busy charge either
+    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "o"
+    # a peer replica's send there before its first token counts as this router's
+    eps, _, index, ledger = _idle_world({"running": 30, "queued": 0, "kv": 0.4})
+    peer = InFlightLedger()
+    peer.sent("default/qwen/o", 0, 0.0)
+    assert ledger.merge_peer("peer-1", 1, peer.summary(0.0), 0.0)
+    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
+    # ... and when o still wins (h's queue outweighs even three copies), the
+    # trace shows its own PredictedTTFT without the charge either
     eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0}, queue_at_holder=20_000)
-    ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
+    ledger.sent("default/qwen/o", 0, 0.0)
     d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
     assert d.endpoint == "o" and abs(d.steps[-1].tiers[-1].value - 0.26) < 1e-6
-    # a scrape without the waiting count is not known to be idle
-    eps, _, index, ledger = _idle_world({"running": 0, "queued": None, "kv": 0.0})
-    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
-    # an idle pod whose cache is full of prompts sent to it lately is charged as any such pod
+    # a pod with nothing waiting whose cache is full of prompts sent to it lately is charged as any such pod
     eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0, "kv_capacity_tokens": 6_400})
     index.record("default/qwen/o", block_hashes("other groups' prompts " * 1300)[:95], 100)
     assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
-    # with the idle charge set to the busy one, an idle pod is no different
-    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0})
-    same = snap(pool_, eps, ttft_model=TTFTModel(prefix_stickiness_idle=3.0, spread_fraction=0.0))
-    assert decide(same, r, ledger=ledger, prefix=index).endpoint == "h"
+    # with that charge set to the one of a queue, nothing waiting makes no difference
+    three = TTFTModel(prefix_stickiness_unqueued=3.0, spread_fraction=0.0)
+    for free in ({"running": 0, "queued": 0, "kv": 0.0}, {"running": 30, "queued": 0, "kv": 0.4}):
+        assert pick(free, three) == "h"
+    # the charge is the model's: at 1, o's 2,600 + 2,600 still beat h's 7,000
+    # by more than the tie tolerance; at 1.8 (2,600 + 4,680) they do not
+    assert pick({"running": 30, "queued": 0, "kv": 0.4}, TTFTModel(prefix_stickiness_unqueued=1.0,
+                                                                      spread_fraction=0.0)) == "o"
+    assert pick({"running": 30, "queued": 0, "kv": 0.4}, TTFTModel(prefix_stickiness_unqueued=1.8,
+                                                                      spread_fraction=0.0)) == "h"
 
 
 def test_a_new_prefix_goes_where_the_fewest_prompt_blocks_are_cached() -> None:

@@ -484,8 +484,9 @@ class Snapshot:
         self.ttft_h = [inf] * n  # KV headroom left after the queue, tokens
         self.ttft_it = [0.0] * n
         #: prefix stickiness per candidate (TTFTModel.stickiness; an endpoint
-        #: the scrape shows idle: prefix_stickiness_idle, which the decision
-        #: raises to its KV use's charge when this router has sends in flight there)
+        #: the scrape shows nothing waiting on: prefix_stickiness_unqueued,
+        #: which the decision raises to its KV use's charge when a send of
+        #: this router or a peer there is before its first token)
         self.ttft_s = [model.prefix_stickiness] * n
         #: requests running and waiting at the scrape (-1: unknown, a
         #: provider): the load the spread compares (decide._spread)
@@ -506,9 +507,9 @@ class Snapshot:
                 self.load[i] = -1
                 continue
             load = self.load[i] = c.running + c.queued if c.running is not None and c.queued is not None else -1
-            idle = load == 0 and (c.kv is None or c.kv <= model.busy_kv)
-            self.ttft_s[i] = (min(model.prefix_stickiness_idle, model.prefix_stickiness) if idle
-                              else model.stickiness(c.kv))
+            waiting = c.queued != 0 or (c.kv is not None and c.kv > model.busy_kv)
+            self.ttft_s[i] = (model.stickiness(c.kv) if waiting
+                              else min(model.prefix_stickiness_unqueued, model.prefix_stickiness))
             q = c.base_queue_tokens
             self.ttft_a[i] = cal * (c.t0 + q * c.per_token)
             self.ttft_pt[i] = cal * c.per_token

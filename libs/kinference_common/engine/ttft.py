@@ -97,17 +97,24 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     prefix_stickiness_full_kv: float = 12.0
     busy_kv: float = 0.5
     full_kv: float = 0.9
-    #: ... and this many times on an *idle* candidate: its last scrape shows
-    #: nothing running or waiting (and KV use at most ``busy_kv``), and this
-    #: router (with its peers) has nothing in flight there. Its KV blocks
-    #: are free, so a copy there evicts nothing in use (unless the prompts
-    #: sent to it lately fill its cache: the hot fraction raises the charge
-    #: as on any pod); the fleet's cost is the copy's own prefill. Charged
-    #: as a busy pod, a pod that held no prefix once every prefix had a
-    #: holder (a cold start, a pod added by a scale-up) stayed idle while
-    #: the holders queued: ``multiturn`` at 0.9 load in the fleet benchmark
-    #: left one of eight pods idle for 21 s (docs/routing-benchmark.md).
-    prefix_stickiness_idle: float = 1.0
+    #: ... and this many times on a candidate with *nothing waiting*: its
+    #: last scrape shows no request waiting (and KV use at most
+    #: ``busy_kv``), and no send of this router or its peers there is still
+    #: before its first token. A copy there delays nobody's first token
+    #: (the pod's step budget has room for its prefill beside the running
+    #: decodes) and its blocks are free, so it evicts nothing in use
+    #: (unless the prompts sent to it lately fill its cache: the hot
+    #: fraction raises the charge as on any pod). Charged as a pod with a
+    #: queue, a pod that held no prefix once every prefix had a holder (a
+    #: cold start, a pod added by a scale-up) stayed idle while the holders
+    #: queued (``multiturn`` at 0.9 load left one of eight pods idle for
+    #: 21 s), and a conversation or a group stayed on a holder in the middle
+    #: of a long prefill step while pods with room decoded (``multiturn``,
+    #: ``hetero``): docs/routing-benchmark.md, fixes 8 and 12. 0.5 measured
+    #: against 0, 0.1, 0.25 and 1: lower gave ``shared_prefix_long`` at full
+    #: load copies of its 6,000-token prefixes that the fleet's cache could
+    #: not keep.
+    prefix_stickiness_unqueued: float = 0.5
     #: spread: in the same tiers, a request the ranking and the tie-breakers
     #: give to a busy prefix holder goes instead to the least-loaded
     #: candidate when that one carries at most ``spread_fraction`` of the
