@@ -45,13 +45,20 @@ from kinference_common.messages import EndpointState, ProviderState
 #: takes a version-1 record's decisions without the spread, as its router did.
 #: 3: routers give an endpoint its same-GPU peers' largest Theta
 #: (``TTFTModel.peer_prefill_rate``); replay takes older records' without it.
+#: 4: routers charge a prefix's copy ``TTFTModel.prefix_stickiness_unqueued``
+#: on any endpoint where nothing waits (``unqueued_running``); replay takes
+#: older records' with that charge (1x then) on idle endpoints only.
 #: Writers set ``v`` explicitly: the field's default is what a record that
 #: does not say means (version 1 wrote none, its default being omitted).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: the first version whose routers had the spread
 SPREAD_SINCE = 2
 #: the first version whose routers gave an endpoint its peers' largest Theta
 PEER_THETA_SINCE = 3
+#: the first version whose routers charged a copy less wherever nothing waits
+UNQUEUED_SINCE = 4
+#: the charge on an idle endpoint's copy before UNQUEUED_SINCE
+IDLE_CHARGE_BEFORE = 1.0
 #: the JetStream stream of every pool's records
 STREAM = "KINFERENCE_RECORDS"
 PREFIX = "kinference.record"

@@ -1,7 +1,9 @@
-"""The two engine fixes the fleet benchmark found (docs/routing-benchmark.md):
-PredictedTTFT predictions within the model's tolerance are ties for the
-rule's ``tieBreak``, and the prefix index remembers no more of an endpoint
-than its KV cache holds."""
+"""The engine fixes the fleet benchmark found (docs/routing-benchmark.md,
+"What the benchmark found in the engine, and what changed"), one or more
+tests each: PredictedTTFT's ties for the rule's ``tieBreak``, the prefix
+index's bound and fill, the charge on a prefix's second copy, the learned
+rates of endpoints that served little, and the spread to a pod with an
+empty cache."""
 
 from __future__ import annotations
 
@@ -608,3 +610,39 @@ def test_a_record_from_a_router_without_peer_prefill_rates_replays_with_each_end
     # version 2: c predicted 23% slower, out of the tie: "a", as its router
     # decided; version 3: c at a's Theta, holding nothing: "c"
     assert picks == {2: "a", 3: "c"}
+
+
+def test_a_record_from_a_router_before_the_unqueued_charge_replays_with_the_idle_one() -> None:
+    """Records before schema version 4 come from routers that charged a
+    copy less (1x) on idle endpoints only: replayed that way; version 4
+    with the charge on any endpoint where nothing waits."""
+    from kinference_common.engine.trace import OutcomeTrace
+    from kinference_common.recording import DecisionRecord, RecordedRequest, SnapshotRecord, decode, encode
+    from kinference_router.recording import Recorder
+    from kinfctl.replay import Snapshots, _decide
+
+    from .helpers import NOW
+
+    pool_ = _pool(["PrefixAffinity"])
+    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
+    picks = {}
+    for v in (3, 4):
+        for other in ({"running": 30, "queued": 0, "kv": 0.4}, {"running": 0, "queued": 0, "kv": 0.0}):
+            eps, _, index, ledger = _idle_world(other)
+            d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
+            Recorder.capture(d)
+            snaps = Snapshots()
+            snaps.add(decode(encode(SnapshotRecord(
+                v=v, router="r", version=1, namespace="default", pool="p", now=NOW, stale_after=5.0,
+                provider_stale_after=60.0, pool_revision="1", compiled=pool_, endpoints=eps,
+                ttft_model=NO_SPREAD))))
+            rec = DecisionRecord(v=v, decision_id="d1", at=0.0, router="r", snapshot=1, namespace="default",
+                                 pool="p", request=RecordedRequest(model="qwen-2.5", prompt_tokens=2_600,
+                                                                   block_hashes=list(r.block_hashes)),
+                                 loads=d.inputs.loads, matches=d.inputs.matches, held=d.inputs.held,
+                                 pressure=d.inputs.pressure, outcome=OutcomeTrace(type="Routed", endpoint=d.endpoint))
+            again, _ = _decide(snaps.get("r", 1, "live"), rec, r)
+            picks[v, other["running"]] = again.endpoint
+    # version 3: o with 30 running and none waiting was charged as busy (3x),
+    # so h kept it, as its router decided; idle, 1x: o
+    assert picks == {(3, 30): "h", (3, 0): "o", (4, 30): "o", (4, 0): "o"}

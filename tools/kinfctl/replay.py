@@ -51,10 +51,12 @@ from kinference_common.engine.ledger import EndpointLoad
 from kinference_common.engine.ttft import TTFTModel
 from kinference_common.manifests import load_paths
 from kinference_common.recording import (
+    IDLE_CHARGE_BEFORE,
     LOAD_FIELDS,
     PEER_THETA_SINCE,
     SECOND_RECORDS,
     SPREAD_SINCE,
+    UNQUEUED_SINCE,
     DecisionRecord,
     ObservationRecord,
     Record,
@@ -92,11 +94,14 @@ def _model(r: SnapshotRecord, model: TTFTModel) -> TTFTModel:
     """The PredictedTTFT model ``model`` (as recorded) as the router that
     wrote ``r`` used it: a router from before the spread (schema before
     SPREAD_SINCE) had none, and one from before PEER_THETA_SINCE gave each
-    endpoint its own Theta."""
+    endpoint its own Theta, and one from before UNQUEUED_SINCE charged a
+    copy less on idle endpoints only."""
     if r.v < SPREAD_SINCE and model.spread_fraction:
         model = msgspec.structs.replace(model, spread_fraction=0.0)
     if r.v < PEER_THETA_SINCE and model.peer_prefill_rate:
         model = msgspec.structs.replace(model, peer_prefill_rate=False)
+    if r.v < UNQUEUED_SINCE and model.unqueued_running:
+        model = msgspec.structs.replace(model, unqueued_running=False, prefix_stickiness_unqueued=IDLE_CHARGE_BEFORE)
     return model
 
 

@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable
 
 from .candidates import Candidate
-from .ledger import InFlightLedger
+from .ledger import EndpointLoad, InFlightLedger
 from .prefix import PrefixIndex
 from .request import Request
 from .signals import DecisionContext
@@ -343,7 +343,7 @@ def _rank_predicted_ttft(
                 q = ctx.queue_tokens(c)
                 a = cal * (c.t0 + q * c.per_token)
                 h = c.kv_free - q if c.kv_free is not None else _INF
-            s = _charge(S[i], c, load is not None and (load.pending_count or load.peer_pending_count), model)
+            s = _charge(S[i], c, load, model)
             v = a + PT[i] * u + ((u - h) * IT[i] if u > h else 0.0)
             cache[i] = v
             vals[j] = v + s * stick * (m_best - m) * PT[i] if stick else v
@@ -452,12 +452,17 @@ def _pressed_stickiness(snapshot: Snapshot, model: TTFTModel, pressed: dict[str,
     return S
 
 
-def _charge(s: float, c: Candidate, pending: object, model: TTFTModel) -> float:
-    """The stickiness charged to ``c``, whose snapshot charge is ``s``: an
+def _charge(s: float, c: Candidate, load: EndpointLoad | None, model: TTFTModel) -> float:
+    """The stickiness charged to ``c``, whose snapshot charge is ``s`` and
+    whose open sends (this router's and its peers') are ``load``: an
     endpoint with nothing waiting at its scrape (``prefix_stickiness_unqueued``)
-    where a send of this router or a peer is ``pending`` (before its first
-    token) is charged as its KV use says, like any pod with a queue."""
-    if pending and s < model.prefix_stickiness:
+    where one of them is still before its first token is charged as its KV
+    use says, like any pod with a queue (without ``unqueued_running``: where
+    any is open)."""
+    if load is None:
+        return s
+    busy = load.pending_count or load.peer_pending_count if model.unqueued_running else True
+    if busy and s < model.prefix_stickiness:
         return max(s, model.stickiness(c.kv))
     return s
 
@@ -469,8 +474,7 @@ def _unstuck(v: float, c: Candidate, ctx: DecisionContext, stick: float, m_best:
         return v
     m = min(ctx.matches().get(c.ledger_key, 0), len(ctx.block_hashes))
     load = ctx.loads.get(c.ledger_key) if ctx.loads else None
-    pending = load is not None and (load.pending_count or load.peer_pending_count)
-    return v - _charge(S[c.index], c, pending, ctx.model) * stick * (m_best - m) * PT[c.index]
+    return v - _charge(S[c.index], c, load, ctx.model) * stick * (m_best - m) * PT[c.index]
 
 
 def _by_window(cands: list[Candidate], need: int) -> tuple[list[Candidate], list[Candidate]]:

@@ -115,6 +115,11 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     #: load copies of its 6,000-token prefixes that the fleet's cache could
     #: not keep.
     prefix_stickiness_unqueued: float = 0.5
+    #: False: that charge only on an *idle* candidate (nothing running
+    #: either, nothing of this router's or its peers' in flight), as routers
+    #: did before fix 12 (decision records before schema version 4, which
+    #: ``kinfctl replay`` takes that way, at their 1x)
+    unqueued_running: bool = True
     #: spread: in the same tiers, a request the ranking and the tie-breakers
     #: give to a busy prefix holder goes instead to the least-loaded
     #: candidate when that one carries at most ``spread_fraction`` of the
