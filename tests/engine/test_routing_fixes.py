@@ -626,9 +626,20 @@ def test_a_record_from_a_router_before_the_unqueued_charge_replays_with_the_idle
     pool_ = _pool(["PrefixAffinity"])
     r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
     picks = {}
+    idle = {"running": 0, "queued": 0, "kv": 0.0}
+    cases = {
+        "running": ({"running": 30, "queued": 0, "kv": 0.4}, 7_000, False),
+        "idle": (idle, 7_000, False),
+        # h's queue between the two charges (1x: 5,200 < 5,000 * 1.1; 0.5x: 3,900): the charge's value
+        "idle, shorter queue": (idle, 5_000, False),
+        # o idle at its scrape, with a send since whose first token came: busy then, not now
+        "idle, a send started": (idle, 7_000, True),
+    }
     for v in (3, 4):
-        for other in ({"running": 30, "queued": 0, "kv": 0.4}, {"running": 0, "queued": 0, "kv": 0.0}):
-            eps, _, index, ledger = _idle_world(other)
+        for name, (other, queue, started) in cases.items():
+            eps, _, index, ledger = _idle_world(other, queue_at_holder=queue)
+            if started:
+                ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
             d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
             Recorder.capture(d)
             snaps = Snapshots()
@@ -642,7 +653,11 @@ def test_a_record_from_a_router_before_the_unqueued_charge_replays_with_the_idle
                                  loads=d.inputs.loads, matches=d.inputs.matches, held=d.inputs.held,
                                  pressure=d.inputs.pressure, outcome=OutcomeTrace(type="Routed", endpoint=d.endpoint))
             again, _ = _decide(snaps.get("r", 1, "live"), rec, r)
-            picks[v, other["running"]] = again.endpoint
-    # version 3: o with 30 running and none waiting was charged as busy (3x),
-    # so h kept it, as its router decided; idle, 1x: o
-    assert picks == {(3, 30): "h", (3, 0): "o", (4, 30): "o", (4, 0): "o"}
+            picks[v, name] = again.endpoint
+    # version 3, as its router decided: o with 30 running and none waiting
+    # charged as busy (3x), so h kept it; idle, 1x: o, unless h's queue is
+    # shorter than the copy and o's prefill; a send in flight made o busy
+    assert picks == {(3, "running"): "h", (3, "idle"): "o", (3, "idle, shorter queue"): "h",
+                     (3, "idle, a send started"): "h",
+                     (4, "running"): "o", (4, "idle"): "o", (4, "idle, shorter queue"): "o",
+                     (4, "idle, a send started"): "o"}

@@ -461,7 +461,7 @@ def _charge(s: float, c: Candidate, load: EndpointLoad | None, model: TTFTModel)
     any is open)."""
     if load is None:
         return s
-    busy = load.pending_count or load.peer_pending_count if model.unqueued_running else True
+    busy = bool(load.pending_count or load.peer_pending_count) if model.unqueued_running else True
     if busy and s < model.prefix_stickiness:
         return max(s, model.stickiness(c.kv))
     return s
