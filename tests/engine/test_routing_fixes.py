@@ -258,22 +258,45 @@ def _idle_world(other: dict, queue_at_holder: int = 7_000):
     return eps, hashes, index, ledger
 
 
+#: a 2,600-token request for the idle world's prompt
+IDLE_REQUEST = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
+RUNNING = {"running": 30, "queued": 0, "kv": 0.4}
+IDLE = {"running": 0, "queued": 0, "kv": 0.0}
+
+
+def _idle_decide(other: dict, model: TTFTModel = NO_SPREAD, *, queue_at_holder: int = 7_000,
+                 o_send: str | None = None, o_others: int = 0):  # noqa: ANN202 - (Decision, eps)
+    """The decision on :data:`IDLE_REQUEST` in :func:`_idle_world` (tie-break
+    PrefixAffinity), with one send to o since its scrape: ``"pending"``
+    (before its first token), ``"started"`` (after it) or ``"peer"`` (a peer
+    replica's, pending); ``o_others``: blocks of other prompts sent to o just
+    now (a cache of 100 blocks)."""
+    eps, _, index, ledger = _idle_world(other, queue_at_holder)
+    if o_send == "pending":
+        ledger.sent("default/qwen/o", 0, 0.0)
+    elif o_send == "started":
+        ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
+    elif o_send == "peer":
+        peer = InFlightLedger()
+        peer.sent("default/qwen/o", 0, 0.0)
+        assert ledger.merge_peer("peer-1", 1, peer.summary(0.0), 0.0)
+    if o_others:
+        index.record("default/qwen/o", block_hashes("other groups' prompts " * 1300)[:o_others], 100)
+    d = decide(snap(_pool(["PrefixAffinity"]), eps, ttft_model=model), IDLE_REQUEST, ledger=ledger, prefix=index)
+    return d, eps
+
+
 def test_a_pod_with_nothing_waiting_takes_a_copy_a_queued_one_would_not() -> None:
     # o prefills 2,600 tokens (0.26 s) and is charged for the copy: half as
     # much again (1,300 more) with nothing waiting there, three times (7,800
     # more) with a queue; h's 7,000 queued tokens fall between (3,900 <
     # 7,000 < 10,400). The spread is off: it is tested below.
-    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
-    pool_ = _pool(["PrefixAffinity"])
-
-    def pick(other: dict, model: TTFTModel = NO_SPREAD, **ledger_kw) -> str | None:
-        eps, _, index, ledger = _idle_world(other, **ledger_kw)
-        return decide(snap(pool_, eps, ttft_model=model), r, ledger=ledger, prefix=index).endpoint
+    def pick(other: dict, model: TTFTModel = NO_SPREAD, **kw) -> str | None:
+        return _idle_decide(other, model, **kw)[0].endpoint
 
     # idle, or running requests with none waiting: o takes it
-    for free in ({"running": 0, "queued": 0, "kv": 0.0}, {"running": 30, "queued": 0, "kv": 0.4}):
-        eps, _, index, ledger = _idle_world(free)
-        d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
+    for free in (IDLE, RUNNING):
+        d, _ = _idle_decide(free)
         assert d.endpoint == "o"
         # what traces show is o's own PredictedTTFT (2,600 tokens, slowed by
         # the running decodes: TTFTModel.running_slowdown), not the charge
@@ -285,39 +308,25 @@ def test_a_pod_with_nothing_waiting_takes_a_copy_a_queued_one_would_not() -> Non
         assert pick(busy) == "h"
     # nothing waiting at its scrape, but this router sent it a request since
     # that has no first token yet: a queue too
-    eps, _, index, ledger = _idle_world({"running": 30, "queued": 0, "kv": 0.4})
-    ledger.sent("default/qwen/o", 0, 0.0)
-    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
+    assert pick(RUNNING, o_send="pending") == "h"
     # ... whose first token came: nothing waits there again
-    eps, _, index, ledger = _idle_world({"running": 30, "queued": 0, "kv": 0.4})
-    ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
-    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "o"
+    assert pick(RUNNING, o_send="started") == "o"
     # a peer replica's send there before its first token counts as this router's
-    eps, _, index, ledger = _idle_world({"running": 30, "queued": 0, "kv": 0.4})
-    peer = InFlightLedger()
-    peer.sent("default/qwen/o", 0, 0.0)
-    assert ledger.merge_peer("peer-1", 1, peer.summary(0.0), 0.0)
-    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
+    assert pick(RUNNING, o_send="peer") == "h"
     # ... and when o still wins (h's queue outweighs even three copies), the
     # trace shows its own PredictedTTFT without the charge either
-    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0}, queue_at_holder=20_000)
-    ledger.sent("default/qwen/o", 0, 0.0)
-    d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
+    d, _ = _idle_decide(IDLE, queue_at_holder=20_000, o_send="pending")
     assert d.endpoint == "o" and abs(d.steps[-1].tiers[-1].value - 0.26) < 1e-6
     # a pod with nothing waiting whose cache is full of prompts sent to it lately is charged as any such pod
-    eps, _, index, ledger = _idle_world({"running": 0, "queued": 0, "kv": 0.0, "kv_capacity_tokens": 6_400})
-    index.record("default/qwen/o", block_hashes("other groups' prompts " * 1300)[:95], 100)
-    assert decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index).endpoint == "h"
+    assert pick({**IDLE, "kv_capacity_tokens": 6_400}, o_others=95) == "h"
     # with that charge set to the one of a queue, nothing waiting makes no difference
     three = TTFTModel(prefix_stickiness_unqueued=3.0, spread_fraction=0.0)
-    for free in ({"running": 0, "queued": 0, "kv": 0.0}, {"running": 30, "queued": 0, "kv": 0.4}):
+    for free in (IDLE, RUNNING):
         assert pick(free, three) == "h"
     # the charge is the model's: at 1, o's 2,600 + 2,600 still beat h's 7,000
     # by more than the tie tolerance; at 1.8 (2,600 + 4,680) they do not
-    assert pick({"running": 30, "queued": 0, "kv": 0.4}, TTFTModel(prefix_stickiness_unqueued=1.0,
-                                                                      spread_fraction=0.0)) == "o"
-    assert pick({"running": 30, "queued": 0, "kv": 0.4}, TTFTModel(prefix_stickiness_unqueued=1.8,
-                                                                      spread_fraction=0.0)) == "h"
+    assert pick(RUNNING, TTFTModel(prefix_stickiness_unqueued=1.0, spread_fraction=0.0)) == "o"
+    assert pick(RUNNING, TTFTModel(prefix_stickiness_unqueued=1.8, spread_fraction=0.0)) == "h"
 
 
 def test_a_new_prefix_goes_where_the_fewest_prompt_blocks_are_cached() -> None:
@@ -544,35 +553,49 @@ def test_the_spread_reads_the_routers_sends_and_judges_the_tie_breakers_pick() -
     assert d.steps[-1].tiers[-1].tie_breaks == ("PrefixAffinity", "LeastInFlight")
 
 
+def _snapshot_record(v: int, compiled, eps: list, model: TTFTModel) -> bytes:  # noqa: ANN001
+    """A snapshot record of schema version ``v``, encoded as its router wrote it."""
+    from kinference_common.recording import SnapshotRecord, encode
+
+    from .helpers import NOW
+
+    return encode(SnapshotRecord(v=v, router="r", version=1, namespace="default", pool="p", now=NOW,
+                                 stale_after=5.0, provider_stale_after=60.0, pool_revision="1",
+                                 compiled=compiled, endpoints=eps, ttft_model=model))
+
+
+def _replayed(v: int, written: bytes, r, recorded: str | None = "a", **inputs) -> str | None:  # noqa: ANN001, ANN003
+    """The endpoint ``kinfctl replay`` picks for ``r`` from a decision record
+    of version ``v`` on the snapshot record ``written``, with the router's
+    state the decision read (``inputs``: loads, matches, held, pressure)."""
+    from kinference_common.engine.trace import OutcomeTrace
+    from kinference_common.recording import DecisionRecord, RecordedRequest, decode
+    from kinfctl.replay import Snapshots, _decide
+
+    snaps = Snapshots()
+    snaps.add(decode(written))
+    rec = DecisionRecord(v=v, decision_id="d1", at=0.0, router="r", snapshot=1, namespace="default", pool="p",
+                         request=RecordedRequest(model=r.model, prompt_tokens=r.prompt_tokens,
+                                                 block_hashes=list(r.block_hashes)),
+                         outcome=OutcomeTrace(type="Routed", endpoint=recorded), **inputs)
+    d, _ = _decide(snaps.get("r", 1, "live"), rec, r)
+    return d.endpoint
+
+
 def test_a_record_from_a_router_without_the_spread_replays_without_it() -> None:
     """Records of schema version 1 (routers before the spread) kept ``held``
     only when no endpoint matched: their decisions are replayed as their
     router took them, with the spread off."""
-    from kinference_common.engine.trace import OutcomeTrace
-    from kinference_common.recording import DecisionRecord, RecordedRequest, SnapshotRecord, decode, encode
-    from kinfctl.replay import Snapshots, _decide
-
-    from .helpers import NOW
-
     pool_ = _pool(["PrefixAffinity", "LeastInFlight"])
     eps, index = _fleet_world()
     r = _group_request()
     matches = index.match(r.block_hashes)
     picks = {}
     for v in (1, 2):
-        written = encode(SnapshotRecord(v=v, router="r", version=1, namespace="default", pool="p", now=NOW,
-                                        stale_after=5.0, provider_stale_after=60.0, pool_revision="1",
-                                        compiled=pool_, endpoints=eps, ttft_model=TTFTModel()))
+        written = _snapshot_record(v, pool_, eps, TTFTModel())
         # a version-1 router wrote no "v" at all (its default, omitted)
         assert (b'"v":' in written) is (v != 1)
-        snaps = Snapshots()
-        snaps.add(decode(written))
-        rec = DecisionRecord(v=v, decision_id="d1", at=0.0, router="r", snapshot=1, namespace="default", pool="p",
-                             request=RecordedRequest(model="qwen-2.5", prompt_tokens=2_400,
-                                                     block_hashes=list(r.block_hashes)),
-                             matches=matches, outcome=OutcomeTrace(type="Routed", endpoint="a"))
-        d, _ = _decide(snaps.get("r", 1, "live"), rec, r)
-        picks[v] = d.endpoint
+        picks[v] = _replayed(v, written, r, matches=matches)
     # version 1: the router had no spread and kept no held blocks here: "a",
     # as it decided; a version-2 record without held blocks would read "n held
     # nothing" and move it
@@ -582,12 +605,6 @@ def test_a_record_from_a_router_without_the_spread_replays_without_it() -> None:
 def test_a_record_from_a_router_without_peer_prefill_rates_replays_with_each_endpoints_own() -> None:
     """Records before schema version 3 come from routers that gave each
     endpoint its own Theta: replayed that way; version 3 with the peers'."""
-    from kinference_common.engine.trace import OutcomeTrace
-    from kinference_common.recording import DecisionRecord, RecordedRequest, SnapshotRecord, decode, encode
-    from kinfctl.replay import Snapshots, _decide
-
-    from .helpers import NOW
-
     cap = {"kv_capacity_tokens": 19_200}
     eps = [ep("qwen", "a", theta=15_900.0, **cap), ep("qwen", "c", theta=12_900.0, **cap)]
     index = PrefixIndex()
@@ -596,17 +613,8 @@ def test_a_record_from_a_router_without_peer_prefill_rates_replays_with_each_end
     fresh = req("qwen-2.5", prompt_tokens=2_000, block_hashes=block_hashes("a group nobody has seen " * 300))
     picks = {}
     for v in (2, 3):
-        snaps = Snapshots()
-        snaps.add(decode(encode(SnapshotRecord(
-            v=v, router="r", version=1, namespace="default", pool="p", now=NOW, stale_after=5.0,
-            provider_stale_after=60.0, pool_revision="1", compiled=_pool(["PrefixAffinity", "LeastInFlight"]),
-            endpoints=eps, ttft_model=TTFTModel()))))
-        rec = DecisionRecord(v=v, decision_id="d1", at=0.0, router="r", snapshot=1, namespace="default", pool="p",
-                             request=RecordedRequest(model="qwen-2.5", prompt_tokens=2_000,
-                                                     block_hashes=list(fresh.block_hashes)),
-                             held=index.held(), outcome=OutcomeTrace(type="Routed", endpoint="a"))
-        d, _ = _decide(snaps.get("r", 1, "live"), rec, fresh)
-        picks[v] = d.endpoint
+        written = _snapshot_record(v, _pool(["PrefixAffinity", "LeastInFlight"]), eps, TTFTModel())
+        picks[v] = _replayed(v, written, fresh, held=index.held())
     # version 2: c predicted 23% slower, out of the tie: "a", as its router
     # decided; version 3: c at a's Theta, holding nothing: "c"
     assert picks == {2: "a", 3: "c"}
@@ -616,44 +624,24 @@ def test_a_record_from_a_router_before_the_unqueued_charge_replays_with_the_idle
     """Records before schema version 4 come from routers that charged a
     copy less (1x) on idle endpoints only: replayed that way; version 4
     with the charge on any endpoint where nothing waits."""
-    from kinference_common.engine.trace import OutcomeTrace
-    from kinference_common.recording import DecisionRecord, RecordedRequest, SnapshotRecord, decode, encode
     from kinference_router.recording import Recorder
-    from kinfctl.replay import Snapshots, _decide
 
-    from .helpers import NOW
-
-    pool_ = _pool(["PrefixAffinity"])
-    r = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes("shared system prompt " * 500))
     picks = {}
-    idle = {"running": 0, "queued": 0, "kv": 0.0}
     cases = {
-        "running": ({"running": 30, "queued": 0, "kv": 0.4}, 7_000, False),
-        "idle": (idle, 7_000, False),
+        "running": (RUNNING, 7_000, None),
+        "idle": (IDLE, 7_000, None),
         # h's queue between the two charges (1x: 5,200 < 5,000 * 1.1; 0.5x: 3,900): the charge's value
-        "idle, shorter queue": (idle, 5_000, False),
+        "idle, shorter queue": (IDLE, 5_000, None),
         # o idle at its scrape, with a send since whose first token came: busy then, not now
-        "idle, a send started": (idle, 7_000, True),
+        "idle, a send started": (IDLE, 7_000, "started"),
     }
     for v in (3, 4):
-        for name, (other, queue, started) in cases.items():
-            eps, _, index, ledger = _idle_world(other, queue_at_holder=queue)
-            if started:
-                ledger.first_token(ledger.sent("default/qwen/o", 0, 0.0))
-            d = decide(snap(pool_, eps, ttft_model=NO_SPREAD), r, ledger=ledger, prefix=index)
+        for name, (other, queue, o_send) in cases.items():
+            d, eps = _idle_decide(other, queue_at_holder=queue, o_send=o_send)
             Recorder.capture(d)
-            snaps = Snapshots()
-            snaps.add(decode(encode(SnapshotRecord(
-                v=v, router="r", version=1, namespace="default", pool="p", now=NOW, stale_after=5.0,
-                provider_stale_after=60.0, pool_revision="1", compiled=pool_, endpoints=eps,
-                ttft_model=NO_SPREAD))))
-            rec = DecisionRecord(v=v, decision_id="d1", at=0.0, router="r", snapshot=1, namespace="default",
-                                 pool="p", request=RecordedRequest(model="qwen-2.5", prompt_tokens=2_600,
-                                                                   block_hashes=list(r.block_hashes)),
-                                 loads=d.inputs.loads, matches=d.inputs.matches, held=d.inputs.held,
-                                 pressure=d.inputs.pressure, outcome=OutcomeTrace(type="Routed", endpoint=d.endpoint))
-            again, _ = _decide(snaps.get("r", 1, "live"), rec, r)
-            picks[v, name] = again.endpoint
+            written = _snapshot_record(v, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
+            picks[v, name] = _replayed(v, written, IDLE_REQUEST, d.endpoint, loads=d.inputs.loads,
+                                       matches=d.inputs.matches, held=d.inputs.held, pressure=d.inputs.pressure)
     # version 3, as its router decided: o with 30 running and none waiting
     # charged as busy (3x), so h kept it; idle, 1x: o, unless h's queue is
     # shorter than the copy and o's prefill; a send in flight made o busy

@@ -507,9 +507,11 @@ class Snapshot:
                 self.load[i] = -1
                 continue
             load = self.load[i] = c.running + c.queued if c.running is not None and c.queued is not None else -1
-            waiting = (c.queued != 0 if model.unqueued_running else load != 0) or (
+            # charged as a pod with a queue: a request waiting (or no count
+            # of them), or more than busy_kv of its KV cache in use
+            busy = (c.queued != 0 if model.unqueued_running else load != 0) or (
                 c.kv is not None and c.kv > model.busy_kv)
-            self.ttft_s[i] = (model.stickiness(c.kv) if waiting
+            self.ttft_s[i] = (model.stickiness(c.kv) if busy
                               else min(model.prefix_stickiness_unqueued, model.prefix_stickiness))
             q = c.base_queue_tokens
             self.ttft_a[i] = cal * (c.t0 + q * c.per_token)
