@@ -35,6 +35,7 @@ import msgspec
 from kinference_common.compiler import compile_documents
 from kinference_common.engine import Calibration, InFlightLedger, PrefixIndex, Request, Snapshot, TTFTModel, decide
 from kinference_common.engine.tokens import estimate_tokens
+from kinference_common.engine.ledger import Send
 from kinference_common.manifests import load_text
 from kinference_common.messages import EndpointState, ProviderState
 
@@ -201,7 +202,7 @@ class Kinference(Router):
         self._model = self._base_model
         self._dirty = True
         self._built = -1e9
-        self._sends: dict[str, tuple[object, float | None, float]] = {}
+        self._sends: dict[str, tuple[Send, float | None, float, bool]] = {}
         self.decisions = 0
         self.provider_sends = 0
         if self.share is not None:
@@ -288,17 +289,18 @@ class Kinference(Router):
             predicted = p / snap.ttft_model.calibration if p else None
         send = self.ledger.sent(cand.ledger_key, d.prefill_tokens, EPOCH + now)
         if cand.is_local and req.router_hashes:
-            self.prefix.record(cand.ledger_key, req.router_hashes, cand.cache_blocks if self.fixed else None)
+            self.prefix.record(cand.ledger_key, req.router_hashes, cand.cache_blocks if self.fixed else None,
+                               cand.kv if self.fixed else None)
         if not cand.is_local:
             self.provider_sends += 1
-        self._sends[req.id] = (send, predicted, now)
+        self._sends[req.id] = (send, predicted, now, cand.is_local)
         return cand.ledger_key
 
     def on_first_token(self, req: SimRequest, now: float) -> None:
         entry = self._sends.get(req.id)
         if entry is None:
             return
-        send, predicted, sent_at = entry
+        send, predicted, sent_at, _ = entry
         self._now = now
         self.ledger.first_token(send, EPOCH + now)
         if predicted is not None:
@@ -308,4 +310,7 @@ class Kinference(Router):
         entry = self._sends.pop(req.id, None)
         if entry is not None:
             self._now = now
-            self.ledger.finished(entry[0], EPOCH + now)
+            send = entry[0]
+            self.ledger.finished(send, EPOCH + now)
+            if entry[3] and self.fixed:  # an endpoint's answer: its length, as the router reads it from the usage
+                self.prefix.observe_output(send.key, send.tokens, req.output_len)

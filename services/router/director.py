@@ -370,7 +370,7 @@ class Send:
         self.handle = dr.ledger.sent(cand.ledger_key, d.prefill_tokens, time.time())
         req = d.request
         if req.block_hashes and cand.is_local:
-            dr.prefix.record(cand.ledger_key, req.block_hashes, cand.cache_blocks)
+            dr.prefix.record(cand.ledger_key, req.block_hashes, cand.cache_blocks, cand.kv)
         inflight = dr.metrics.inflight
         inflight[cand.backend] = inflight.get(cand.backend, 0) + 1
 
@@ -417,6 +417,9 @@ class Send:
             dr.limiter.release(cand.ledger_key)
         if outcome != "not_sent":  # nothing reached the upstream: nothing to observe
             obs.outcome = outcome  # type: ignore[assignment]
+            if outcome == "ok" and cand.is_local and obs.completion_tokens is not None:
+                # how much of what the endpoint computed was prompt: the prefix index's fill there
+                dr.prefix.observe_output(cand.ledger_key, self.decision.prefill_tokens, obs.completion_tokens)
             dr.metrics.sent(dr.pool_label, cand.backend, cand.dest_name, cand.endpoint, cand.is_local,
                             outcome, obs.prompt_tokens, obs.completion_tokens)
             # encoded and published after the response is on its way

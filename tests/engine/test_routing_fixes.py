@@ -155,6 +155,75 @@ def test_the_fill_applies_to_the_cache_the_index_can_hold() -> None:
             PrefixIndex(kv_fill=bad)
 
 
+def _answers(index: PrefixIndex, key: str, prefill: int, output: int, n: int = 200) -> None:
+    for _ in range(n):
+        index.observe_output(key, prefill, output)
+
+
+def test_the_fill_is_the_kv_usage_plus_the_rest_at_the_prompt_share() -> None:
+    """Fix 13: the part of an endpoint's cache the index keeps is what
+    running requests hold (the scraped KV usage, prompts) plus the rest at
+    the share of prompt tokens in what the endpoint computed (each answer's
+    usage), between MIN_FILL and KV_FILL; KV_FILL while the usage is not known."""
+    index = PrefixIndex()
+    assert index.fill("k") == PrefixIndex.KV_FILL  # nothing known of k
+    index.record("k", (1, 2), 100, kv_usage=0.2)
+    assert index.fill("k") == pytest.approx(0.2 + 0.8 * PrefixIndex.PROMPT_SHARE)  # no answer yet: the prior
+    _answers(index, "k", 384, 192)  # a conversation's turn: 384 new prompt tokens, 192 generated
+    assert index.fill("k") == pytest.approx(0.2 + 0.8 * 384 / 576, abs=1e-3)
+    for unknown in (None, float("nan"), 1.5, -0.1):  # a record without a usable KV usage keeps the last one
+        index.record("k", (1, 2), 100, kv_usage=unknown)
+        assert index.fill("k") == pytest.approx(0.2 + 0.8 * 384 / 576, abs=1e-3)
+    index.record("k", (1, 2), 100, kv_usage=0.9)  # a busy cache is mostly prompts: at most KV_FILL
+    assert index.fill("k") == PrefixIndex.KV_FILL
+    index.record("k", (1, 2), 100, kv_usage=0.0)
+    _answers(index, "k", 10, 1000)  # answers a hundred times their prompts: never under MIN_FILL
+    assert index.fill("k") == PrefixIndex.MIN_FILL
+    for bad in ((-1, 10), (10, -1), (0, 0)):  # not an answer: no change
+        index.observe_output("k", *bad)
+    assert index.fill("k") == PrefixIndex.MIN_FILL
+    assert index.fill("other") == PrefixIndex.KV_FILL  # per endpoint
+    index.forget("k")  # a restarted endpoint starts again from what is known of it: nothing
+    assert index.fill("k") == PrefixIndex.KV_FILL
+    assert PrefixIndex(kv_fill=0.3).fill("k") == 0.3  # a lower bound given is kept
+    low = PrefixIndex(kv_fill=0.3)
+    low.record("k", (1,), 100, kv_usage=0.0)
+    _answers(low, "k", 10, 1000)
+    assert low.fill("k") == 0.3
+
+
+def test_a_conversation_evicted_by_generated_tokens_is_not_promised() -> None:
+    """Fix 13: a pod running few requests whose answers are long against the
+    new part of their prompts (a conversation's turns) holds fewer prompts
+    than KV_FILL of its cache: 40 blocks of a conversation, then 50 of
+    others 10 s later, on a 100-block cache 20% in use whose answers
+    generated one token for each prompt token computed. The index keeps 60
+    blocks (0.2 + 0.8 x 0.5), 10 of the conversation's first ones, where
+    KV_FILL kept 35; with the pod busy (KV 90% used) it keeps 35 again."""
+    def aged(usage: float | None) -> PrefixIndex:
+        now = [0.0]
+        index = PrefixIndex(clock=lambda: now[0])
+        _answers(index, "k", 500, 500)
+        index.record("k", tuple(range(1000, 1040)), 100, kv_usage=usage)
+        now[0] = 10.0
+        index.record("k", tuple(range(2000, 2050)), 100, kv_usage=usage)
+        return index
+
+    conversation = tuple(range(1000, 1040))
+    assert aged(None).match(conversation) == {"k": 35}  # the usage unknown: KV_FILL, as before
+    quiet = aged(0.2)
+    assert quiet.blocks("k") == 60 and quiet.match(conversation) == {"k": 10}
+    assert aged(0.9).match(conversation) == {"k": 35}
+    # a peer's record of the endpoint trims to the fill this replica knows of it
+    now = [0.0]
+    index = PrefixIndex(clock=lambda: now[0])
+    _answers(index, "k", 500, 500)
+    index.record("k", tuple(range(1000, 1040)), 100, kv_usage=0.2)
+    now[0] = 10.0
+    index.record_peer("k", tuple(range(2000, 2050)), 100)
+    assert index.match(conversation) == {"k": 10}
+
+
 def test_the_index_without_a_capacity_keeps_its_own_bound() -> None:
     index = PrefixIndex(max_blocks_per_endpoint=100)
     first = block_hashes("first system prompt " * 200)

@@ -23,6 +23,8 @@ from kinference_classifier.service import ClassifierService
 from kinference_common import bus, subjects
 from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_common.compiler import compile_documents
+from kinference_common.engine import PrefixIndex
+from kinference_common.engine.candidates import endpoint_key
 from kinference_common.messages import EndpointState, encode
 from kinference_common.natsserver import NatsServer
 from kinference_policy_compiler.publisher import ConfigPublisher
@@ -196,6 +198,32 @@ async def test_streaming_passes_chunks_through(env: Env, classifier: ClassifierS
     assert r.headers["Content-Type"].startswith("text/event-stream")
     text = (await r.read()).decode()
     assert text.count("data: ") == 5 and text.rstrip().endswith("data: [DONE]")
+
+
+async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: Env,
+                                                                          classifier: ClassifierService) -> None:
+    """Fix 13 in the router: a local answer's usage (tokens generated) and
+    the endpoint's scraped KV usage set how much of its cache the prefix
+    index keeps of prompts; a stream without usage (its client did not ask
+    for it) leaves the endpoint's prompt share where it was."""
+    prompt = "Summarise the attached meeting notes in three bullet points. " * 20  # several prompt blocks
+    prior = 0.1 + 0.9 * PrefixIndex.PROMPT_SHARE  # the telemetry's KV usage 0.1, no answer observed yet
+    r = await env.chat(prompt)
+    assert r.status == 200, await r.text()
+    pod = next(name for name, p in env.pods.items() if p.received)
+    key = endpoint_key("default", "qwen-2-5-32b-spot" if pod == "qwen-spot-0" else "qwen-2-5-32b", pod)
+    index = env.router.prefix
+    assert index.blocks(key) > 0
+    after_one = index.fill(key)
+    # 3 tokens generated against a few hundred computed: the share moves towards 1
+    assert prior < after_one < PrefixIndex.KV_FILL
+    for up in env.pods.values():
+        up.usage_only_when_asked = True
+    r = await env.chat(prompt + " Thanks.", stream=True)
+    assert r.status == 200
+    await r.read()
+    assert sum(len(p.received) for p in env.pods.values()) == 2
+    assert all(index.fill(k) in (after_one, prior, PrefixIndex.KV_FILL) for k in index.held())
 
 
 def _models(text: str) -> set[str]:

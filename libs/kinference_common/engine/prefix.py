@@ -29,6 +29,17 @@ replica sync publishes; a peer's records enter with :meth:`record_peer`
 (same KV-sized cap, not journalled again, so nothing echoes). A record lost
 in transit is a prefix this replica does not know about, as before sharing.
 
+How much of an endpoint's cache holds prompts (:meth:`PrefixIndex.fill`): the
+engine's cache also holds the tokens it generated, which the index never
+sees, so the index keeps at most a part of the cache's size in prompt blocks.
+The blocks running requests hold (the endpoint's scraped KV usage) are
+prompts, almost all; the rest of the cache holds what finished requests left,
+prompts and generated tokens in the proportion the endpoint computed them
+(:meth:`PrefixIndex.observe_output`, from each answer's usage). Where few
+requests run and answers are long against the new part of the prompts (a
+conversation's turns), that part is well under :attr:`PrefixIndex.KV_FILL`,
+and an index kept to ``KV_FILL`` promises prefixes the engine has evicted.
+
 How full of *live* prefixes an endpoint's cache is (:meth:`PrefixIndex.pressure`):
 in steady state every engine's cache is full of something, so the blocks it
 holds say nothing; what matters before placing a second copy of a prefix there
@@ -55,14 +66,21 @@ class PrefixIndex:
     #: model's stickiness starts to grow there: :attr:`.ttft.TTFTModel.busy_kv`)
     PRESSED = 0.5
 
-    #: the part of an endpoint's KV cache the index keeps of blocks no longer
-    #: in use (:meth:`record` says how). The engine's cache also holds the
-    #: tokens it generated, which the index never sees, so it evicts an
-    #: unused prefix before a cache of that size filled with prompts would:
-    #: sized to the whole cache, one ``shared_prefix_long`` request in ten
-    #: went to a pod the index said held its 6,000-token prefix, which
-    #: prefilled all of it (docs/routing-benchmark.md, fix 11)
+    #: the most of an endpoint's KV cache the index keeps of blocks no longer
+    #: in use (:meth:`record` says how; :meth:`fill`, how much less). The
+    #: engine's cache also holds the tokens it generated, which the index
+    #: never sees, so it evicts an unused prefix before a cache of that size
+    #: filled with prompts would: sized to the whole cache, one
+    #: ``shared_prefix_long`` request in ten went to a pod the index said held
+    #: its 6,000-token prefix, which prefilled all of it
+    #: (docs/routing-benchmark.md, fix 11)
     KV_FILL = 0.85
+    #: the fill is never taken below this part of the cache
+    MIN_FILL = 0.5
+    #: an endpoint's prompt share before any answer was observed there
+    PROMPT_SHARE = 0.7
+    #: the weight of one answer in an endpoint's prompt share (about the last 20)
+    SHARE_WEIGHT = 0.05
 
     def __init__(self, max_blocks_per_endpoint: int = 16384, max_holders_per_block: int = 16,
                  hot_window: float = 2.0, clock: Callable[[], float] = time.monotonic,
@@ -87,6 +105,10 @@ class PrefixIndex:
         self._holders: dict[int, dict[str, None]] = {}
         #: records since the last take_journal() (None: not kept)
         self._journal: list[tuple[str, tuple[int, ...], int | None]] | None = None
+        #: endpoint -> its KV usage as last given to :meth:`record`
+        self._usage: dict[str, float] = {}
+        #: endpoint -> prompt tokens computed / (those + tokens generated), over its recent answers
+        self._share: dict[str, float] = {}
 
     #: at most this many records wait for take_journal() (the oldest dropped)
     MAX_JOURNAL = 4096
@@ -107,13 +129,15 @@ class PrefixIndex:
         """Another replica's :meth:`record` (not journalled)."""
         self._record(key, block_hashes, max_blocks)
 
-    def record(self, key: str, block_hashes: Sequence[int], max_blocks: int | None = None) -> None:
+    def record(self, key: str, block_hashes: Sequence[int], max_blocks: int | None = None,
+               kv_usage: float | None = None) -> None:
         """Remember that the prompt with these blocks was sent to ``key``.
 
         ``max_blocks``: what the endpoint's KV cache can hold, in prompt
-        blocks (:attr:`.candidates.Candidate.cache_blocks`). The endpoint's
-        set is trimmed, least recent first, to :attr:`kv_fill` of it,
-        stopping at a block sent in this hot window or the one before
+        blocks (:attr:`.candidates.Candidate.cache_blocks`); ``kv_usage``:
+        its scraped KV usage (0..1; None or out of range: not known, the
+        last one given stands). The endpoint's set is trimmed, least recent first, to
+        :meth:`fill` of it, stopping at a block sent in this hot window or the one before
         (running requests' blocks, which the engine cannot evict: kept up to
         the whole cache), so that the index forgets a prefix about when the
         engine's own LRU would have evicted it. An index that remembers more
@@ -121,6 +145,8 @@ class PrefixIndex:
         a full prefill where a cheap one was predicted, which is a tail
         request (docs/routing-benchmark.md).
         """
+        if kv_usage is not None and 0.0 <= kv_usage <= 1.0:  # (not NaN)
+            self._usage[key] = kv_usage
         if self._journal is not None and block_hashes:
             if len(self._journal) >= self.MAX_JOURNAL:
                 del self._journal[: len(self._journal) - self.MAX_JOURNAL + 1]
@@ -166,7 +192,7 @@ class PrefixIndex:
         else:
             # the cache's size (never exceeded; the hot fraction's measure)
             size = max(1, min(self.max_blocks, max_blocks))
-            keep = max(1, int(size * self.kv_fill))
+            keep = max(1, int(size * self.fill(key)))
         while len(lru) > keep:
             old, seen = lru.popitem(last=False)
             if seen >= w - 1 and len(lru) < size:
@@ -182,6 +208,29 @@ class PrefixIndex:
         hot[1] += fresh
         hot[3] = size
         self._press(key, self._fraction(hot, w))
+
+    def fill(self, key: str) -> float:
+        """The part of ``key``'s cache the index keeps of prompt blocks no
+        longer in use: the KV usage (running requests' blocks, taken as
+        prompts) plus the rest of the cache at the endpoint's prompt share,
+        between :attr:`MIN_FILL` and :attr:`kv_fill`; :attr:`kv_fill` while
+        the endpoint's KV usage is not known."""
+        usage = self._usage.get(key)
+        if usage is None:
+            return self.kv_fill
+        f = usage + (1.0 - usage) * self._share.get(key, self.PROMPT_SHARE)
+        return self.kv_fill if f >= self.kv_fill else max(f, min(self.MIN_FILL, self.kv_fill))
+
+    def observe_output(self, key: str, prefill_tokens: int, output_tokens: int) -> None:
+        """An answer from ``key`` ended: ``prefill_tokens`` of its prompt were
+        computed there (not found cached) and it generated ``output_tokens``.
+        Moves the endpoint's prompt share (what :meth:`fill` reads) towards
+        this answer's; answers of unknown length are not observed."""
+        total = prefill_tokens + output_tokens
+        if total <= 0 or prefill_tokens < 0 or output_tokens < 0:
+            return
+        w = self.SHARE_WEIGHT
+        self._share[key] = self._share.get(key, self.PROMPT_SHARE) * (1.0 - w) + w * prefill_tokens / total
 
     def _press(self, key: str, f: float) -> None:
         """Keep ``key``'s fraction in :attr:`_pressed`, in steps of 1/64, and
@@ -256,6 +305,8 @@ class PrefixIndex:
     def forget(self, key: str) -> None:
         """Drop an endpoint (it went away, or restarted with an empty cache)."""
         self._hot.pop(key, None)
+        self._usage.pop(key, None)
+        self._share.pop(key, None)
         self._press(key, 0.0)
         lru = self._by_endpoint.pop(key, None)
         if not lru:
