@@ -34,8 +34,8 @@ import msgspec
 
 from kinference_common.compiler import compile_documents
 from kinference_common.engine import Calibration, InFlightLedger, PrefixIndex, Request, Snapshot, TTFTModel, decide
-from kinference_common.engine.tokens import estimate_tokens
 from kinference_common.engine.ledger import Send
+from kinference_common.engine.tokens import estimate_tokens
 from kinference_common.manifests import load_text
 from kinference_common.messages import EndpointState, ProviderState
 
@@ -246,8 +246,8 @@ class Kinference(Router):
     def _receive(self, replica: str, seq: int, summary, records, now: float) -> None:  # noqa: ANN001
         self._now = now
         if self.ledger.merge_peer(replica, seq, summary, EPOCH + now):
-            for key, hashes, cap in records:
-                self.prefix.record_peer(key, hashes, cap)
+            for key, hashes, cap, kv in records:
+                self.prefix.record_peer(key, hashes, cap, kv)
 
     def on_telemetry(self, state: EndpointState, now: float) -> None:
         key = f"{state.namespace}/{state.worker_set}/{state.pod}"

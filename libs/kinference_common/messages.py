@@ -223,6 +223,8 @@ class PrefixRecord(Struct, kw_only=True, rename="camel"):
     block_hashes: list[int]
     #: the endpoint's KV cache in prompt blocks (the index's cap for it)
     max_blocks: int | None = None
+    #: the endpoint's KV usage (0..1) the sender saw at its pick (the index's fill there)
+    kv_usage: float | None = None
 
 
 class ReplicaSync(_Msg, kw_only=True):

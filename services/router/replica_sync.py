@@ -136,7 +136,8 @@ class ReplicaSync:
         endpoints = [ReplicaEndpoint(key=e.key, in_flight=e.in_flight, pending=e.pending, prefilled=e.prefilled,
                                      more_count=e.more_count, more_tokens=e.more_tokens)
                      for e in self.ledger.summary(now)]
-        records = [PrefixRecord(key=k, block_hashes=list(h), max_blocks=cap) for k, h, cap in self.prefix.take_journal()]
+        records = [PrefixRecord(key=k, block_hashes=list(h), max_blocks=cap, kv_usage=kv)
+                   for k, h, cap, kv in self.prefix.take_journal()]
         return encode(SyncMessage(replica=self.replica_id, seq=self._seq, sent_at=now, endpoints=endpoints,
                                   prefix=records, hash_key_id=self.key_id))
 
@@ -213,7 +214,7 @@ class ReplicaSync:
             return "key_mismatch"
         for rec in msg.prefix[:MAX_RECORDS]:
             if rec.block_hashes:
-                self.prefix.record_peer(rec.key, rec.block_hashes[:MAX_HASHES], rec.max_blocks)
+                self.prefix.record_peer(rec.key, rec.block_hashes[:MAX_HASHES], rec.max_blocks, rec.kv_usage)
         return "merged"
 
     def expire(self) -> None:

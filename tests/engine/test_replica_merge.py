@@ -172,15 +172,16 @@ def test_prefix_journal_carries_records_to_a_peer_with_the_kv_cap() -> None:
     a.start_journal()
     b.start_journal()
     hashes = tuple(range(100, 140))
-    a.record(KEY0, hashes, 16)
+    a.record(KEY0, hashes, 16, kv_usage=0.25)
     journal = a.take_journal()
-    assert journal == [(KEY0, hashes, 16)]
+    assert journal == [(KEY0, hashes, 16, 0.25)]
     assert a.take_journal() == []
-    for key, hs, cap in journal:
-        b.record_peer(key, hs, cap)
+    for key, hs, cap, kv in journal:
+        b.record_peer(key, hs, cap, kv)
     assert b.match(hashes[:10]) == {KEY0: 10}
     assert b.blocks(KEY0) == 16  # the KV-sized cap holds for peers' records too
     assert b.take_journal() == []  # a peer's record is not published again
+    assert b.fill(KEY0) == a.fill(KEY0) < PrefixIndex.KV_FILL  # and the fill the sender's KV usage gives
 
 
 def test_sends_and_first_tokens_call_on_change_and_the_end_goes_with_the_next_summary() -> None:

@@ -168,7 +168,14 @@ def test_the_fill_is_the_kv_usage_plus_the_rest_at_the_prompt_share() -> None:
     index = PrefixIndex()
     assert index.fill("k") == PrefixIndex.KV_FILL  # nothing known of k
     index.record("k", (1, 2), 100, kv_usage=0.2)
-    assert index.fill("k") == pytest.approx(0.2 + 0.8 * PrefixIndex.PROMPT_SHARE)  # no answer yet: the prior
+    prior = 0.2 + 0.8 * PrefixIndex.PROMPT_SHARE
+    assert index.fill("k") == pytest.approx(prior)  # no answer yet: the prior
+    for bad in ((-1, 10), (10, -1), (0, 0), (float("nan"), 10)):  # not an answer: no change
+        index.observe_output("k", *bad)
+    assert index.fill("k") == pytest.approx(prior)
+    index.observe_output("k", 0, 100)  # one answer moves the share by SHARE_WEIGHT of the way to its own
+    w = PrefixIndex.SHARE_WEIGHT
+    assert index.fill("k") == pytest.approx(0.2 + 0.8 * PrefixIndex.PROMPT_SHARE * (1 - w))
     _answers(index, "k", 384, 192)  # a conversation's turn: 384 new prompt tokens, 192 generated
     assert index.fill("k") == pytest.approx(0.2 + 0.8 * 384 / 576, abs=1e-3)
     for unknown in (None, float("nan"), 1.5, -0.1):  # a record without a usable KV usage keeps the last one
@@ -179,12 +186,11 @@ def test_the_fill_is_the_kv_usage_plus_the_rest_at_the_prompt_share() -> None:
     index.record("k", (1, 2), 100, kv_usage=0.0)
     _answers(index, "k", 10, 1000)  # answers a hundred times their prompts: never under MIN_FILL
     assert index.fill("k") == PrefixIndex.MIN_FILL
-    for bad in ((-1, 10), (10, -1), (0, 0)):  # not an answer: no change
-        index.observe_output("k", *bad)
-    assert index.fill("k") == PrefixIndex.MIN_FILL
     assert index.fill("other") == PrefixIndex.KV_FILL  # per endpoint
     index.forget("k")  # a restarted endpoint starts again from what is known of it: nothing
     assert index.fill("k") == PrefixIndex.KV_FILL
+    index.record("k", (1, 2), 100, kv_usage=0.2)  # its share too starts again from the prior
+    assert index.fill("k") == pytest.approx(prior)
     assert PrefixIndex(kv_fill=0.3).fill("k") == 0.3  # a lower bound given is kept
     low = PrefixIndex(kv_fill=0.3)
     low.record("k", (1,), 100, kv_usage=0.0)

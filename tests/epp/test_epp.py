@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from kinference_common.engine import PrefixIndex
 from tests.epp.client import headers_message, immediate_headers
 from tests.epp.conftest import Epp
 from tests.router.test_router import CLEAN_PROMPT, Env
@@ -219,6 +220,9 @@ async def test_the_served_endpoint_takes_the_in_flight_work(start_epp: Any, clas
     assert msgspec.json.decode(rp.body)["model"] == "qwen-2.5"
     await s.close()
     assert open_at(first) == 0 and open_at(second) == 0 and inflight(env) == 0
+    # the answer's length is the served endpoint's (its prefix index fill), not the first pick's
+    prefix = env.router.prefix
+    assert prefix.prompt_share(keys[second]) > PrefixIndex.PROMPT_SHARE == prefix.prompt_share(keys[first])
     served = next(c for c in snap.candidates if c.is_local and c.state.address == second)
     assert rp.set_headers["x-kinference-backend"] == served.backend  # the answer names who served it
     sent = env.router.metrics.registry.get_sample_value(

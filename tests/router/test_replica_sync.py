@@ -95,10 +95,12 @@ async def test_a_send_on_one_replica_moves_the_others_queue_estimate_and_prefix_
     assert ctx().queue_tokens(c) == 0
     hashes = block_hashes(PROMPT, key=KEY)
     send = a.ledger.sent(KEY0, 3000, 1e12)  # "after" any scrape B has seen: unseen, adds to the queue
-    a.prefix.record(KEY0, hashes, 1000)
+    a.prefix.record(KEY0, hashes, 1000, kv_usage=0.2)
     await _until(lambda: ctx().queue_tokens(c) == 3000, "B counts A's pending 3,000 tokens")
     assert ctx().queued(c) == 1 and ctx().in_flight(c) == 1
     assert b.prefix.match(hashes) == {KEY0: len(hashes)}
+    # with the KV usage A saw: B keeps of the pod's cache what A keeps
+    assert b.prefix.fill(KEY0) == a.prefix.fill(KEY0) < PrefixIndex.KV_FILL
     assert b.sync.metrics.registry.get_sample_value("kinference_replica_sync_peers") == 1
     assert b.count("in", "merged") >= 1 and a.count("out", "sent") >= 1
     a.ledger.first_token(send, 1e12 + 1)

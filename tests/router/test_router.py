@@ -208,6 +208,9 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     for it) leaves the endpoint's prompt share where it was."""
     prompt = "Summarise the attached meeting notes in three bullet points. " * 20  # several prompt blocks
     prior = 0.1 + 0.9 * PrefixIndex.PROMPT_SHARE  # the telemetry's KV usage 0.1, no answer observed yet
+    for pod in env.pods:  # fresh (the fixtures' start can take longer than a scrape stays fresh)
+        await env.telemetry(pod)
+    await env.settle()
     r = await env.chat(prompt)
     assert r.status == 200, await r.text()
     pod = next(name for name, p in env.pods.items() if p.received)

@@ -26,19 +26,21 @@ have evicted a block the index still lists.
 Other router replicas: with a journal (:meth:`PrefixIndex.start_journal`)
 every :meth:`record` is also kept for :meth:`take_journal`, which the router's
 replica sync publishes; a peer's records enter with :meth:`record_peer`
-(same KV-sized cap, not journalled again, so nothing echoes). A record lost
+(same KV-sized cap and KV usage, not journalled again, so nothing echoes). A record lost
 in transit is a prefix this replica does not know about, as before sharing.
 
 How much of an endpoint's cache holds prompts (:meth:`PrefixIndex.fill`): the
 engine's cache also holds the tokens it generated, which the index never
 sees, so the index keeps at most a part of the cache's size in prompt blocks.
-The blocks running requests hold (the endpoint's scraped KV usage) are
-prompts, almost all; the rest of the cache holds what finished requests left,
-prompts and generated tokens in the proportion the endpoint computed them
-(:meth:`PrefixIndex.observe_output`, from each answer's usage). Where few
-requests run and answers are long against the new part of the prompts (a
-conversation's turns), that part is well under :attr:`PrefixIndex.KV_FILL`,
-and an index kept to ``KV_FILL`` promises prefixes the engine has evicted.
+It counts the blocks running requests hold (the endpoint's scraped KV usage)
+as prompts (they also hold the tokens generated so far: where answers are
+long, the fill is that much too high), and the rest of the cache, what
+finished requests left, as prompts and generated tokens in the proportion
+the endpoint computed them (:meth:`PrefixIndex.observe_output`, from each
+answer's usage). Where few requests run and answers are long against the
+new part of the prompts (a conversation's turns), that part is well under
+:attr:`PrefixIndex.KV_FILL`, and an index kept to ``KV_FILL`` promises
+prefixes the engine has evicted.
 
 How full of *live* prefixes an endpoint's cache is (:meth:`PrefixIndex.pressure`):
 in steady state every engine's cache is full of something, so the blocks it
@@ -75,7 +77,7 @@ class PrefixIndex:
     #: its 6,000-token prefix, which prefilled all of it
     #: (docs/routing-benchmark.md, fix 11)
     KV_FILL = 0.85
-    #: the fill is never taken below this part of the cache
+    #: the fill is never taken below this part of the cache (nor above ``kv_fill``)
     MIN_FILL = 0.5
     #: an endpoint's prompt share before any answer was observed there
     PROMPT_SHARE = 0.7
@@ -104,7 +106,7 @@ class PrefixIndex:
         #: block hash -> endpoints holding it, least recent first
         self._holders: dict[int, dict[str, None]] = {}
         #: records since the last take_journal() (None: not kept)
-        self._journal: list[tuple[str, tuple[int, ...], int | None]] | None = None
+        self._journal: list[tuple[str, tuple[int, ...], int | None, float | None]] | None = None
         #: endpoint -> its KV usage as last given to :meth:`record`
         self._usage: dict[str, float] = {}
         #: endpoint -> prompt tokens computed / (those + tokens generated), over its recent answers
@@ -118,16 +120,24 @@ class PrefixIndex:
         if self._journal is None:
             self._journal = []
 
-    def take_journal(self) -> list[tuple[str, tuple[int, ...], int | None]]:
-        """The ``(key, block_hashes, max_blocks)`` recorded since the last call."""
+    def take_journal(self) -> list[tuple[str, tuple[int, ...], int | None, float | None]]:
+        """The ``(key, block_hashes, max_blocks, kv_usage)`` recorded since the last call."""
         out = self._journal or []
         if self._journal is not None:
             self._journal = []
         return out
 
-    def record_peer(self, key: str, block_hashes: Sequence[int], max_blocks: int | None = None) -> None:
-        """Another replica's :meth:`record` (not journalled)."""
+    def record_peer(self, key: str, block_hashes: Sequence[int], max_blocks: int | None = None,
+                    kv_usage: float | None = None) -> None:
+        """Another replica's :meth:`record` (not journalled), with the KV
+        usage it saw (None: this replica's last one for ``key`` stands). The
+        prompt share stays this replica's, learned from its own answers."""
+        self._usage_seen(key, kv_usage)
         self._record(key, block_hashes, max_blocks)
+
+    def _usage_seen(self, key: str, kv_usage: float | None) -> None:
+        if kv_usage is not None and 0.0 <= kv_usage <= 1.0:  # (not NaN)
+            self._usage[key] = kv_usage
 
     def record(self, key: str, block_hashes: Sequence[int], max_blocks: int | None = None,
                kv_usage: float | None = None) -> None:
@@ -145,12 +155,11 @@ class PrefixIndex:
         a full prefill where a cheap one was predicted, which is a tail
         request (docs/routing-benchmark.md).
         """
-        if kv_usage is not None and 0.0 <= kv_usage <= 1.0:  # (not NaN)
-            self._usage[key] = kv_usage
+        self._usage_seen(key, kv_usage)
         if self._journal is not None and block_hashes:
             if len(self._journal) >= self.MAX_JOURNAL:
                 del self._journal[: len(self._journal) - self.MAX_JOURNAL + 1]
-            self._journal.append((key, tuple(block_hashes), max_blocks))
+            self._journal.append((key, tuple(block_hashes), max_blocks, kv_usage))
         self._record(key, block_hashes, max_blocks)
 
     def _record(self, key: str, block_hashes: Sequence[int], max_blocks: int | None) -> None:
@@ -213,21 +222,28 @@ class PrefixIndex:
         """The part of ``key``'s cache the index keeps of prompt blocks no
         longer in use: the KV usage (running requests' blocks, taken as
         prompts) plus the rest of the cache at the endpoint's prompt share,
-        between :attr:`MIN_FILL` and :attr:`kv_fill`; :attr:`kv_fill` while
-        the endpoint's KV usage is not known."""
+        between :attr:`MIN_FILL` and :attr:`kv_fill`; :attr:`kv_fill` until
+        a KV usage of the endpoint was given (after that, the last one given
+        stands while no newer one comes: a stale scrape gives none)."""
         usage = self._usage.get(key)
         if usage is None:
             return self.kv_fill
-        f = usage + (1.0 - usage) * self._share.get(key, self.PROMPT_SHARE)
+        f = usage + (1.0 - usage) * self.prompt_share(key)
         return self.kv_fill if f >= self.kv_fill else max(f, min(self.MIN_FILL, self.kv_fill))
+
+    def prompt_share(self, key: str) -> float:
+        """``key``'s prompt share: :attr:`PROMPT_SHARE` until an answer was observed there."""
+        return self._share.get(key, self.PROMPT_SHARE)
 
     def observe_output(self, key: str, prefill_tokens: int, output_tokens: int) -> None:
         """An answer from ``key`` ended: ``prefill_tokens`` of its prompt were
-        computed there (not found cached) and it generated ``output_tokens``.
-        Moves the endpoint's prompt share (what :meth:`fill` reads) towards
-        this answer's; answers of unknown length are not observed."""
+        to be computed there (the router's estimate when it sent it: the
+        prompt less what the index said was cached) and it generated
+        ``output_tokens`` (its usage). Moves the endpoint's prompt share
+        (what :meth:`fill` reads) by :attr:`SHARE_WEIGHT` towards this
+        answer's; answers of unknown length are not observed."""
         total = prefill_tokens + output_tokens
-        if total <= 0 or prefill_tokens < 0 or output_tokens < 0:
+        if not (prefill_tokens >= 0 and output_tokens >= 0 and total > 0):  # (nor NaN)
             return
         w = self.SHARE_WEIGHT
         self._share[key] = self._share.get(key, self.PROMPT_SHARE) * (1.0 - w) + w * prefill_tokens / total
