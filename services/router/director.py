@@ -344,7 +344,7 @@ class Send:
     :meth:`finish`."""
 
     __slots__ = ("director", "decision", "candidate", "decision_id", "handle", "obs", "started", "predicted",
-                 "_done")
+                 "events", "_done")
 
     def __init__(self, director: Director, d: Decision, snap: Snapshot, decision_id: str) -> None:
         self.director, self.decision, self.decision_id = director, d, decision_id
@@ -352,6 +352,8 @@ class Send:
         assert cand is not None
         self.candidate: Candidate = cand
         self._done = False
+        #: the SSE events of a streamed answer (``data:`` lines; the front door counts them)
+        self.events = 0
         self.obs = Observation(decision_id=decision_id, namespace=director.namespace, pool=director.pool,
                                backend_type=cand.type, backend_name=cand.dest_name, endpoint=cand.endpoint,
                                model=cand.served_name, at=time.time())
@@ -417,9 +419,14 @@ class Send:
             dr.limiter.release(cand.ledger_key)
         if outcome != "not_sent":  # nothing reached the upstream: nothing to observe
             obs.outcome = outcome  # type: ignore[assignment]
-            if outcome == "ok" and cand.is_local and obs.completion_tokens is not None:
+            generated = obs.completion_tokens
+            if generated is None and self.events:
+                # a stream without usage (its client did not ask): vLLM streams a token an
+                # event by default, less the closing [DONE]; fewer counted makes a fuller index
+                generated = self.events - 1
+            if outcome == "ok" and cand.is_local and generated is not None:
                 # how much of what the endpoint computed was prompt: the prefix index's fill there
-                dr.prefix.observe_output(cand.ledger_key, self.decision.prefill_tokens, obs.completion_tokens)
+                dr.prefix.observe_output(cand.ledger_key, self.decision.prefill_tokens, generated)
             dr.metrics.sent(dr.pool_label, cand.backend, cand.dest_name, cand.endpoint, cand.is_local,
                             outcome, obs.prompt_tokens, obs.completion_tokens)
             # encoded and published after the response is on its way

@@ -476,6 +476,8 @@ class PickStream:
                 self.send.first_token(streamed=self.resp_streaming and self.resp_status == 200)
         if self.resp_streaming:
             self.resp_tail = (self.resp_tail + chunk)[-4096:]
+            if self.send is not None:
+                self.send.events += chunk.count(b"data:")
         elif self.resp_len + len(chunk) <= MAX_HELD_RESPONSE:
             if self.resp_held is None:
                 self.resp_held = bytearray()  # kept for its usage

@@ -231,6 +231,26 @@ async def test_the_served_endpoint_takes_the_in_flight_work(start_epp: Any, clas
     assert sent == 1
 
 
+async def test_a_streamed_answer_without_usage_counts_its_events_for_the_prefix_index(start_epp: Any,
+                                                                                    classifier: Any) -> None:
+    """Through the gateway as on the data port: a local stream whose client
+    did not ask for usage counts a token an event (less [DONE]) for the
+    served pod's prompt share (fix 13); the other pods' shares stay."""
+    epp: Epp = await start_epp()
+    env = epp.env
+    s = epp.client.stream()
+    rq = await s.request("POST", CHAT, {}, chat_body(stream=True))
+    snap = env.router.keeper.snapshot
+    keys = {c.state.address: c.ledger_key for c in snap.candidates if c.is_local}
+    served = rq.destination.split(",")[0]
+    events = [b'data: {"choices": [{"index": 0, "delta": {"content": "%s"}}]}\n\n' % w for w in (b"a", b"b", b"c")]
+    await s.response(200, {"content-type": "text/event-stream"}, [*events, b"data: [DONE]\n\n"], served=served)
+    await s.close()
+    prefix = env.router.prefix
+    assert prefix.prompt_share(keys[served]) != PrefixIndex.PROMPT_SHARE
+    assert all(prefix.prompt_share(k) == PrefixIndex.PROMPT_SHARE for a, k in keys.items() if a != served)
+
+
 async def test_a_stream_cut_mid_way_leaks_no_in_flight_work(start_epp: Any, classifier: Any) -> None:
     import asyncio
 

@@ -205,7 +205,7 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     """Fix 13 in the router: a local answer's usage (tokens generated) and
     the endpoint's scraped KV usage set how much of its cache the prefix
     index keeps of prompts; a stream without usage (its client did not ask
-    for it) leaves the endpoint's prompt share where it was."""
+    for it) counts a token an event, less the closing [DONE]."""
     prompt = "Summarise the attached meeting notes in three bullet points. " * 20  # several prompt blocks
     prior = 0.1 + 0.9 * PrefixIndex.PROMPT_SHARE  # the telemetry's KV usage 0.1, no answer observed yet
     for pod in env.pods:  # fresh (the fixtures' start can take longer than a scrape stays fresh)
@@ -220,13 +220,31 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     after_one = index.fill(key)
     # 3 tokens generated against a few hundred computed: the share moves towards 1
     assert prior < after_one < PrefixIndex.KV_FILL
+    # the same short prompt (no prefix blocks: its prefill is the whole prompt, wherever it goes)
+    # answered whole (usage: 3 tokens), then streamed without usage: 3 token events and [DONE]
+    w = PrefixIndex.SHARE_WEIGHT
+    shares = {k: index.prompt_share(k) for k in (endpoint_key("default", "qwen-2-5-32b", "qwen-0"),
+                                                  endpoint_key("default", "qwen-2-5-32b", "qwen-1"),
+                                                  endpoint_key("default", "qwen-2-5-32b-spot", "qwen-spot-0"))}
+
+    def answer_share() -> float:
+        """The share of the one answer observed since ``shares`` (its prefill / (prefill + generated))."""
+        (k,) = [k for k in shares if index.prompt_share(k) != shares[k]]
+        x = (index.prompt_share(k) - shares[k] * (1 - w)) / w
+        shares[k] = index.prompt_share(k)
+        return x
+
+    r = await env.chat(CLEAN_PROMPT)
+    assert r.status == 200
+    whole = answer_share()
     for up in env.pods.values():
         up.usage_only_when_asked = True
-    r = await env.chat(prompt + " Thanks.", stream=True)
+    r = await env.chat(CLEAN_PROMPT, stream=True)
     assert r.status == 200
-    await r.read()
-    assert sum(len(p.received) for p in env.pods.values()) == 2
-    assert all(index.fill(k) in (after_one, prior, PrefixIndex.KV_FILL) for k in index.held())
+    text = (await r.read()).decode()
+    assert '"usage"' not in text and text.count("data: ") == 4
+    assert answer_share() == pytest.approx(whole, rel=1e-9)  # counted as the usage would have said: 3 tokens
+    assert 0.0 < whole < 1.0
 
 
 def _models(text: str) -> set[str]:
