@@ -167,20 +167,20 @@ def test_the_fill_is_the_kv_usage_plus_the_rest_at_the_prompt_share() -> None:
     usage), between MIN_FILL and KV_FILL; KV_FILL while the usage is not known."""
     index = PrefixIndex()
     assert index.fill("k") == PrefixIndex.KV_FILL  # nothing known of k
-    index.record("k", (1, 2), 100, kv_usage=0.2)
-    prior = 0.2 + 0.8 * PrefixIndex.PROMPT_SHARE
+    index.record("k", (1, 2), 100, kv_usage=0.4)
+    prior = 0.4 + 0.6 * PrefixIndex.PROMPT_SHARE
     assert index.fill("k") == pytest.approx(prior)  # no answer yet: the prior
     for bad in ((-1, 10), (10, -1), (0, 0), (float("nan"), 10)):  # not an answer: no change
         index.observe_output("k", *bad)
     assert index.fill("k") == pytest.approx(prior)
     index.observe_output("k", 0, 100)  # one answer moves the share by SHARE_WEIGHT of the way to its own
     w = PrefixIndex.SHARE_WEIGHT
-    assert index.fill("k") == pytest.approx(0.2 + 0.8 * PrefixIndex.PROMPT_SHARE * (1 - w))
+    assert index.fill("k") == pytest.approx(0.4 + 0.6 * PrefixIndex.PROMPT_SHARE * (1 - w))
     _answers(index, "k", 384, 192)  # a conversation's turn: 384 new prompt tokens, 192 generated
-    assert index.fill("k") == pytest.approx(0.2 + 0.8 * 384 / 576, abs=1e-3)
+    assert index.fill("k") == pytest.approx(0.4 + 0.6 * 384 / 576, abs=1e-3)
     for unknown in (None, float("nan"), 1.5, -0.1):  # a record without a usable KV usage keeps the last one
         index.record("k", (1, 2), 100, kv_usage=unknown)
-        assert index.fill("k") == pytest.approx(0.2 + 0.8 * 384 / 576, abs=1e-3)
+        assert index.fill("k") == pytest.approx(0.4 + 0.6 * 384 / 576, abs=1e-3)
     index.record("k", (1, 2), 100, kv_usage=0.9)  # a busy cache is mostly prompts: at most KV_FILL
     assert index.fill("k") == PrefixIndex.KV_FILL
     index.record("k", (1, 2), 100, kv_usage=0.0)
@@ -189,7 +189,7 @@ def test_the_fill_is_the_kv_usage_plus_the_rest_at_the_prompt_share() -> None:
     assert index.fill("other") == PrefixIndex.KV_FILL  # per endpoint
     index.forget("k")  # a restarted endpoint starts again from what is known of it: nothing
     assert index.fill("k") == PrefixIndex.KV_FILL
-    index.record("k", (1, 2), 100, kv_usage=0.2)  # its share too starts again from the prior
+    index.record("k", (1, 2), 100, kv_usage=0.4)  # its share too starts again from the prior
     assert index.fill("k") == pytest.approx(prior)
     assert PrefixIndex(kv_fill=0.3).fill("k") == 0.3  # a lower bound given is kept
     low = PrefixIndex(kv_fill=0.3)
@@ -202,14 +202,14 @@ def test_a_conversation_evicted_by_generated_tokens_is_not_promised() -> None:
     """Fix 13: a pod running few requests whose answers are long against the
     new part of their prompts (a conversation's turns) holds fewer prompts
     than KV_FILL of its cache: 40 blocks of a conversation, then 50 of
-    others 10 s later, on a 100-block cache 20% in use whose answers
-    generated one token for each prompt token computed. The index keeps 60
-    blocks (0.2 + 0.8 x 0.5), 10 of the conversation's first ones, where
-    KV_FILL kept 35; with the pod busy (KV 90% used) it keeps 35 again."""
+    others 10 s later, on a 100-block cache 40% in use whose answers
+    generated two tokens for every three prompt tokens computed. The index
+    keeps 76 blocks (0.4 + 0.6 x 0.6), 26 of the conversation's first ones,
+    where KV_FILL kept 35; with the pod busy (KV 90% used) it keeps 35 again."""
     def aged(usage: float | None) -> PrefixIndex:
         now = [0.0]
         index = PrefixIndex(clock=lambda: now[0])
-        _answers(index, "k", 500, 500)
+        _answers(index, "k", 600, 400)
         index.record("k", tuple(range(1000, 1040)), 100, kv_usage=usage)
         now[0] = 10.0
         index.record("k", tuple(range(2000, 2050)), 100, kv_usage=usage)
@@ -217,17 +217,18 @@ def test_a_conversation_evicted_by_generated_tokens_is_not_promised() -> None:
 
     conversation = tuple(range(1000, 1040))
     assert aged(None).match(conversation) == {"k": 35}  # the usage unknown: KV_FILL, as before
-    quiet = aged(0.2)
-    assert quiet.blocks("k") == 60 and quiet.match(conversation) == {"k": 10}
+    quiet = aged(0.4)
+    assert quiet.blocks("k") == 76 and quiet.match(conversation) == {"k": 26}
     assert aged(0.9).match(conversation) == {"k": 35}
+    assert aged(0.0).match(conversation) == {"k": 25}  # 0.6 would be under MIN_FILL: 75 blocks
     # a peer's record of the endpoint trims to the fill this replica knows of it
     now = [0.0]
     index = PrefixIndex(clock=lambda: now[0])
-    _answers(index, "k", 500, 500)
-    index.record("k", tuple(range(1000, 1040)), 100, kv_usage=0.2)
+    _answers(index, "k", 600, 400)
+    index.record("k", tuple(range(1000, 1040)), 100, kv_usage=0.4)
     now[0] = 10.0
     index.record_peer("k", tuple(range(2000, 2050)), 100)
-    assert index.match(conversation) == {"k": 10}
+    assert index.match(conversation) == {"k": 26}
 
 
 def test_the_index_without_a_capacity_keeps_its_own_bound() -> None:

@@ -207,9 +207,9 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     index keeps of prompts; a stream without usage (its client did not ask
     for it) counts a token an event, less the closing [DONE]."""
     prompt = "Summarise the attached meeting notes in three bullet points. " * 20  # several prompt blocks
-    prior = 0.1 + 0.9 * PrefixIndex.PROMPT_SHARE  # the telemetry's KV usage 0.1, no answer observed yet
+    prior = 0.4 + 0.6 * PrefixIndex.PROMPT_SHARE  # the telemetry's KV usage 0.4, no answer observed yet
     for pod in env.pods:  # fresh (the fixtures' start can take longer than a scrape stays fresh)
-        await env.telemetry(pod)
+        await env.telemetry(pod, kv_cache_usage=0.4)
     await env.settle()
     r = await env.chat(prompt)
     assert r.status == 200, await r.text()
@@ -219,7 +219,7 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     assert index.blocks(key) > 0
     after_one = index.fill(key)
     # 3 tokens generated against a few hundred computed: the share moves towards 1
-    assert prior < after_one < PrefixIndex.KV_FILL
+    assert PrefixIndex.MIN_FILL < prior < after_one < PrefixIndex.KV_FILL
     # the same short prompt (no prefix blocks: its prefill is the whole prompt, wherever it goes)
     # answered whole (usage: 3 tokens), then streamed without usage: 3 token events and [DONE]
     w = PrefixIndex.SHARE_WEIGHT

@@ -77,8 +77,11 @@ class PrefixIndex:
     #: its 6,000-token prefix, which prefilled all of it
     #: (docs/routing-benchmark.md, fix 11)
     KV_FILL = 0.85
-    #: the fill is never taken below this part of the cache (nor above ``kv_fill``)
-    MIN_FILL = 0.5
+    #: the fill is never taken below this part of the cache (nor above ``kv_fill``): at
+    #: low load the prefill share undercounts prompts shared by many requests, which stay
+    #: cached (0.5 took ``shared_prefix_long``'s p50 at load 0.4 from 86 to 150 ms on
+    #: three seeds of six)
+    MIN_FILL = 0.75
     #: an endpoint's prompt share before any answer was observed there
     PROMPT_SHARE = 0.7
     #: the weight of one answer in an endpoint's prompt share (about the last 20)
