@@ -428,7 +428,7 @@ class Router:
                                 first = False
                                 send.first_token(streamed=True)
                             tail = (tail + chunk)[-4096:]
-                            send.events += chunk.count(b"data:")
+                            send.streamed(chunk)
                             if strip is not None:
                                 chunk = strip.feed(chunk)
                             if restore is not None:

@@ -352,7 +352,7 @@ class Send:
         assert cand is not None
         self.candidate: Candidate = cand
         self._done = False
-        #: the SSE events of a streamed answer (``data:`` lines; the front door counts them)
+        #: the SSE events of a streamed answer (``data:`` lines, :meth:`streamed`)
         self.events = 0
         self.obs = Observation(decision_id=decision_id, namespace=director.namespace, pool=director.pool,
                                backend_type=cand.type, backend_name=cand.dest_name, endpoint=cand.endpoint,
@@ -388,6 +388,11 @@ class Send:
         self.obs.backend_type, self.obs.backend_name, self.obs.endpoint = cand.type, cand.dest_name, cand.endpoint
         self.obs.model = cand.served_name
         self._join(cand, snap)
+
+    def streamed(self, chunk: bytes) -> None:
+        """A chunk of a streamed answer: its SSE events counted (the
+        answer's length when it carries no usage, :meth:`finish`)."""
+        self.events += chunk.count(b"data:")
 
     def first_token(self, streamed: bool) -> None:
         """The first byte of the answer: its TTFT. Only a streamed answer's

@@ -477,7 +477,7 @@ class PickStream:
         if self.resp_streaming:
             self.resp_tail = (self.resp_tail + chunk)[-4096:]
             if self.send is not None:
-                self.send.events += chunk.count(b"data:")
+                self.send.streamed(chunk)
         elif self.resp_len + len(chunk) <= MAX_HELD_RESPONSE:
             if self.resp_held is None:
                 self.resp_held = bytearray()  # kept for its usage

@@ -206,13 +206,17 @@ def test_a_conversation_evicted_by_generated_tokens_is_not_promised() -> None:
     generated two tokens for every three prompt tokens computed. The index
     keeps 76 blocks (0.4 + 0.6 x 0.6), 26 of the conversation's first ones,
     where KV_FILL kept 35; with the pod busy (KV 90% used) it keeps 35 again."""
-    def aged(usage: float | None) -> PrefixIndex:
+    def aged(usage: float | None, *, peer: bool = False) -> PrefixIndex:
+        """With ``peer``, the later record is a peer's, which brings no KV usage."""
         now = [0.0]
         index = PrefixIndex(clock=lambda: now[0])
         _answers(index, "k", 600, 400)
         index.record("k", tuple(range(1000, 1040)), 100, kv_usage=usage)
         now[0] = 10.0
-        index.record("k", tuple(range(2000, 2050)), 100, kv_usage=usage)
+        if peer:
+            index.record_peer("k", tuple(range(2000, 2050)), 100)
+        else:
+            index.record("k", tuple(range(2000, 2050)), 100, kv_usage=usage)
         return index
 
     conversation = tuple(range(1000, 1040))
@@ -222,13 +226,7 @@ def test_a_conversation_evicted_by_generated_tokens_is_not_promised() -> None:
     assert aged(0.9).match(conversation) == {"k": 35}
     assert aged(0.0).match(conversation) == {"k": 25}  # 0.6 would be under MIN_FILL: 75 blocks
     # a peer's record of the endpoint trims to the fill this replica knows of it
-    now = [0.0]
-    index = PrefixIndex(clock=lambda: now[0])
-    _answers(index, "k", 600, 400)
-    index.record("k", tuple(range(1000, 1040)), 100, kv_usage=0.4)
-    now[0] = 10.0
-    index.record_peer("k", tuple(range(2000, 2050)), 100)
-    assert index.match(conversation) == {"k": 26}
+    assert aged(0.4, peer=True).match(conversation) == {"k": 26}
 
 
 def test_the_index_without_a_capacity_keeps_its_own_bound() -> None:

@@ -104,8 +104,16 @@ class Env:
     client: Any  # tests/router/conftest.py's Served
     tmp: Path
 
+    @staticmethod
+    def worker_set(pod: str) -> str:
+        return "qwen-2-5-32b-spot" if pod == "qwen-spot-0" else "qwen-2-5-32b"
+
+    def key(self, pod: str) -> str:
+        """The pod's endpoint key (the in-flight ledger's and the prefix index's)."""
+        return endpoint_key("default", self.worker_set(pod), pod)
+
     async def telemetry(self, pod: str, address: str | None = None, **signals: Any) -> None:
-        ws = "qwen-2-5-32b-spot" if pod == "qwen-spot-0" else "qwen-2-5-32b"
+        ws = self.worker_set(pod)
         values = {"queued": 0, "running": 0, "kv_cache_usage": 0.1, "prefill_tokens_per_second": 10000.0,
                   **signals}
         state = EndpointState(namespace="default", worker_set=ws, pod=pod, address=address or self.pods[pod].address,
@@ -214,7 +222,7 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     r = await env.chat(prompt)
     assert r.status == 200, await r.text()
     pod = next(name for name, p in env.pods.items() if p.received)
-    key = endpoint_key("default", "qwen-2-5-32b-spot" if pod == "qwen-spot-0" else "qwen-2-5-32b", pod)
+    key = env.key(pod)
     index = env.router.prefix
     assert index.blocks(key) > 0
     after_one = index.fill(key)
@@ -223,9 +231,7 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     # the same short prompt (no prefix blocks: its prefill is the whole prompt, wherever it goes)
     # answered whole (usage: 3 tokens), then streamed without usage: 3 token events and [DONE]
     w = PrefixIndex.SHARE_WEIGHT
-    shares = {k: index.prompt_share(k) for k in (endpoint_key("default", "qwen-2-5-32b", "qwen-0"),
-                                                  endpoint_key("default", "qwen-2-5-32b", "qwen-1"),
-                                                  endpoint_key("default", "qwen-2-5-32b-spot", "qwen-spot-0"))}
+    shares = {k: index.prompt_share(k) for k in map(env.key, env.pods)}
 
     def answer_share() -> float:
         """The share of the one answer observed since ``shares`` (its prefill / (prefill + generated))."""

@@ -249,7 +249,7 @@ class PrefixIndex:
         if not (prefill_tokens >= 0 and output_tokens >= 0 and total > 0):  # (nor NaN)
             return
         w = self.SHARE_WEIGHT
-        self._share[key] = self._share.get(key, self.PROMPT_SHARE) * (1.0 - w) + w * prefill_tokens / total
+        self._share[key] = self.prompt_share(key) * (1.0 - w) + w * prefill_tokens / total
 
     def _press(self, key: str, f: float) -> None:
         """Keep ``key``'s fraction in :attr:`_pressed`, in steps of 1/64, and
