@@ -360,6 +360,15 @@ def _idle_decide(other: dict, model: TTFTModel = NO_SPREAD, *, queue_at_holder: 
     return d, eps
 
 
+def test_a_decisions_prefill_at_each_pod_is_what_that_pod_lacks_of_the_prompt() -> None:
+    """Where a gateway's retry sends the request to another pod than the
+    pick, the ledger and the prompt share take that pod's prefill."""
+    d, _ = _idle_decide(IDLE)
+    at = {c.endpoint: d.prefill_tokens_at(c) for c in d.snapshot.candidates}
+    assert at == {"h": 0, "o": 2_600}  # h holds all 41 blocks of the prompt, o none
+    assert d.prefill_tokens == at[d.endpoint]
+
+
 def test_a_pod_with_nothing_waiting_takes_a_copy_a_queued_one_would_not() -> None:
     # o prefills 2,600 tokens (0.26 s) and is charged for the copy: half as
     # much again (1,300 more) with nothing waiting there, three times (7,800

@@ -8,11 +8,12 @@ import json
 from typing import Any
 
 import msgspec
+import pytest
 
 from kinference_common.engine import PrefixIndex
 from tests.epp.client import headers_message, immediate_headers
 from tests.epp.conftest import Epp
-from tests.router.test_router import CLEAN_PROMPT, Env
+from tests.router.test_router import CLEAN_PROMPT, Env, router_estimate
 
 CHAT = "/v1/chat/completions"
 
@@ -199,6 +200,12 @@ async def test_the_served_endpoint_takes_the_in_flight_work(start_epp: Any, clas
     epp: Epp = await start_epp(fallbacks=2)
     env = epp.env
     ledger = env.router.ledger
+    # each pod its own prefix cache hit rate: the prompt each would prefill differs (the prompt
+    # is shorter than a prefix block: the hit rate is all the router knows of their caches)
+    hit_rates = dict(zip(env.pods, (0.0, 0.3, 0.6), strict=True))
+    for pod, rate in hit_rates.items():
+        await env.telemetry(pod, prefix_cache_hit_rate=rate)
+    await env.settle()
     s = epp.client.stream()
     rq = await s.request("POST", CHAT, {}, chat_body())
     snap = env.router.keeper.snapshot
@@ -220,9 +227,16 @@ async def test_the_served_endpoint_takes_the_in_flight_work(start_epp: Any, clas
     assert msgspec.json.decode(rp.body)["model"] == "qwen-2.5"
     await s.close()
     assert open_at(first) == 0 and open_at(second) == 0 and inflight(env) == 0
-    # the answer's length is the served endpoint's (its prefix index fill), not the first pick's
+    # the answer's length is the served endpoint's (its prefix index fill), not the first pick's, and
+    # so is the prompt it computed: what the served pod's cache did not hold, 5 tokens by the usage
     prefix = env.router.prefix
-    assert prefix.prompt_share(keys[second]) > PrefixIndex.PROMPT_SHARE == prefix.prompt_share(keys[first])
+    assert prefix.prompt_share(keys[first]) == PrefixIndex.PROMPT_SHARE
+    estimate = router_estimate(CLEAN_PROMPT)
+    prefill = round(estimate * (1 - hit_rates[next(p for p in env.pods if env.pods[p].address == second)]))
+    computed = prefill * 5 / estimate
+    w = PrefixIndex.SHARE_WEIGHT
+    assert prefix.prompt_share(keys[second]) == pytest.approx(
+        PrefixIndex.PROMPT_SHARE * (1 - w) + w * computed / (computed + 2), rel=1e-9)
     served = next(c for c in snap.candidates if c.is_local and c.state.address == second)
     assert rp.set_headers["x-kinference-backend"] == served.backend  # the answer names who served it
     sent = env.router.metrics.registry.get_sample_value(

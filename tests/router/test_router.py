@@ -25,8 +25,10 @@ from kinference_common.classifiers import BUILTIN_CLASSIFIERS
 from kinference_common.compiler import compile_documents
 from kinference_common.engine import PrefixIndex
 from kinference_common.engine.candidates import endpoint_key
+from kinference_common.engine.tokens import estimate_prompt_tokens
 from kinference_common.messages import EndpointState, encode
 from kinference_common.natsserver import NatsServer
+from kinference_common.request_body import parse
 from kinference_policy_compiler.publisher import ConfigPublisher
 from kinference_router.app import Router, RouterSettings
 from kinference_router.tenants import Authenticator
@@ -52,6 +54,8 @@ class Upstream:
     usage_only_when_asked: bool = False
     #: a stream cut (the connection closed) after this many events; None: whole
     cut_after: int | None = None
+    #: the prompt tokens its usage reports (its tokenizer's count)
+    prompt_tokens: int = 7
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -78,7 +82,7 @@ class Upstream:
                 chunk = {"choices": [{"delta": {"content": word}, "index": 0}], "model": body["model"]}
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
                 await asyncio.sleep(0.01)
-            usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
+            usage = {"choices": [], "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": 3}}
             if not self.usage_only_when_asked or (body.get("stream_options") or {}).get("include_usage"):
                 await resp.write(f"data: {json.dumps(usage)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
@@ -86,7 +90,7 @@ class Upstream:
             return resp
         return web.json_response({"id": "x", "model": body["model"], "object": "chat.completion",
                                   "choices": [{"message": {"role": "assistant", "content": f"hi from {self.name}"}}],
-                                  "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+                                  "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": 3}})
 
     @property
     def address(self) -> str:
@@ -212,13 +216,17 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
                                                                           classifier: ClassifierService) -> None:
     """Fix 13 in the router: a local answer's usage (tokens generated) and
     the endpoint's scraped KV usage set how much of its cache the prefix
-    index keeps of prompts; a stream without usage (its client did not ask
-    for it) counts a token an event, less the closing [DONE]."""
+    index keeps of prompts. The prompt the endpoint computed is the router's
+    estimate, in the engine's tokens where the usage counted the prompt; a
+    stream without usage (its client did not ask for it) counts a token an
+    event, less the closing [DONE], against the router's estimate."""
     prompt = "Summarise the attached meeting notes in three bullet points. " * 20  # several prompt blocks
     prior = 0.4 + 0.6 * PrefixIndex.PROMPT_SHARE  # the telemetry's KV usage 0.4, no answer observed yet
     for pod in env.pods:  # fresh (the fixtures' start can take longer than a scrape stays fresh)
         await env.telemetry(pod, kv_cache_usage=0.4)
     await env.settle()
+    for up in env.pods.values():
+        up.prompt_tokens = 300
     r = await env.chat(prompt)
     assert r.status == 200, await r.text()
     pod = next(name for name, p in env.pods.items() if p.received)
@@ -226,7 +234,7 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     index = env.router.prefix
     assert index.blocks(key) > 0
     after_one = index.fill(key)
-    # 3 tokens generated against a few hundred computed: the share moves towards 1
+    # 3 tokens generated against 300 computed: the share moves towards 1
     assert PrefixIndex.MIN_FILL < prior < after_one < PrefixIndex.KV_FILL
     # the same short prompt (no prefix blocks: its prefill is the whole prompt, wherever it goes)
     # answered whole (usage: 3 tokens), then streamed without usage: 3 token events and [DONE]
@@ -240,17 +248,27 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
         shares[k] = index.prompt_share(k)
         return x
 
-    r = await env.chat(CLEAN_PROMPT)
-    assert r.status == 200
-    whole = answer_share()
+    estimate = router_estimate(CLEAN_PROMPT)
+    for counted in (7, 4 * estimate):  # the engine's tokenizer counts other than the router's estimate
+        for up in env.pods.values():
+            up.prompt_tokens = counted
+        r = await env.chat(CLEAN_PROMPT)
+        assert r.status == 200
+        assert answer_share() == pytest.approx(counted / (counted + 3), rel=1e-9)  # in the engine's tokens
     for up in env.pods.values():
         up.usage_only_when_asked = True
     r = await env.chat(CLEAN_PROMPT, stream=True)
     assert r.status == 200
     text = (await r.read()).decode()
     assert '"usage"' not in text and text.count("data: ") == 4
-    assert answer_share() == pytest.approx(whole, rel=1e-9)  # counted as the usage would have said: 3 tokens
-    assert 0.0 < whole < 1.0
+    # no count of the prompt: the router's estimate, against 3 tokens counted from the events
+    assert answer_share() == pytest.approx(estimate / (estimate + 3), rel=1e-9)
+
+
+def router_estimate(content: str) -> int:
+    """The router's estimate of the prompt tokens of a one-message chat of ``content``."""
+    body = {"model": "qwen-2.5", "messages": [{"role": "user", "content": content}]}
+    return estimate_prompt_tokens(parse(json.dumps(body).encode(), chat=True).texts)
 
 
 def _models(text: str) -> set[str]:

@@ -149,10 +149,12 @@ class Decision:
         """Prompt tokens the pick must prefill (the prompt less what the prefix
         index says it holds): what to pass to ``InFlightLedger.sent`` so the
         next decisions see the work queued ahead of them."""
-        c = self.candidate
+        return self.prefill_tokens_at(self.candidate) if self.candidate is not None else 0
+
+    def prefill_tokens_at(self, c: Candidate) -> int:
+        """:attr:`prefill_tokens` had this decision picked ``c`` (one of its
+        snapshot's candidates): where a gateway's retry sent it instead."""
         ctx = self.context
-        if c is None:
-            return 0
         if not c.is_local:
             return ctx.prompt_tokens
         if ctx.block_hashes:

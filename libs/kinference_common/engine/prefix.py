@@ -238,10 +238,11 @@ class PrefixIndex:
         """``key``'s prompt share: :attr:`PROMPT_SHARE` until an answer was observed there."""
         return self._share.get(key, self.PROMPT_SHARE)
 
-    def observe_output(self, key: str, prefill_tokens: int, output_tokens: int) -> None:
+    def observe_output(self, key: str, prefill_tokens: float, output_tokens: int) -> None:
         """An answer from ``key`` ended: ``prefill_tokens`` of its prompt were
         to be computed there (the router's estimate when it sent it: the
-        prompt less what the index said was cached) and it generated
+        prompt less what the index said was cached, in the engine's tokens
+        where the answer counted its prompt) and it generated
         ``output_tokens`` (its usage). Moves the endpoint's prompt share
         (what :meth:`fill` reads) by :attr:`SHARE_WEIGHT` towards this
         answer's; answers of unknown length are not observed."""
