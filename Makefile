@@ -104,8 +104,8 @@ bench-hotpath: install  ## the router's per-request CPU outside HTTP, a one-line
 
 bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results/routing.json, docs/img/routing-*.png
 	nice -n 15 $(BIN)/python -m bench.routing $(BENCH_ROUTING_ARGS)
-	$(BIN)/python -m bench.routing.report --check
 	nice -n 15 $(BIN)/python -m bench.routing.burst
+	$(BIN)/python -m bench.routing.report --check
 	nice -n 15 $(BIN)/python -m bench.routing.crosscheck
 
 bench-routing-oracle: install  ## the goal's cases again beside a router told every pod's exact state (slow: 35 min for the six missed workloads on 2 cores) -> bench/results/routing_oracle.json and docs/routing-benchmark.md
