@@ -313,6 +313,5 @@ class Kinference(Router):
             send = entry[0]
             self.ledger.finished(send, EPOCH + now)
             if entry[3] and self.fixed:  # an endpoint's answer: its length and prompt, as the router reads the usage
-                est = req.extra["estimate"]
-                self.prefix.observe_output(send.key, send.tokens * req.prompt_tokens / est if est > 0 else send.tokens,
-                                           req.output_len)
+                self.prefix.observe_output(send.key, send.tokens, req.output_len, req.extra["estimate"],
+                                           req.prompt_tokens)

@@ -431,22 +431,12 @@ class Send:
                 generated = self.events - 1
             if outcome == "ok" and cand.is_local and generated is not None:
                 # how much of what the endpoint computed was prompt: the prefix index's fill there
-                dr.prefix.observe_output(cand.ledger_key, self._computed_prompt(), generated)
+                dr.prefix.observe_output(cand.ledger_key, self.handle.tokens, generated,
+                                         self.decision.request.prompt_tokens, obs.prompt_tokens)
             dr.metrics.sent(dr.pool_label, cand.backend, cand.dest_name, cand.endpoint, cand.is_local,
                             outcome, obs.prompt_tokens, obs.completion_tokens)
             # encoded and published after the response is on its way
             asyncio.get_running_loop().call_soon(dr.publish_observation, obs)
-
-    def _computed_prompt(self) -> float:
-        """The prompt tokens the endpoint computed (its prefill, as the send
-        joined the ledger there), in the engine's tokens when the answer's
-        usage counted the prompt: the router's estimate can be several
-        tokenizers away from the engine's, the answer's length never is."""
-        prefill = self.handle.tokens
-        estimated, counted = self.decision.request.prompt_tokens, self.obs.prompt_tokens
-        if counted and estimated > 0:
-            return prefill * counted / estimated
-        return prefill
 
     @property
     def done(self) -> bool:

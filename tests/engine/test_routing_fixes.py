@@ -198,6 +198,36 @@ def test_the_fill_is_the_kv_usage_plus_the_rest_at_the_prompt_share() -> None:
     assert low.fill("k") == 0.3
 
 
+def test_the_prompt_share_counts_the_prompt_in_the_engines_tokens() -> None:
+    """Fix 14: the prefill (the router's estimate) is scaled into the
+    engine's tokens, the unit of the tokens generated: by the answer's own
+    count of its prompt where its usage gives one, else by the endpoint's
+    engine tokens per estimated token learned from answers that did."""
+    w = PrefixIndex.SHARE_WEIGHT
+
+    def answer_share(index: PrefixIndex, *answer: float) -> float:
+        """The share of ``answer`` (observe_output's arguments after the key)."""
+        before = index.prompt_share("k")
+        index.observe_output("k", *answer)
+        return (index.prompt_share("k") - before * (1 - w)) / w
+
+    index = PrefixIndex()
+    assert index.tokens_per_estimated("k") == 1.0
+    assert answer_share(index, 100, 50) == pytest.approx(100 / 150)  # nothing known: the estimate as it is
+    # 100 of an estimated 400 to compute, the engine counts the prompt 800: 200 of its tokens
+    assert answer_share(index, 100, 50, 400, 800) == pytest.approx(200 / 250)
+    assert index.tokens_per_estimated("k") == pytest.approx(2.0)  # the first count is the ratio
+    assert answer_share(index, 100, 50) == pytest.approx(200 / 250)  # no count: scaled by what was learned
+    assert answer_share(index, 100, 50, 400, 400) == pytest.approx(100 / 150)  # a count is this answer's own
+    assert index.tokens_per_estimated("k") == pytest.approx(2.0 * (1 - w) + w * 1.0)  # about the last 20
+    for no_count in ((100, 50, 0, 800), (100, 50, 400, 0), (100, 50, 400, None)):  # nothing to learn from
+        answer_share(index, *no_count)
+        assert index.tokens_per_estimated("k") == pytest.approx(2.0 * (1 - w) + w * 1.0)
+    assert index.tokens_per_estimated("other") == 1.0  # per endpoint
+    index.forget("k")
+    assert index.tokens_per_estimated("k") == 1.0
+
+
 def test_a_conversation_evicted_by_generated_tokens_is_not_promised() -> None:
     """Fix 13: a pod running few requests whose answers are long against the
     new part of their prompts (a conversation's turns) holds fewer prompts

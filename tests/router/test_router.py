@@ -217,9 +217,9 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     """Fix 13 in the router: a local answer's usage (tokens generated) and
     the endpoint's scraped KV usage set how much of its cache the prefix
     index keeps of prompts. The prompt the endpoint computed is the router's
-    estimate, in the engine's tokens where the usage counted the prompt; a
-    stream without usage (its client did not ask for it) counts a token an
-    event, less the closing [DONE], against the router's estimate."""
+    estimate in the engine's tokens: by the usage's count of the prompt, or
+    for a stream without usage (its client did not ask for it) by what the
+    pod's counts taught, against a token an event less the closing [DONE]."""
     prompt = "Summarise the attached meeting notes in three bullet points. " * 20  # several prompt blocks
     prior = 0.4 + 0.6 * PrefixIndex.PROMPT_SHARE  # the telemetry's KV usage 0.4, no answer observed yet
     for pod in env.pods:  # fresh (the fixtures' start can take longer than a scrape stays fresh)
@@ -241,12 +241,13 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
     w = PrefixIndex.SHARE_WEIGHT
     shares = {k: index.prompt_share(k) for k in map(env.key, env.pods)}
 
-    def answer_share() -> float:
-        """The share of the one answer observed since ``shares`` (its prefill / (prefill + generated))."""
+    def answer_share() -> tuple[str, float]:
+        """The endpoint of the one answer observed since ``shares``, and its
+        share (its prefill / (prefill + generated))."""
         (k,) = [k for k in shares if index.prompt_share(k) != shares[k]]
         x = (index.prompt_share(k) - shares[k] * (1 - w)) / w
         shares[k] = index.prompt_share(k)
-        return x
+        return k, x
 
     estimate = router_estimate(CLEAN_PROMPT)
     for counted in (7, 4 * estimate):  # the engine's tokenizer counts other than the router's estimate
@@ -254,15 +255,24 @@ async def test_an_answers_usage_sets_the_prefix_index_fill_of_its_endpoint(env: 
             up.prompt_tokens = counted
         r = await env.chat(CLEAN_PROMPT)
         assert r.status == 200
-        assert answer_share() == pytest.approx(counted / (counted + 3), rel=1e-9)  # in the engine's tokens
+        assert answer_share()[1] == pytest.approx(counted / (counted + 3), rel=1e-9)  # in the engine's tokens
+    for k in shares:  # the pods the answers above did not go to learn a ratio too (the stream may go there)
+        if index.tokens_per_estimated(k) == 1.0:
+            index.observe_output(k, 0, 1, 10, 30)
+            shares[k] = index.prompt_share(k)
     for up in env.pods.values():
         up.usage_only_when_asked = True
     r = await env.chat(CLEAN_PROMPT, stream=True)
     assert r.status == 200
     text = (await r.read()).decode()
     assert '"usage"' not in text and text.count("data: ") == 4
-    # no count of the prompt: the router's estimate, against 3 tokens counted from the events
-    assert answer_share() == pytest.approx(estimate / (estimate + 3), rel=1e-9)
+    # no count of the prompt: the router's estimate in the pod's tokens as its answers counted them,
+    # against 3 tokens counted from the events
+    k, x = answer_share()
+    assert index.tokens_per_estimated(k) != 1.0
+    prompt = estimate * index.tokens_per_estimated(k)
+    assert x == pytest.approx(prompt / (prompt + 3), rel=1e-9)
+    assert x != pytest.approx(estimate / (estimate + 3), rel=1e-6)
 
 
 def router_estimate(content: str) -> int:

@@ -114,6 +114,8 @@ class PrefixIndex:
         self._usage: dict[str, float] = {}
         #: endpoint -> prompt tokens computed / (those + tokens generated), over its recent answers
         self._share: dict[str, float] = {}
+        #: endpoint -> the engine's prompt tokens per estimated token, over its recent answers
+        self._ratio: dict[str, float] = {}
 
     #: at most this many records wait for take_journal() (the oldest dropped)
     MAX_JOURNAL = 4096
@@ -238,19 +240,40 @@ class PrefixIndex:
         """``key``'s prompt share: :attr:`PROMPT_SHARE` until an answer was observed there."""
         return self._share.get(key, self.PROMPT_SHARE)
 
-    def observe_output(self, key: str, prefill_tokens: float, output_tokens: int) -> None:
+    def observe_output(self, key: str, prefill_tokens: float, output_tokens: int, prompt_estimate: int = 0,
+                       prompt_counted: int | None = None) -> None:
         """An answer from ``key`` ended: ``prefill_tokens`` of its prompt were
         to be computed there (the router's estimate when it sent it: the
-        prompt less what the index said was cached, in the engine's tokens
-        where the answer counted its prompt) and it generated
+        prompt less what the index said was cached) and it generated
         ``output_tokens`` (its usage). Moves the endpoint's prompt share
         (what :meth:`fill` reads) by :attr:`SHARE_WEIGHT` towards this
-        answer's; answers of unknown length are not observed."""
-        total = prefill_tokens + output_tokens
-        if not (prefill_tokens >= 0 and output_tokens >= 0 and total > 0):  # (nor NaN)
+        answer's; answers of unknown length are not observed.
+
+        The share is in the engine's tokens: where the answer's usage counted
+        the prompt (``prompt_counted``, against the router's estimate of the
+        whole prompt, ``prompt_estimate``), the prefill is scaled by that
+        count over the estimate, and the endpoint's tokens per estimated
+        token are learned (over about its last 20 such answers); an answer
+        without the count (a stream whose client did not ask for usage) is
+        scaled by what was learned, 1 before any."""
+        if prompt_counted is not None and prompt_counted > 0 and prompt_estimate > 0:
+            ratio = prompt_counted / prompt_estimate
+            known = self._ratio.get(key)
+            w = self.SHARE_WEIGHT
+            self._ratio[key] = ratio if known is None else known * (1.0 - w) + w * ratio
+        else:
+            ratio = self._ratio.get(key, 1.0)
+        prefill = prefill_tokens * ratio
+        total = prefill + output_tokens
+        if not (prefill >= 0 and output_tokens >= 0 and total > 0):  # (nor NaN)
             return
         w = self.SHARE_WEIGHT
-        self._share[key] = self.prompt_share(key) * (1.0 - w) + w * prefill_tokens / total
+        self._share[key] = self.prompt_share(key) * (1.0 - w) + w * prefill / total
+
+    def tokens_per_estimated(self, key: str) -> float:
+        """The engine's prompt tokens per token of the router's estimate at
+        ``key``, as its answers' usage counted them; 1 before any."""
+        return self._ratio.get(key, 1.0)
 
     def _press(self, key: str, f: float) -> None:
         """Keep ``key``'s fraction in :attr:`_pressed`, in steps of 1/64, and
@@ -327,6 +350,7 @@ class PrefixIndex:
         self._hot.pop(key, None)
         self._usage.pop(key, None)
         self._share.pop(key, None)
+        self._ratio.pop(key, None)
         self._press(key, 0.0)
         lru = self._by_endpoint.pop(key, None)
         if not lru:
