@@ -23,7 +23,7 @@ from typing import Any
 
 import nats
 import structlog
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
 log = structlog.get_logger("nats")
 
@@ -281,21 +281,29 @@ async def close(nc: nats.NATS, timeout: float = 2.0) -> None:
         await bounded(nc.close())
 
 
+async def kv_keys(kv: Any) -> list[str]:
+    """The keys of a JetStream KV bucket that hold a message (a value or a
+    delete marker), from one stream-info request: a snapshot of the stream's
+    subjects. Not ``KeyValue.keys()``, whose watcher can end the listing
+    before the last keys arrive (nats.py #842; #995, open): a policy compiler
+    that restarted then missed a pool it had published, and never announced
+    its deletion (a CI run, ``test_explain_names_the_pool_and_pools_come_and_go``)."""
+    prefix = kv._pre  # "$KV.<bucket>."
+    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{prefix}>")
+    return sorted(subject[len(prefix):] for subject in (info.state.subjects or {}))
+
+
 async def kv_items(kv: Any, want: Callable[[str], bool] | None = None) -> AsyncIterator[tuple[str, bytes]]:
     """Every ``(key, value)`` of a JetStream KV bucket with a value, for the
     keys ``want`` accepts (all by default): an empty bucket is no items, and
-    a key deleted between the listing and its read, or holding an empty
-    value (a delete marker), is skipped. Other errors propagate."""
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return
-    for key in keys:
+    a deleted key (a delete marker, also one written between the listing
+    and its read) or an empty value is skipped. Other errors propagate."""
+    for key in await kv_keys(kv):
         if want is not None and not want(key):
             continue
         try:
             entry = await kv.get(key)
-        except KeyNotFoundError:
+        except (KeyNotFoundError, KeyDeletedError):
             continue
         if entry.value:
             yield key, entry.value
