@@ -256,18 +256,17 @@ class PrefixIndex:
         token are learned (over about its last 20 such answers); an answer
         without the count (a stream whose client did not ask for usage) is
         scaled by what was learned, 1 before any."""
+        w = self.SHARE_WEIGHT
         if prompt_counted is not None and prompt_counted > 0 and prompt_estimate > 0:
             ratio = prompt_counted / prompt_estimate
             known = self._ratio.get(key)
-            w = self.SHARE_WEIGHT
             self._ratio[key] = ratio if known is None else known * (1.0 - w) + w * ratio
         else:
-            ratio = self._ratio.get(key, 1.0)
+            ratio = self.tokens_per_estimated(key)
         prefill = prefill_tokens * ratio
         total = prefill + output_tokens
         if not (prefill >= 0 and output_tokens >= 0 and total > 0):  # (nor NaN)
             return
-        w = self.SHARE_WEIGHT
         self._share[key] = self.prompt_share(key) * (1.0 - w) + w * prefill / total
 
     def tokens_per_estimated(self, key: str) -> float:
