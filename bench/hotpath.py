@@ -41,7 +41,7 @@ from kinference_common.engine import block_hashes, decide, prompt_block_hashes
 from kinference_common.engine.trace import ClassifierTrace, build_trace, encode_trace
 from kinference_router.app import engine_request
 from kinference_common.request_body import parse
-from kinference_router.replica_sync import hash_key
+from kinference_router.replica_sync import DEFAULT_INTERVAL as REPLICA_SYNC_INTERVAL, hash_key
 
 
 SYSTEM = "You are a helpful assistant. Answer briefly and cite sources."
@@ -143,6 +143,49 @@ def recording_cost(iterations: int = 5_000, rounds: int = 9) -> dict[str, float]
             "snapshot_record_us": round(snapshot, 2), "snapshot_record_bytes": len(pub.last)}
 
 
+def replica_sync_cost(iterations: int = 2_000, rounds: int = 9, endpoints: int = 8, pending: int = 4,
+                      picks: int = 0, blocks: int = 64) -> dict[str, float]:
+    """One replica sync message's CPU, in-process: building and encoding it
+    (:meth:`ReplicaSync.build`) and merging a peer's (:meth:`ReplicaSync.receive`),
+    for a pool of ``endpoints`` pods with ``pending`` sends before their first
+    token on each and ``picks`` prefix picks of ``blocks`` blocks since the
+    previous message. The picks cost the same however they are batched (each
+    is sent once); the rest is paid per message, so it is what a shorter
+    interval adds."""
+    from kinference_common.engine import InFlightLedger, PrefixIndex
+    from kinference_router.metrics import RouterMetrics
+    from kinference_router.replica_sync import ReplicaSync
+
+    key = hash_key(None)
+    keys = [f"default/qwen/q{i}" for i in range(endpoints)]
+    rng = random.Random(11)
+
+    def replica(name: str) -> ReplicaSync:
+        return ReplicaSync("kinference.router.default.bench.sync", InFlightLedger(), PrefixIndex(), RouterMetrics(),
+                           hash_key=key, replica_id=name, clock=lambda: 1_000.0)
+
+    a, b = replica("a"), replica("b")
+    for k in keys:
+        for j in range(pending):
+            a.ledger.sent(k, 2_000 + j, 999.99)
+    a.prefix.start_journal()
+    h_it = itertools.cycle([tuple(rng.getrandbits(63) for _ in range(blocks)) for _ in range(64)])
+
+    def build() -> bytes:
+        for j in range(picks):
+            a.prefix.record(keys[j % endpoints], next(h_it), 20_000, 0.5)
+        return a.build()
+
+    build_us = per_call_us(build, iterations, rounds)
+    # a newer message from the same peer each time (else it is dropped as "old")
+    messages = [build() for _ in range(iterations * rounds + min(1000, iterations))]
+    m_it = iter(messages)
+    outcomes: set[str] = set()
+    receive_us = per_call_us(lambda: outcomes.add(b.receive(next(m_it))), iterations, rounds)
+    assert outcomes == {"merged"}, outcomes
+    return {"build_us": round(build_us, 2), "receive_us": round(receive_us, 2), "message_bytes": len(messages[0])}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=5_000, help="calls per round")
@@ -191,6 +234,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'record':<16}{record:>10.2f}{record / base:>10.0f}")
     print(f"{'total':<16}{total:>10.2f}{total / base:>10.0f}")
     print(f"{'(bare call)':<16}{base:>10.3f}")
+    n = max(500, args.iterations // 5)
+    sync, picks = replica_sync_cost(n, args.rounds), replica_sync_cost(n, args.rounds, picks=2)
+    per_pick = [(picks[k] - sync[k]) / 2 for k in ("build_us", "receive_us")]
+    # what the interval sets: one message out and one in from each of two peers per interval
+    per_second = (sync["build_us"] + 2 * sync["receive_us"]) / REPLICA_SYNC_INTERVAL / 1000
+    print(f"replica sync, off the request path: a message for 8 pods with 4 sends waiting on each "
+          f"({sync['message_bytes']} bytes) takes {sync['build_us']:.1f} us to build and {sync['receive_us']:.1f} us "
+          f"to merge; each prefix pick of 64 blocks in it adds {per_pick[0]:.1f} / {per_pick[1]:.1f} us. "
+          f"At one message per {REPLICA_SYNC_INTERVAL * 1000:g} ms out and one in from each of two peers, "
+          f"the per-message part is {per_second:.1f} ms of CPU a second")
 
 
 if __name__ == "__main__":

@@ -147,7 +147,8 @@ class ReplicaShare:
 
     #: at most one publish per interval: a change publishes at once when the
     #: last publish is this old, else at the end of the interval
-    interval: float = 0.05
+    #: (services/router/replica_sync.py's DEFAULT_INTERVAL)
+    interval: float = 0.005
     #: seconds from publish to a peer's merge (NATS, one hop)
     delay: float = 0.002
     #: a peer quiet this long is forgotten

@@ -11,7 +11,7 @@ the decision itself is unchanged.
   ledger's ``on_change``; a request's end waits for the next message) publishes a :class:`ReplicaSync` message on
   ``kinference.router.<ns>.<pool>.sync`` (``kinference.router.all.sync`` for
   a router of several pools) at once when the last one is ``interval``
-  (50 ms) old, else at the end of the interval; with no change, a heartbeat
+  (:data:`DEFAULT_INTERVAL`, 5 ms) old, else at the end of the interval; with no change, a heartbeat
   every ``heartbeat`` (0.5 s). The message holds the full in-flight state
   (so a lost message is healed by the next) and the prefix-index picks since
   the previous message (a lost one is a prefix the peers do not learn).
@@ -53,6 +53,17 @@ from kinference_common.tasks import cancel_and_wait
 
 log = structlog.get_logger("kinference.router.replica_sync")
 
+#: seconds between two messages of a replica at the most (a send or a first
+#: token publishes at once when the last message is this old). Peers that
+#: learn of each other's sends later route as apart: with 50 ms, three
+#: replicas' TTFT p99 was 1.27x one router's on ``chat`` and 1.16x on
+#: ``shared_prefix_long`` in the fleet benchmark; with 5 ms, 1.12x and 1.03x
+#: (docs/routing-benchmark.md, fix 15). Each message costs its sender and
+#: every peer a few microseconds per pod (``python -m bench.hotpath``), so
+#: the bound, 200 messages a second per pool and replica, costs each
+#: replica about 1% of a core at the most.
+DEFAULT_INTERVAL = 0.005
+
 #: at most this many prefix records / hashes per record are taken from one message
 MAX_RECORDS = 4096
 MAX_HASHES = 8192
@@ -86,7 +97,7 @@ class ReplicaSync:
     """Publishes this replica's ledger summary and prefix picks; merges the peers'."""
 
     def __init__(self, subject: str, ledger: InFlightLedger, prefix: PrefixIndex, metrics: Any, *,
-                 hash_key: bytes, replica_id: str | None = None, interval: float = 0.05,
+                 hash_key: bytes, replica_id: str | None = None, interval: float = DEFAULT_INTERVAL,
                  heartbeat: float = 0.5, ttl: float = 2.0, clock: Callable[[], float] = time.time) -> None:
         self.subject = subject
         self.ledger, self.prefix, self.metrics = ledger, prefix, metrics
