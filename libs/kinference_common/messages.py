@@ -246,6 +246,13 @@ class ReplicaSync(_Msg, kw_only=True):
     hash_key_id: str = ""
 
 
+class ReplicaSyncHead(_Msg, kw_only=True):
+    """The sender of a :class:`ReplicaSync` message, decoded without the rest
+    (a replica reads its own messages back on the subject and drops them)."""
+
+    replica: str
+
+
 # ------------------------------------------------------------------- encoding
 
 _encoder = msgspec.json.Encoder()

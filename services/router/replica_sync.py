@@ -15,7 +15,12 @@ the decision itself is unchanged.
   every ``heartbeat`` (0.5 s). The message holds the full in-flight state
   (so a lost message is healed by the next) and the prefix-index picks since
   the previous message (a lost one is a prefix the peers do not learn).
-- **Receive** (:meth:`ReplicaSync.receive`): its own messages are ignored;
+  A replica that hears no peer (it runs alone, or its peers went quiet)
+  sends only the heartbeat, without its picks: one router pays for the
+  sync a message every 0.5 s and nothing per request. A peer's first
+  message wakes it, and its state goes out within the interval.
+- **Receive** (:meth:`ReplicaSync.receive`): its own messages are ignored
+  (told by their sender alone, :class:`ReplicaSyncHead`, without decoding the rest);
   a message that does not decode, or is older than ``ttl`` by its
   ``sentAt``, or not newer than the last one of its replica, is counted and
   dropped, never raised. A replica silent for ``ttl`` (2 s) is forgotten
@@ -48,7 +53,8 @@ import structlog
 
 from kinference_common import subjects
 from kinference_common.engine import InFlightLedger, PrefixIndex
-from kinference_common.messages import PrefixRecord, ReplicaEndpoint, ReplicaSync as SyncMessage, decoder, encode
+from kinference_common.messages import (PrefixRecord, ReplicaEndpoint, ReplicaSync as SyncMessage, ReplicaSyncHead,
+                                        decoder, encode)
 from kinference_common.tasks import cancel_and_wait
 
 log = structlog.get_logger("kinference.router.replica_sync")
@@ -108,6 +114,7 @@ class ReplicaSync:
         self.clock = clock
         self._seq = 0
         self._decoder = decoder(SyncMessage)
+        self._head = decoder(ReplicaSyncHead)
         self._wake = asyncio.Event()
         self._nc: Any = None
         self._sub: Any = None
@@ -121,7 +128,7 @@ class ReplicaSync:
         self._nc = nc
         self.ledger.sharing = True
         self.prefix.start_journal()
-        self.ledger.on_change = self._wake.set
+        self.ledger.on_change = self._changed
         self._sub = await nc.subscribe(self.subject, cb=self._on_msg)
         with contextlib.suppress(Exception):  # the server has the subscription before the first publish
             await nc.flush(timeout=2)
@@ -140,15 +147,23 @@ class ReplicaSync:
 
     # -------------------------------------------------------------- publish
 
+    def _changed(self) -> None:
+        """The ledger's ``on_change``: a send or a first token. Published only
+        where a peer listens (alone, the heartbeat carries the state)."""
+        if self.ledger.has_peers:
+            self._wake.set()
+
     def build(self) -> bytes:
-        """The next message: the ledger's summary and the journal since the last."""
+        """The next message: the ledger's summary and the journal since the
+        last (alone: the journal dropped, nobody would merge it)."""
         now = self.clock()
         self._seq += 1
         endpoints = [ReplicaEndpoint(key=e.key, in_flight=e.in_flight, pending=e.pending, prefilled=e.prefilled,
                                      more_count=e.more_count, more_tokens=e.more_tokens)
                      for e in self.ledger.summary(now)]
+        journal = self.prefix.take_journal()
         records = [PrefixRecord(key=k, block_hashes=list(h), max_blocks=cap, kv_usage=kv)
-                   for k, h, cap, kv in self.prefix.take_journal()]
+                   for k, h, cap, kv in journal] if self.ledger.has_peers else []
         return encode(SyncMessage(replica=self.replica_id, seq=self._seq, sent_at=now, endpoints=endpoints,
                                   prefix=records, hash_key_id=self.key_id))
 
@@ -196,22 +211,25 @@ class ReplicaSync:
 
     def _receive(self, data: bytes) -> str:
         try:
+            if self._head.decode(data).replica == self.replica_id:
+                return "own"
             msg = self._decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._warn_once("garbled", "replica sync message dropped: it does not decode",
                             subject=self.subject, error=str(exc)[:200])
             return "garbled"
-        if msg.replica == self.replica_id:
-            return "own"
         now = self.clock()
         if now - msg.sent_at > self.ttl:
             return "stale"
+        alone = not self.ledger.has_peers
         try:
             for e in msg.endpoints:
                 if e.in_flight < 0 or e.more_count < 0 or e.more_tokens < 0 or any(t < 0 for _, t in e.pending):
                     raise ValueError(f"endpoint {e.key}: negative count")
             if not self.ledger.merge_peer(msg.replica, msg.seq, msg.endpoints, now):
                 return "old"
+            if alone:  # the first peer: it gets this replica's state within the interval
+                self._wake.set()
         except Exception as exc:  # never let a peer's message break the router
             self.ledger.forget_peer(msg.replica)
             self._warn_once("garbled", "replica sync message dropped", replica=msg.replica, error=str(exc)[:200])

@@ -236,3 +236,51 @@ async def test_two_router_replicas_share_a_send_through_the_http_path(start_pool
     finally:
         release.set()
         await upstream.close()
+
+
+def _peer_message(replica: str, seq: int = 1) -> bytes:
+    from kinference_common.messages import ReplicaEndpoint, encode
+
+    return encode(SyncMessage(replica=replica, seq=seq, sent_at=1e12,
+                              endpoints=[ReplicaEndpoint(key=KEY0, in_flight=1, pending=[(1e12, 10)], prefilled=[])]))
+
+
+def test_a_replica_alone_publishes_no_change_and_no_pick_until_a_peer_is_heard() -> None:
+    """Alone (no peer heard), a send wakes nothing and a message (the
+    heartbeat) carries the in-flight state but not the picks: one router
+    pays no message per request. The first peer's message wakes the
+    publisher, so the peer gets this replica's state within the interval;
+    from then on every send is published with its picks."""
+    a = Replica("replica-a", nc=None, ttl=1e15)  # a TTL past the test's clock: nothing expires
+    a.sync.ledger.sharing = True
+    a.sync.prefix.start_journal()
+    a.sync.ledger.on_change = a.sync._changed
+    hashes = block_hashes(PROMPT, key=KEY)
+    a.ledger.sent(KEY0, 300, 1e12)
+    a.prefix.record(KEY0, hashes, None)
+    assert not a.sync._wake.is_set()  # nobody listens: no message for this send
+    alone = decoder(SyncMessage).decode(a.sync.build())
+    assert [e.key for e in alone.endpoints] == [KEY0] and alone.prefix == []
+    assert a.sync.receive(_peer_message("replica-b")) == "merged"
+    assert a.sync._wake.is_set()  # the first peer: publish now, not at the next heartbeat
+    a.sync._wake.clear()
+    a.ledger.sent(KEY0, 400, 1e12)
+    a.prefix.record(KEY0, hashes, None)
+    assert a.sync._wake.is_set()  # with a peer, each send is published
+    shared = decoder(SyncMessage).decode(a.sync.build())
+    assert [list(r.block_hashes) for r in shared.prefix] == [list(hashes)]  # only the pick made with a peer
+    a.sync._wake.clear()  # (publish() clears it)
+    assert a.sync.receive(_peer_message("replica-b", seq=2)) == "merged"
+    assert not a.sync._wake.is_set()  # a known peer's next message wakes nothing
+
+
+def test_a_replica_drops_its_own_messages_by_their_sender_alone() -> None:
+    """Each replica hears its own messages on the subject: told apart by the
+    sender field without decoding the rest, so a replica never pays for
+    decoding its own picks (the message below would not decode)."""
+    a = Replica("replica-a", nc=None)
+    broken = b'{"schemaVersion":1,"replica":"%s","seq":1,"sentAt":1e12,"endpoints":"not a list"}'
+    assert a.sync.receive(broken % b"replica-a") == "own"
+    assert a.sync.receive(broken % b"replica-b") == "garbled"
+    assert a.sync.receive(b'{"seq":1}') == "garbled"  # no sender at all
+    assert a.count("in", "own") == 1 and a.count("in", "garbled") == 2

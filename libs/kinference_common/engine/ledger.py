@@ -345,6 +345,11 @@ class InFlightLedger:
         """The replicas whose summaries are merged."""
         return list(self._peers)
 
+    @property
+    def has_peers(self) -> bool:
+        """Whether any replica's summary is merged (cheap: no list)."""
+        return bool(self._peers)
+
     def _refresh_peers(self, key: str) -> None:
         """Recompute the peers' share of ``key``'s load against this
         replica's last scrape of it."""
