@@ -143,7 +143,9 @@ def compile_pool(pods: Sequence[PodSpec], providers: Sequence[ProviderSpec], pol
 
 @dataclass(frozen=True, slots=True)
 class ReplicaShare:
-    """Replica sync in simulated time (the router's defaults)."""
+    """Replica sync in simulated time (the router's defaults). The replicas
+    know each other from the start; a real one publishes per change only
+    once it has heard a peer (its first heartbeat, within 0.25 s of start)."""
 
     #: at most one publish per interval: a change publishes at once when the
     #: last publish is this old, else at the end of the interval
