@@ -18,7 +18,8 @@ the decision itself is unchanged.
   A replica that hears no peer (it runs alone, or its peers went quiet)
   sends only the heartbeat, without its picks: one router pays for the
   sync a message every 0.5 s and nothing per request. A peer's first
-  message wakes it, and its state goes out within the interval.
+  message wakes it, and its state goes out within the interval (with the
+  picks made from then on; the ones made alone are never sent).
 - **Receive** (:meth:`ReplicaSync.receive`): its own messages are ignored
   (told by their sender alone, :class:`ReplicaSyncHead`, without decoding the rest);
   a message that does not decode, or is older than ``ttl`` by its
@@ -228,7 +229,8 @@ class ReplicaSync:
                     raise ValueError(f"endpoint {e.key}: negative count")
             if not self.ledger.merge_peer(msg.replica, msg.seq, msg.endpoints, now):
                 return "old"
-            if alone:  # the first peer: it gets this replica's state within the interval
+            if alone:  # the first peer: it gets this replica's state within the interval,
+                self.prefix.take_journal()  # and the picks from now on (not the last heartbeat's worth)
                 self._wake.set()
         except Exception as exc:  # never let a peer's message break the router
             self.ledger.forget_peer(msg.replica)

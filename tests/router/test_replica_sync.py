@@ -250,7 +250,8 @@ def test_a_replica_alone_publishes_no_change_and_no_pick_until_a_peer_is_heard()
     heartbeat) carries the in-flight state but not the picks: one router
     pays no message per request. The first peer's message wakes the
     publisher, so the peer gets this replica's state within the interval;
-    from then on every send is published with its picks."""
+    from then on every send is published with its picks (the picks made
+    alone are never sent)."""
     a = Replica("replica-a", nc=None, ttl=1e15)  # a TTL past the test's clock: nothing expires
     a.sync.ledger.sharing = True
     a.sync.prefix.start_journal()
@@ -261,6 +262,7 @@ def test_a_replica_alone_publishes_no_change_and_no_pick_until_a_peer_is_heard()
     assert not a.sync._wake.is_set()  # nobody listens: no message for this send
     alone = decoder(SyncMessage).decode(a.sync.build())
     assert [e.key for e in alone.endpoints] == [KEY0] and alone.prefix == []
+    a.prefix.record(KEY0, block_hashes(PROMPT + " Another question?", key=KEY), None)  # still alone
     assert a.sync.receive(_peer_message("replica-b")) == "merged"
     assert a.sync._wake.is_set()  # the first peer: publish now, not at the next heartbeat
     a.sync._wake.clear()
