@@ -125,11 +125,16 @@ class ReplicaSync:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def start(self, nc: Any) -> None:
-        self._nc = nc
+    def attach(self) -> None:
+        """Make the ledger and the prefix index keep what the peers are told
+        (no I/O; :meth:`start` does it before subscribing)."""
         self.ledger.sharing = True
         self.prefix.start_journal()
         self.ledger.on_change = self._changed
+
+    async def start(self, nc: Any) -> None:
+        self._nc = nc
+        self.attach()
         self._sub = await nc.subscribe(self.subject, cb=self._on_msg)
         with contextlib.suppress(Exception):  # the server has the subscription before the first publish
             await nc.flush(timeout=2)

@@ -253,9 +253,7 @@ def test_a_replica_alone_publishes_no_change_and_no_pick_until_a_peer_is_heard()
     from then on every send is published with its picks (the picks made
     alone are never sent)."""
     a = Replica("replica-a", nc=None, ttl=1e15)  # a TTL past the test's clock: nothing expires
-    a.sync.ledger.sharing = True
-    a.sync.prefix.start_journal()
-    a.sync.ledger.on_change = a.sync._changed
+    a.sync.attach()  # what start() does, without NATS
     hashes = block_hashes(PROMPT, key=KEY)
     a.ledger.sent(KEY0, 300, 1e12)
     a.prefix.record(KEY0, hashes, None)
