@@ -48,9 +48,12 @@ from kinference_common.messages import EndpointState, ProviderState
 #: 4: routers charge a prefix's copy ``TTFTModel.prefix_stickiness_unqueued``
 #: on any endpoint where nothing waits (``unqueued_running``); replay takes
 #: older records' with that charge (1x then) on idle endpoints only.
+#: 5: routers relieve a busy prefix holder's stickiness charge
+#: (``TTFTModel.stickiness_relief``) and record the hot fractions that read
+#: (``DecisionRecord.hot``); replay takes older records' with the full charge.
 #: Writers set ``v`` explicitly: the field's default is what a record that
 #: does not say means (version 1 wrote none, its default being omitted).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: the first version whose routers had the spread
 SPREAD_SINCE = 2
 #: the first version whose routers gave an endpoint its peers' largest Theta
@@ -59,6 +62,8 @@ PEER_THETA_SINCE = 3
 UNQUEUED_SINCE = 4
 #: the charge on an idle endpoint's copy before UNQUEUED_SINCE
 IDLE_CHARGE_BEFORE = 1.0
+#: the first version whose routers relieved a busy holder's stickiness
+RELIEF_SINCE = 5
 #: the JetStream stream of every pool's records
 STREAM = "KINFERENCE_RECORDS"
 PREFIX = "kinference.record"
@@ -191,6 +196,9 @@ class DecisionRecord(_R, kw_only=True, tag="decision"):
     #: prefix index: the hot fraction of each endpoint over half full of
     #: prefixes in use, when the decision read it (PrefixIndex.pressure)
     pressure: dict[str, float] = {}
+    #: prefix index: the hot fraction of each candidate, when the decision
+    #: read them (the relief, when the best holder's load was high)
+    hot: dict[str, float] = {}
     #: ``tieBreak: Random`` draws, ``[n, drawn]`` each, in order
     draws: list[tuple[int, int]] = []
     outcome: OutcomeTrace

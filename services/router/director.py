@@ -336,6 +336,10 @@ class Routing:
                            retry_after=1 if code == "no_capacity" else None, rule=d.rule or "")
         if d.context.spread is not None:
             dr.metrics.spread_moves.inc()
+        relief = d.context.relief
+        if relief is not None and d.candidate is not None and \
+                d.context.matched_blocks(d.candidate) < d.context.matched_blocks(relief[0]):
+            dr.metrics.relief_copies.inc()
         return d
 
 

@@ -58,6 +58,11 @@ class RouterMetrics:
                                     "Decisions that moved a request off a busy prefix holder to a pod that holds little "
                                     "(one that joined or restarted with an empty cache): each pays a cold prefill",
                                     registry=r)
+        self.relief_copies = Counter("kinference_stickiness_relief_copies_total",
+                                     "Decisions that sent a request to a pod without its prefix while the best "
+                                     "holder's stickiness charge was relieved (it carried more than its share of "
+                                     "the load and of the prefixes in use): each pays a cold prefill",
+                                     registry=r)
         # --- what an operator asks of the data plane (docs/reference/metrics.md)
         self.backend_requests = Counter(
             "kinference_backend_requests_total",

@@ -58,11 +58,12 @@ class RecordSettings:
 class Inputs:
     """What :meth:`Recorder.capture` kept of a decision's moment."""
 
-    __slots__ = ("loads", "matches", "held", "pressure", "predicted")
+    __slots__ = ("loads", "matches", "held", "pressure", "hot", "predicted")
 
     def __init__(self, loads: dict[str, tuple[int, ...]], matches: dict[str, int], held: dict[str, int],
-                 pressure: dict[str, float], predicted: float | None) -> None:
+                 pressure: dict[str, float], predicted: float | None, hot: dict[str, float] | None = None) -> None:
         self.loads, self.matches, self.held, self.pressure = loads, matches, held, pressure
+        self.hot = hot or {}
         self.predicted = predicted
 
 
@@ -109,7 +110,8 @@ class Recorder:
         predicted = None
         if pick is not None:
             predicted = ctx.predicted_ttft(pick) if pick.is_local else pick.est_ttft
-        d.inputs = Inputs(loads, matches, held, pressure, predicted)
+        hot = {k: f for k, f in ctx.hot_read.items() if k in by_key} if ctx.hot_read else {}
+        d.inputs = Inputs(loads, matches, held, pressure, predicted, hot)
 
     # ------------------------------------------------------- off the path
 
@@ -142,6 +144,7 @@ class Recorder:
             classifiers=traces, avoid=avoid,
             loads=inputs.loads if inputs else {}, matches=inputs.matches if inputs else {},
             held=inputs.held if inputs else {}, pressure=inputs.pressure if inputs else {},
+            hot=inputs.hot if inputs else {},
             draws=list(d.context.draws or ()), outcome=outcome, amended=amended,
             predicted_ttft=inputs.predicted if inputs else None,
         )

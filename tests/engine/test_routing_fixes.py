@@ -442,6 +442,62 @@ def test_a_pod_with_nothing_waiting_takes_a_copy_a_queued_one_would_not() -> Non
     assert pick(RUNNING, TTFTModel(prefix_stickiness_unqueued=1.8, spread_fraction=0.0)) == "h"
 
 
+def _relief_eps(o: dict) -> list:
+    return [ep("qwen", "h", theta=10_000.0, overhead=0.0, kv=0.4, running=40, kv_capacity_tokens=10_000_000),
+            ep("qwen", "o", theta=10_000.0, overhead=0.0, kv=0.4, kv_capacity_tokens=10_000_000, **o)]
+
+
+def _relief_world(o: dict, o_hot_blocks: int = 20):  # noqa: ANN202 - (eps, index, ledger)
+    """:func:`_relief_decide`'s pods, prefix index and ledger."""
+    index = PrefixIndex()
+    index.record("default/qwen/h", block_hashes("shared system prompt " * 500), 100)
+    if o_hot_blocks:
+        index.record("default/qwen/o", block_hashes("other groups' prompts " * 1300)[:o_hot_blocks], 100)
+    ledger = InFlightLedger()
+    ledger.sent("default/qwen/h", 9_000, 0.0)
+    return _relief_eps(o), index, ledger
+
+
+def _relief_decide(o: dict, o_hot_blocks: int = 20, model: TTFTModel = NO_SPREAD):  # noqa: ANN202 - Decision
+    """h holds the whole 41-block prompt with 9,000 prefill tokens queued,
+    40 requests running; o holds none of it, its scrape as ``o`` says, and
+    ``o_hot_blocks`` blocks of other prompts were sent to it just now (both
+    caches 100 blocks: h's hot fraction 0.41). A copy on o is 2,600 tokens
+    plus the charge: 3x as much (10,400, h keeps it: 9,000 is within the
+    tie tolerance of it and h holds the prefix) or half that when relieved
+    (6,500: o is quicker by more than the tolerance)."""
+    eps, index, ledger = _relief_world(o, o_hot_blocks)
+    return decide(snap(_pool(["PrefixAffinity"]), eps, ttft_model=model), IDLE_REQUEST, ledger=ledger, prefix=index)
+
+
+def test_a_holder_with_more_than_its_share_of_load_and_prefixes_lets_a_copy_go() -> None:
+    """The relief (TTFTModel.stickiness_relief): h carries 40 requests
+    against o's 21 (1.31x their mean, over 1.25x) and its cache holds 0.41
+    of prefixes in use against o's 0.2 (1.34x their mean, over 1.1x): its
+    charge is halved and o takes the request; either condition alone, or
+    the relief off, and h keeps it."""
+    queued_o = {"running": 20, "queued": 1}
+    d = _relief_decide(queued_o)
+    assert d.endpoint == "o"
+    holder, factor, load, mean, hot, hot_mean = d.context.relief
+    assert (holder.endpoint, factor, load, mean) == ("h", 0.5, 40, 30.5)
+    assert abs(hot - 0.41) < 1e-9 and abs(hot_mean - 0.305) < 1e-9
+    assert d.context.hot_read == {"default/qwen/h": hot, "default/qwen/o": 0.2}
+    assert d.steps[-1].tiers[-1].relief == d.context.relief
+    why = d.trace().rules[-1].tiers[-1].why
+    assert "prefix stickiness x0.5: holder Local/qwen/h carries load 40 (mean 30.5)" in why
+    assert "prefixes in use 41% of its cache (mean 30%)" in why
+    # off: the full charge
+    assert _relief_decide(queued_o, model=TTFTModel(spread_fraction=0.0, stickiness_relief=1.0)).endpoint == "h"
+    # o holds as many prefixes in use as h: h's load is a moment's, not its share of the groups
+    d = _relief_decide(queued_o, o_hot_blocks=41)
+    assert d.endpoint == "h" and d.context.relief is None
+    # o carries 35 of h's 40 (under 1.25x their mean): h has its share of
+    # the load, the prefixes it holds do not matter, and they are not read
+    d = _relief_decide({"running": 34, "queued": 1})
+    assert d.endpoint == "h" and d.context.relief is None and d.context.hot_read is None
+
+
 def test_a_new_prefix_goes_where_the_fewest_prompt_blocks_are_cached() -> None:
     eps = [ep("qwen", "a"), ep("qwen", "b"), ep("qwen", "c")]
     s = snap(_pool(["PrefixAffinity", "LeastInFlight"]), eps)
@@ -762,3 +818,28 @@ def test_a_record_from_a_router_before_the_unqueued_charge_replays_with_the_idle
                      (3, "idle, a send started"): "h",
                      (4, "running"): "o", (4, "idle"): "o", (4, "idle, shorter queue"): "o",
                      (4, "idle, a send started"): "o"}
+
+
+def test_a_record_of_a_relief_keeps_the_hot_fractions_and_replays_to_the_same_pick() -> None:
+    """The relief reads each candidate's hot fraction: the record keeps
+    them, and replay relieves as the router did (version 5); a record before
+    version 5 comes from a router that charged the full stickiness."""
+    from kinference_router.recording import Recorder
+
+    o = {"running": 20, "queued": 1}
+    d = _relief_decide(o)
+    assert d.endpoint == "o"
+    Recorder.capture(d)
+    assert d.inputs.hot == {"default/qwen/h": 0.41, "default/qwen/o": 0.2}
+    eps = _relief_eps(o)
+    inputs = {"loads": d.inputs.loads, "matches": d.inputs.matches, "held": d.inputs.held,
+              "pressure": d.inputs.pressure}
+    picks = {}
+    for v in (4, 5):
+        written = _snapshot_record(v, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
+        picks[v] = _replayed(v, written, IDLE_REQUEST, d.endpoint, hot=d.inputs.hot, **inputs)
+    assert picks == {4: "h", 5: "o"}
+    # the hot fractions in the record are what the replay decides on: without
+    # them o's share of the prefixes in use is unknown, and h keeps it
+    written = _snapshot_record(5, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
+    assert _replayed(5, written, IDLE_REQUEST, d.endpoint, **inputs) == "h"

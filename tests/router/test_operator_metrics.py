@@ -180,3 +180,41 @@ async def test_a_spread_move_is_counted() -> None:
     assert d is not None and d.endpoint == "a"
     assert m.registry.get_sample_value("kinference_spread_moves_total") == 1.0
     await asyncio.sleep(0)  # the decision events, published a turn later
+
+
+async def test_a_copy_made_under_the_relief_is_counted() -> None:
+    """``kinference_stickiness_relief_copies_total`` counts the requests sent
+    to a pod without their prefix while the holder's charge was relieved;
+    a decision without the relief is not counted (the engine's own tests
+    cover when the relief holds)."""
+    import random
+    from types import SimpleNamespace
+
+    from kinference_router.director import Director
+
+    from ..engine.helpers import snap
+    from ..engine.test_routing_fixes import IDLE_REQUEST, NO_SPREAD, _pool, _relief_world
+
+    class Tags:  # a request whose classification is done
+        req = None
+        traces: list = []
+
+        async def decide(self, s, avoid, decide_fn, **_):  # noqa: ANN001, ANN003, ANN201
+            self.req = IDLE_REQUEST
+            return decide_fn(self.req, s, avoid)
+
+    m = RouterMetrics()
+    picks = []
+    for o in ({"running": 20, "queued": 1}, {"running": 34, "queued": 1}):
+        eps, index, ledger = _relief_world(o)
+        keeper = SimpleNamespace(snapshot=snap(_pool(["PrefixAffinity"]), eps, ttft_model=NO_SPREAD))
+        dr = Director(settings=SimpleNamespace(namespace="default", pool="p"), auth=None, keeper=keeper,  # type: ignore[arg-type]
+                      ledger=ledger, prefix=index, metrics=m, flow=None, classification=None,  # type: ignore[arg-type]
+                      events=SimpleNamespace(publish=lambda *a: None), limiter=None, calibration=None,  # type: ignore[arg-type]
+                      rng=random.Random(0))
+        d = await dr.routing(Tags(), f"d{len(picks)}").next()  # type: ignore[arg-type]
+        picks.append((d.endpoint, d.context.relief is not None))
+        await asyncio.sleep(0)  # the decision events, published a turn later
+    # relieved and sent to o (a copy); then h's load within 1.25x of the mean: no relief, h keeps it
+    assert picks == [("o", True), ("h", False)]
+    assert m.registry.get_sample_value("kinference_stickiness_relief_copies_total") == 1.0

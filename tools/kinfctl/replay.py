@@ -52,6 +52,7 @@ from kinference_common.engine.ttft import TTFTModel
 from kinference_common.manifests import load_paths
 from kinference_common.recording import (
     IDLE_CHARGE_BEFORE,
+    RELIEF_SINCE,
     LOAD_FIELDS,
     PEER_THETA_SINCE,
     SECOND_RECORDS,
@@ -94,14 +95,17 @@ def _model(r: SnapshotRecord, model: TTFTModel) -> TTFTModel:
     """The PredictedTTFT model ``model`` (as recorded) as the router that
     wrote ``r`` used it: a router from before the spread (schema before
     SPREAD_SINCE) had none, and one from before PEER_THETA_SINCE gave each
-    endpoint its own Theta, and one from before UNQUEUED_SINCE charged a
-    copy less on idle endpoints only."""
+    endpoint its own Theta, one from before UNQUEUED_SINCE charged a
+    copy less on idle endpoints only, and one from before RELIEF_SINCE
+    charged a busy holder's copies in full."""
     if r.v < SPREAD_SINCE and model.spread_fraction:
         model = msgspec.structs.replace(model, spread_fraction=0.0)
     if r.v < PEER_THETA_SINCE and model.peer_prefill_rate:
         model = msgspec.structs.replace(model, peer_prefill_rate=False)
     if r.v < UNQUEUED_SINCE and model.unqueued_running:
         model = msgspec.structs.replace(model, unqueued_running=False, prefix_stickiness_unqueued=IDLE_CHARGE_BEFORE)
+    if r.v < RELIEF_SINCE and model.stickiness_relief != 1.0:
+        model = msgspec.structs.replace(model, stickiness_relief=1.0)
     return model
 
 
@@ -201,10 +205,13 @@ class _Ledger:
 
 
 class _Prefix:
-    """The recorded prefix matches, as the engine reads a prefix index."""
+    """The recorded prefix matches, as the engine reads a prefix index (what
+    the live decision did not read is unknown: no blocks held, nothing hot)."""
 
-    def __init__(self, matches: dict[str, int], held: dict[str, int], pressure: dict[str, float]) -> None:
+    def __init__(self, matches: dict[str, int], held: dict[str, int], pressure: dict[str, float],
+                 hot: dict[str, float] | None = None) -> None:
         self._matches, self._held, self._pressure = matches, held, pressure
+        self._hot = hot or {}
 
     def match(self, block_hashes: Any) -> dict[str, int]:
         return dict(self._matches)
@@ -218,6 +225,10 @@ class _Prefix:
 
     def pressure(self) -> dict[str, float]:
         return self._pressure
+
+    def hot_fractions(self, keys: list[str]) -> list[float]:
+        get = self._hot.get
+        return [get(k, 0.0) for k in keys]
 
 
 class ReplayRandom(random.Random):
@@ -259,7 +270,7 @@ def _skipped(r: DecisionRecord) -> list[str]:
 
 def _decide(snap: Snapshot, r: DecisionRecord, req: Request) -> tuple[Decision, ReplayRandom]:
     rng = ReplayRandom(r.draws, r.decision_id)
-    prefix = _Prefix(r.matches, r.held, r.pressure)
+    prefix = _Prefix(r.matches, r.held, r.pressure, r.hot)
     d = decide(snap, req, ledger=_Ledger(r.loads), prefix=prefix,  # type: ignore[arg-type]
                rng=rng, avoid=frozenset(r.avoid))
     return interpret(d), rng  # as the router answered: a prompt no window holds is context_length_exceeded

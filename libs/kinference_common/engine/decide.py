@@ -18,8 +18,8 @@ last) or by ``order``, or not at all; among the candidates that rank equal,
 apply ``tieBreak`` in order; the first remaining in stable order wins.
 ``minimize: PredictedTTFT`` has a fast path (:func:`_rank_predicted_ttft`)
 that gives the same values from the snapshot's per-endpoint precomputation;
-with a ``tieBreak`` it also charges the copy of a prefix (prefix stickiness)
-and, after the tie-breakers, may move the request off a busy prefix holder
+with a ``tieBreak`` it also charges the copy of a prefix (prefix stickiness),
+less where the best holder is overloaded (:func:`_relief`), and, after the tie-breakers, may move the request off a busy prefix holder
 to a pod that holds little, such as one that joined empty (:func:`_spread`).
 
 Filters run on precomputed sets where they can (see :mod:`.snapshot`): a
@@ -62,11 +62,11 @@ _INF = float("inf")
 class TierStep:
     """What one tier saw: the candidates it kept, what it picked and why."""
 
-    __slots__ = ("tier", "kept", "picked", "value", "tied", "tie_breaks", "spread")
+    __slots__ = ("tier", "kept", "picked", "value", "tied", "tie_breaks", "spread", "relief")
 
     def __init__(self, tier: TierRuntime, kept: list[Candidate], picked: Candidate | None,
                  value: object = None, tied: int = 0, tie_breaks: tuple[str, ...] = (),
-                 spread: tuple | None = None) -> None:
+                 spread: tuple | None = None, relief: tuple | None = None) -> None:
         self.tier = tier
         self.kept = kept
         self.picked = picked
@@ -77,6 +77,8 @@ class TierStep:
         self.tie_breaks = tie_breaks
         #: the spread moved the pick (``DecisionContext.spread``), else None
         self.spread = spread
+        #: the ranking relieved a busy holder's stickiness (``DecisionContext.relief``), else None
+        self.relief = relief
 
 
 class RuleStep:
@@ -313,6 +315,8 @@ def _rank_predicted_ttft(
             pressed = ctx.pressure()
             if pressed:
                 S = _pressed_stickiness(snapshot, model, pressed, ctx.prefix)
+            if model.stickiness_relief != 1.0:
+                stick *= _relief(snapshot, kept, js, matches, m_best, total, ctx, model)
     if hashes:
         if stick:
             Pe = stick * m_best
@@ -430,6 +434,36 @@ def _spread(snapshot: Snapshot, kept: list[Candidate], pick: Candidate,
         return None
     ctx.spread = (pick, e, lp, mean, low)
     return e, pe
+
+
+def _relief(snapshot: Snapshot, kept: list[Candidate], js: list[int], matches: dict[str, int], m_best: int,
+            total: int, ctx: DecisionContext, model: TTFTModel) -> float:
+    """The factor on the stickiness charge (:attr:`.ttft.TTFTModel.stickiness_relief`):
+    ``stickiness_relief`` when the most loaded of the best prefix holders
+    carries at least ``relief_load`` times the candidates' mean scrape load
+    and its cache at least ``relief_hot`` times their mean hot fraction,
+    1 otherwise. Records the relief in ``ctx.relief`` for the trace and the
+    router's counter. The hot fractions are read (and recorded) only when
+    the load says the holder is overloaded."""
+    L = snapshot.load
+    known = [v for c in kept if (v := L[c.index]) >= 0]
+    if len(known) < 2:
+        return 1.0
+    mean = sum(known) / len(known)
+    holder = None
+    for j in js:
+        c = kept[j]
+        if min(matches.get(c.ledger_key, 0), total) == m_best and (holder is None or L[c.index] > L[holder.index]):
+            holder = c
+    if holder is None or mean <= 0 or L[holder.index] < model.relief_load * mean:
+        return 1.0
+    hot = ctx.hot_fractions(kept)
+    hot_mean = sum(hot) / len(hot)
+    h = hot[kept.index(holder)]
+    if hot_mean <= 0 or h < model.relief_hot * hot_mean:
+        return 1.0
+    ctx.relief = (holder, model.stickiness_relief, L[holder.index], mean, h, hot_mean)
+    return model.stickiness_relief
 
 
 def _pressed_stickiness(snapshot: Snapshot, model: TTFTModel, pressed: dict[str, float],
@@ -566,7 +600,7 @@ def _run_rule(
             moved = _spread(snapshot, kept, pick, ctx)
             if moved is not None:
                 pick, value = moved
-        step.tiers.append(TierStep(tier, kept, pick, value, n_tied, applied, ctx.spread))
+        step.tiers.append(TierStep(tier, kept, pick, value, n_tied, applied, ctx.spread, ctx.relief))
         step.outcome = "Routed"
         return step, pick, live
     step.outcome = "FallThrough" if rule.on_empty == "FallThrough" else "Rejected"

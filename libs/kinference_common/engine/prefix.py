@@ -300,6 +300,12 @@ class PrefixIndex:
         hot = self._hot.get(key)
         return self._fraction(hot, int(self._clock() // self.hot_window)) if hot else 0.0
 
+    def hot_fractions(self, keys: list[str]) -> list[float]:
+        """:meth:`hot_fraction` of each of ``keys`` (one clock read)."""
+        w = int(self._clock() // self.hot_window)
+        get, frac = self._hot.get, self._fraction
+        return [frac(hot, w) if (hot := get(k)) else 0.0 for k in keys]
+
     def pressure(self) -> dict[str, float]:
         """Endpoints whose hot fraction is over :attr:`PRESSED`, with it (in
         steps of 1/64; :attr:`pressure_version` counts changes).

@@ -26,7 +26,7 @@ class DecisionContext:
     matches, and a cache of PredictedTTFT per candidate."""
 
     __slots__ = ("loads", "prompt_tokens", "block_hashes", "prefix", "model", "_matches", "_pressure", "ttft",
-                 "draws", "spread", "held_read", "ranked")
+                 "draws", "spread", "held_read", "ranked", "hot_read", "relief")
 
     def __init__(
         self,
@@ -56,6 +56,13 @@ class DecisionContext:
         #: the last PredictedTTFT ranking's candidates and the positions among
         #: them of those with a prefix match or sends open (decide._rank_predicted_ttft)
         self.ranked: tuple[list[Candidate], list[int]] | None = None
+        #: endpoint key -> its hot fraction, for the endpoints the decision
+        #: read it of (:meth:`hot_fractions`; what a record keeps), else None
+        self.hot_read: dict[str, float] | None = None
+        #: the relief (decide._relief): ``(holder, factor, holder's load,
+        #: mean load, holder's hot fraction, mean hot fraction)``; None when
+        #: the decision charged the full stickiness
+        self.relief: tuple | None = None
 
     # -- prefix index ----------------------------------------------------
 
@@ -86,6 +93,18 @@ class DecisionContext:
         if self.prefix is None:
             return [0] * len(cands)
         return self.prefix.blocks_of([c.ledger_key for c in cands])
+
+    def hot_fractions(self, cands: list[Candidate]) -> list[float]:
+        """The part of each of ``cands``' caches the prefixes sent to it in
+        the last seconds take (:meth:`.prefix.PrefixIndex.hot_fraction`)."""
+        if self.prefix is None:
+            return [0.0] * len(cands)
+        keys = [c.ledger_key for c in cands]
+        fs = self.prefix.hot_fractions(keys)
+        if self.hot_read is None:
+            self.hot_read = {}
+        self.hot_read.update(zip(keys, fs))
+        return fs
 
     def matched_blocks(self, c: Candidate) -> int:
         return self.matches().get(c.ledger_key, 0) if self.block_hashes else 0

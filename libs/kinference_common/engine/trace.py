@@ -164,6 +164,10 @@ def _why(t: TierStep) -> str:
             head += f"; {t.tied} tied, tieBreak {', '.join(t.tie_breaks)}"
         else:
             head += f"; {t.tied} tied, first in stable order"
+    if t.relief is not None:
+        holder, factor, load, mean, hot, hot_mean = t.relief
+        head += (f"; prefix stickiness x{factor:g}: holder {holder.id} carries load {load} (mean {mean:.1f}) "
+                 f"and prefixes in use {hot:.0%} of its cache (mean {hot_mean:.0%})")
     if t.spread is not None:
         holder, taker, load, mean, low = t.spread
         head += (f"; spread: moved from prefix holder {holder.id} (load {load}, mean {mean:.1f}) to "

@@ -141,6 +141,27 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     spread_fraction: float = 0.25
     spread_held_fraction: float = 0.5
     spread_min_load: int = 32
+    #: relief: in the same tiers, the stickiness charge is multiplied by
+    #: ``stickiness_relief`` when the best prefix holder is overloaded for
+    #: lasting reasons, not for a moment: its scrape carries at least
+    #: ``relief_load`` times the candidates' mean load (requests running and
+    #: waiting; pods whose scrape lacks the counts left out) *and* the
+    #: prefixes sent to it in the last seconds take at least ``relief_hot``
+    #: times the candidates' mean part of a cache
+    #: (:meth:`.prefix.PrefixIndex.hot_fraction`: it holds more than its
+    #: share of the prefixes in use). The groups and conversations a pod
+    #: took when their first request came stay there (a warm holder always
+    #: predicts faster than a cold pod); where those first placements came
+    #: out uneven, the relief lets a loaded holder's requests start a second
+    #: copy on a pod with room, and the prefix's later requests share the
+    #: two. Both conditions: on load alone, the copies made while every
+    #: pod was still prefilling its first prompts added work at full load
+    #: (``trial`` seed 3: p99 0.118 -> 0.264 s); on prefixes alone, a pod
+    #: with a larger share of prefixes and no queue gave up its requests
+    #: for nothing. docs/routing-benchmark.md, fix 16. 1 turns it off.
+    stickiness_relief: float = 0.5
+    relief_load: float = 1.25
+    relief_hot: float = 1.1
     #: an endpoint's Theta is the largest learned by its worker set's
     #: endpoints with the same KV capacity (the same engine on the same
     #: GPUs: :func:`.candidates.peer_thetas`); False: each its own
