@@ -498,6 +498,26 @@ def test_a_holder_with_more_than_its_share_of_load_and_prefixes_lets_a_copy_go()
     assert d.endpoint == "h" and d.context.relief is None and d.context.hot_read is None
 
 
+
+def test_the_relief_compares_a_holder_with_the_pods_of_its_own_kind() -> None:
+    """In a fleet of two GPU types the slower pods take few requests by
+    design: h (40 running) against o (35) is no more than its share, and
+    two idle pods of half the KV capacity and a fifth of the prefill rate
+    do not make it so (against all four, 40 is 2.1x the mean of 18.75)."""
+    eps, index, ledger = _relief_world({"running": 34, "queued": 1})
+    small = [ep("qwen", f"s{i}", theta=2_000.0, overhead=0.0, kv=0.0, kv_capacity_tokens=5_000_000) for i in (1, 2)]
+    d = decide(snap(_pool(["PrefixAffinity"]), eps + small, ttft_model=NO_SPREAD), IDLE_REQUEST, ledger=ledger,
+               prefix=index)
+    assert d.endpoint == "h" and d.context.relief is None
+    # the same four pods as one kind (the small ones given the others'
+    # capacity, so their peers' prefill rate too): relieved against the mean
+    # of 18.75, and the copy goes to an idle one
+    same = [msgspec.structs.replace(e, kv_capacity_tokens=10_000_000) for e in small]
+    d = decide(snap(_pool(["PrefixAffinity"]), eps + same, ttft_model=NO_SPREAD), IDLE_REQUEST, ledger=ledger,
+               prefix=index)
+    assert d.endpoint in ("s1", "s2") and d.context.relief[3] == 18.75
+
+
 def test_a_new_prefix_goes_where_the_fewest_prompt_blocks_are_cached() -> None:
     eps = [ep("qwen", "a"), ep("qwen", "b"), ep("qwen", "c")]
     s = snap(_pool(["PrefixAffinity", "LeastInFlight"]), eps)

@@ -440,29 +440,38 @@ def _relief(snapshot: Snapshot, kept: list[Candidate], js: list[int], matches: d
             total: int, ctx: DecisionContext, model: TTFTModel) -> float:
     """The factor on the stickiness charge (:attr:`.ttft.TTFTModel.stickiness_relief`):
     ``stickiness_relief`` when the most loaded of the best prefix holders
-    carries at least ``relief_load`` times the candidates' mean scrape load
-    and its cache at least ``relief_hot`` times their mean hot fraction,
-    1 otherwise. Records the relief in ``ctx.relief`` for the trace and the
-    router's counter. The hot fractions are read (and recorded) only when
-    the load says the holder is overloaded."""
+    carries at least ``relief_load`` times its peers' mean scrape load and
+    its cache at least ``relief_hot`` times their mean hot fraction, 1
+    otherwise. Its peers are the candidates of its KV capacity (itself
+    included: the same engine on the same GPUs, as for
+    :func:`.candidates.peer_thetas`); in a fleet of two GPU types the
+    slower pods take few requests by design, and against them every fast
+    pod would look overloaded. Records the relief in ``ctx.relief`` for the
+    trace and the router's counter. The hot fractions are read (and
+    recorded) only when the load says the holder is overloaded."""
     L = snapshot.load
-    known = [v for c in kept if (v := L[c.index]) >= 0]
-    if len(known) < 2:
-        return 1.0
-    mean = sum(known) / len(known)
     holder = None
     for j in js:
         c = kept[j]
         if min(matches.get(c.ledger_key, 0), total) == m_best and (holder is None or L[c.index] > L[holder.index]):
             holder = c
-    if holder is None or mean <= 0 or L[holder.index] < model.relief_load * mean:
+    if holder is None or L[holder.index] <= 0:
         return 1.0
-    hot = ctx.hot_fractions(kept)
+    cap = holder.cache_blocks
+    peers = [c for c in kept if c.cache_blocks == cap] if cap is not None else kept
+    known = [v for c in peers if (v := L[c.index]) >= 0]
+    if len(known) < 2:
+        return 1.0
+    mean = sum(known) / len(known)
+    load = L[holder.index]
+    if load < model.relief_load * mean:
+        return 1.0
+    hot = ctx.hot_fractions(peers)
     hot_mean = sum(hot) / len(hot)
-    h = hot[kept.index(holder)]
+    h = hot[peers.index(holder)]
     if hot_mean <= 0 or h < model.relief_hot * hot_mean:
         return 1.0
-    ctx.relief = (holder, model.stickiness_relief, L[holder.index], mean, h, hot_mean)
+    ctx.relief = (holder, model.stickiness_relief, load, mean, h, hot_mean)
     return model.stickiness_relief
 
 
