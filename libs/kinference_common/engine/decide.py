@@ -19,7 +19,8 @@ apply ``tieBreak`` in order; the first remaining in stable order wins.
 ``minimize: PredictedTTFT`` has a fast path (:func:`_rank_predicted_ttft`)
 that gives the same values from the snapshot's per-endpoint precomputation;
 with a ``tieBreak`` it also charges the copy of a prefix (prefix stickiness),
-less where the best holder is overloaded (:func:`_relief`), and, after the tie-breakers, may move the request off a busy prefix holder
+less where the best holder carries more than its share (:func:`_relief`),
+and, after the tie-breakers, may move the request off a busy prefix holder
 to a pod that holds little, such as one that joined empty (:func:`_spread`).
 
 Filters run on precomputed sets where they can (see :mod:`.snapshot`): a

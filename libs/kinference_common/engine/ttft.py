@@ -144,12 +144,15 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     #: relief: in the same tiers, the stickiness charge is multiplied by
     #: ``stickiness_relief`` when the best prefix holder is overloaded for
     #: lasting reasons, not for a moment: its scrape carries at least
-    #: ``relief_load`` times the candidates' mean load (requests running and
+    #: ``relief_load`` times its peers' mean load (requests running and
     #: waiting; pods whose scrape lacks the counts left out) *and* the
     #: prefixes sent to it in the last seconds take at least ``relief_hot``
-    #: times the candidates' mean part of a cache
+    #: times its peers' mean part of a cache
     #: (:meth:`.prefix.PrefixIndex.hot_fraction`: it holds more than its
-    #: share of the prefixes in use). The groups and conversations a pod
+    #: share of the prefixes in use). Its peers are the candidates of its
+    #: KV capacity (as for ``peer_prefill_rate``): against the slower pods
+    #: of another GPU type, which take few requests by design, every fast
+    #: pod would look overloaded (``hetero``). The groups and conversations a pod
     #: took when their first request came stay there (a warm holder always
     #: predicts faster than a cold pod); where those first placements came
     #: out uneven, the relief lets a loaded holder's requests start a second
