@@ -61,9 +61,8 @@ class Inputs:
     __slots__ = ("loads", "matches", "held", "pressure", "hot", "predicted")
 
     def __init__(self, loads: dict[str, tuple[int, ...]], matches: dict[str, int], held: dict[str, int],
-                 pressure: dict[str, float], predicted: float | None, hot: dict[str, float] | None = None) -> None:
-        self.loads, self.matches, self.held, self.pressure = loads, matches, held, pressure
-        self.hot = hot or {}
+                 pressure: dict[str, float], hot: dict[str, float], predicted: float | None) -> None:
+        self.loads, self.matches, self.held, self.pressure, self.hot = loads, matches, held, pressure, hot
         self.predicted = predicted
 
 
@@ -111,7 +110,7 @@ class Recorder:
         if pick is not None:
             predicted = ctx.predicted_ttft(pick) if pick.is_local else pick.est_ttft
         hot = {k: f for k, f in ctx.hot_read.items() if k in by_key} if ctx.hot_read else {}
-        d.inputs = Inputs(loads, matches, held, pressure, predicted, hot)
+        d.inputs = Inputs(loads, matches, held, pressure, hot, predicted)
 
     # ------------------------------------------------------- off the path
 

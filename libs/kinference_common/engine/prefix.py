@@ -297,8 +297,7 @@ class PrefixIndex:
 
     def hot_fraction(self, key: str) -> float:
         """The endpoint's hot fraction now (see the module docstring)."""
-        hot = self._hot.get(key)
-        return self._fraction(hot, int(self._clock() // self.hot_window)) if hot else 0.0
+        return self.hot_fractions([key])[0]
 
     def hot_fractions(self, keys: list[str]) -> list[float]:
         """:meth:`hot_fraction` of each of ``keys`` (one clock read)."""
