@@ -284,13 +284,19 @@ def simulate(
     duration: float | None = None,
     assign: str = "round_robin",
     window: tuple[float, float] | None = None,
+    phase: int = 0,
 ) -> RunResult:
     """Run ``requests`` through ``pods``; with several ``routers`` (replicas
     of one router), arrivals are spread over them (``assign``:
     ``round_robin`` or ``random``, as a Service's load balancing would).
     Runs until every request has finished. ``window`` (sim seconds; default
-    from 0 to the horizon) is where the pods' :class:`PodLoad` is metered."""
-    rng = random.Random(f"fleet/{seed}")
+    from 0 to the horizon) is where the pods' :class:`PodLoad` is metered.
+    ``phase`` picks another draw of when each pod's scrapes fall within
+    the interval (0: the benchmark's; the arrivals, the pods and the
+    routers' own draws stay the same): a real fleet's scrapes fall at no
+    particular instant, and a result that moves with them is that
+    instant's, not the router's (``make bench-routing-band``)."""
+    rng = random.Random(f"fleet/{seed}" if not phase else f"fleet/{seed}/phase/{phase}")
     prepare(requests, pods[0].block_size if pods else 16)
     fleet_pods = {p.key: Pod(p) for p in pods}
     prov = {p.key: p for p in providers}

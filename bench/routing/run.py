@@ -209,6 +209,8 @@ class Case:
     seed: int = 1
     variant: str = ""
     extra: dict = field(default_factory=dict)
+    #: another draw of the pods' scrape instants (:func:`.fleet.simulate`); 0: the benchmark's
+    phase: int = 0
 
 
 def run_case(case: Case, make: Callable[[str], Router] = make_router) -> dict:
@@ -227,13 +229,15 @@ def run_case(case: Case, make: Callable[[str], Router] = make_router) -> dict:
     else:
         routers = [make(case.router) for _ in range(case.replicas)]
     res = simulate(reqs, pods, routers, telemetry=TelemetrySpec(scrape_interval=case.scrape_interval),
-                   seed=case.seed, window=(spec.warmup, spec.duration))
+                   seed=case.seed, window=(spec.warmup, spec.duration), phase=case.phase)
     row = {"workload": case.workload, "router": case.router, "load": case.load, "replicas": case.replicas}
     row.update(metrics(res, spec))
     row.update({"scrape_interval_s": case.scrape_interval, "capacity_rps": cap, "rate_rps": rate,
                 "seed": case.seed})
     if case.variant:
         row["variant"] = case.variant
+    if case.phase:
+        row["phase"] = case.phase
     return row
 
 
@@ -253,10 +257,11 @@ def table(rows: Sequence[dict], keys: Sequence[str] = ("ttft_p50_s", "ttft_p90_s
 
 
 def versus(rows: Sequence[dict], workload: str, load: float) -> tuple[list[dict], dict | None, list[dict]]:
-    """One case's rows (one router replica, 0.1 s scrapes, no variant),
-    Kinference's row among them, and the peers' rows that have a TTFT."""
+    """One case's rows (one router replica, 0.1 s scrapes, no variant, the
+    benchmark's scrape instants), Kinference's row among them, and the
+    peers' rows that have a TTFT."""
     sel = [r for r in rows if r["workload"] == workload and abs(r["load"] - load) < 1e-9 and r["replicas"] == 1
-           and r["scrape_interval_s"] == 0.1 and not r.get("variant")]
+           and r["scrape_interval_s"] == 0.1 and not r.get("variant") and not r.get("phase")]
     k = next((r for r in sel if r["router"] == "kinference"), None)
     peers = [r for r in sel if r["router"] != "kinference" and r["ttft_p99_s"] is not None]
     return sel, k, peers
