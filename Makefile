@@ -11,7 +11,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install nats-server test run bench bench-decision bench-collector \
-        bench-classifier bench-router bench-router-compiled profile-router bench-hotpath bench-routing bench-routing-oracle bench-scaleup bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
+        bench-classifier bench-router bench-router-compiled profile-router bench-hotpath bench-routing bench-routing-oracle bench-routing-band bench-scaleup bench-realtrial bench-kube bench-kube-dataplane load-router load-burst \
         chaos eval-classifier compare-freetext lint docs compose clean
 
 help:  ## list the targets
@@ -110,6 +110,9 @@ bench-routing: install  ## fleet routing benchmark vs the peers -> bench/results
 
 bench-routing-oracle: install  ## the goal's cases again beside a router told every pod's exact state (slow: 35 min for the six missed workloads on 2 cores) -> bench/results/routing_oracle.json and docs/routing-benchmark.md
 	nice -n 15 $(BIN)/python -m bench.routing.oracle $(ORACLE_ARGS)
+
+bench-routing-band: install  ## the headline's cases on 5 draws of the scrape instants: which results hold on every draw (about 25 min on 2 cores) -> bench/results/routing_band.json and docs/routing-benchmark.md
+	nice -n 15 $(BIN)/python -m bench.routing.band $(BAND_ARGS)
 
 bench-scaleup: install  ## a pod added to a loaded fleet: when each router gives it work (docs/routing-benchmark.md)
 	nice -n 15 $(BIN)/python -m bench.routing.scaleup $(SCALEUP_ARGS)
