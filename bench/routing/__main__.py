@@ -79,12 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", action="store_true", help="replace only the rows this run produces in --out "
                     "(e.g. --routers kinference after an engine change), keep the others")
     args = ap.parse_args(argv)
-    for w in args.workloads:
-        if w not in run.SPECS:
-            ap.error(f"unknown workload {w!r}; known: {', '.join(run.SPECS)}")
-    for r in args.routers:
-        if r not in run.ROUTERS:
-            ap.error(f"unknown router {r!r}; known: {', '.join(run.ROUTERS)}")
+    run.check_names(ap, args.workloads, args.routers)
     if args.quick:
         args.workloads = [w for w in args.workloads if w in ("chat", "shared_prefix")]
         args.loads = [0.4, 0.8, 1.0]

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from bench.harness import page_only, rewrite_block
+from bench.harness import page_only, save_results
 
 from . import run
 
@@ -169,12 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.phases < 1:
         ap.error("--phases must be at least 1")
-    for w in args.workloads:
-        if w not in run.SPECS:
-            ap.error(f"unknown workload {w!r}; known: {', '.join(run.SPECS)}")
-    for r in args.routers:
-        if r not in run.ROUTERS:
-            ap.error(f"unknown router {r!r}; known: {', '.join(run.ROUTERS)}")
+    run.check_names(ap, args.workloads, args.routers)
     if "kinference" not in args.routers or len(args.routers) < 2:
         ap.error("--routers needs kinference and at least one peer (the goal is against the best peer)")
     if args.page_only:
@@ -205,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"goal met on every draw in {t['met_every_draw']} of {t['cases']} cases, on none in {t['met_no_draw']}; "
           f"of the {t['moving']} cases that move between draws, draw 0 the lowest in {t['draw0_lowest']}, the "
           f"highest in {t['draw0_highest']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"wrote {args.out} ({len(rows)} rows) in {time.perf_counter() - started:.0f} s")
-    if not args.no_page and rewrite_block(PAGE, BLOCK, markdown(summary, args.seed)):
-        print(f"rewrote the {BLOCK} block of {PAGE.relative_to(REPO)}")
+    save_results(args.out, rows, started, None if args.no_page else PAGE, BLOCK, markdown(summary, args.seed))
     return 0
 
 

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from bench.harness import page_only, rewrite_block
+from bench.harness import page_only, save_results
 
 from . import run
 from .fleet import Pod, Router
@@ -154,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page-only", action="store_true", help="rewrite the page's block from --out, measure nothing")
     ap.add_argument("--no-page", action="store_true", help="leave docs/routing-benchmark.md alone")
     args = ap.parse_args(argv)
-    for w in args.workloads:
-        if w not in run.SPECS:
-            ap.error(f"unknown workload {w!r}; known: {', '.join(run.SPECS)}")
+    run.check_names(ap, args.workloads)
     if args.page_only:
         rows = json.loads(args.out.read_text()) if args.out.exists() else []
         seed = rows[0]["seed"] if rows else None
@@ -177,11 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {c['workload']:<18} {c['load']:.1f}: Kinference p99 {c['kinference_p99_s']:.3f}s, goal "
               f"{c['goal_p99_s']:.3f}s, full information {c['full_information_p99_s']:.3f}s: the goal is "
               + ("under it" if c["goal_below_full_information"] else "above it"))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"wrote {args.out} ({len(rows)} rows) in {time.perf_counter() - started:.0f} s")
-    if not args.no_page and rewrite_block(PAGE, BLOCK, markdown(cmp, args.seed)):
-        print(f"rewrote the {BLOCK} block of {PAGE.relative_to(REPO)}")
+    save_results(args.out, rows, started, None if args.no_page else PAGE, BLOCK, markdown(cmp, args.seed))
     return 0
 
 

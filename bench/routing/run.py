@@ -37,6 +37,7 @@ perfectly balanced router would see.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import random
@@ -107,6 +108,17 @@ def pin_hash_seed(module: str, argv: Sequence[str] | None = None) -> None:
     if os.environ.get("PYTHONHASHSEED") != "0":
         rest = sys.argv[1:] if argv is None else list(argv)
         os.execve(sys.executable, [sys.executable, "-m", module, *rest], dict(os.environ, PYTHONHASHSEED="0"))
+
+
+def check_names(ap: argparse.ArgumentParser, workloads: Sequence[str] = (), routers: Sequence[str] = ()) -> None:
+    """A benchmark's ``--workloads`` and ``--routers`` checked: ``ap.error``
+    naming the first unknown one and what is known."""
+    for w in workloads:
+        if w not in SPECS:
+            ap.error(f"unknown workload {w!r}; known: {', '.join(SPECS)}")
+    for r in routers:
+        if r not in ROUTERS:
+            ap.error(f"unknown router {r!r}; known: {', '.join(ROUTERS)}")
 
 
 def make_router(name: str) -> Router:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.harness import save_results
 from bench.routing import band, run
 from bench.routing.fleet import fleet, simulate
 from bench.routing.peers import LeastQueue
@@ -136,3 +137,17 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path, capsys) -> Non
     assert "--phases must be at least 1" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="no results"):
         band.main(["--page-only", "--out", str(tmp_path / "none.json")])
+
+
+def test_a_run_writes_its_rows_and_its_block_only(tmp_path, capsys) -> None:  # noqa: ANN001
+    page = tmp_path / "page.md"
+    page.write_text("before\n<!-- routing:band -->\nold\n<!-- /routing:band -->\nafter\n")
+    rows = _rows()
+    save_results(tmp_path / "out" / "band.json", rows, 0.0, page, band.BLOCK, band.markdown(band.summarize(rows), 1))
+    assert (tmp_path / "out" / "band.json").read_text().count('"workload"') == len(rows)
+    text = page.read_text()
+    assert text.startswith("before\n<!-- routing:band -->\nWritten by `make bench-routing-band`")
+    assert "old" not in text and text.endswith("<!-- /routing:band -->\nafter\n")
+    assert "rewrote the routing:band block" in capsys.readouterr().out
+    save_results(tmp_path / "again.json", rows, 0.0, None, band.BLOCK, "ignored")
+    assert "ignored" not in page.read_text()
