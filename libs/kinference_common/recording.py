@@ -51,9 +51,13 @@ from kinference_common.messages import EndpointState, ProviderState
 #: 5: routers relieve a busy prefix holder's stickiness charge
 #: (``TTFTModel.stickiness_relief``) and record the hot fractions that read
 #: (``DecisionRecord.hot``); replay takes older records' with the full charge.
+#: 6: routers charge a conversation's next turn less for leaving its pod
+#: (``TTFTModel.continuation_stickiness``, ``continuation_unqueued``) and
+#: record whether the prompt continued one sent to a best holder
+#: (``DecisionRecord.continued``); replay takes older records' without it.
 #: Writers set ``v`` explicitly: the field's default is what a record that
 #: does not say means (version 1 wrote none, its default being omitted).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: the first version whose routers had the spread
 SPREAD_SINCE = 2
 #: the first version whose routers gave an endpoint its peers' largest Theta
@@ -64,6 +68,8 @@ UNQUEUED_SINCE = 4
 IDLE_CHARGE_BEFORE = 1.0
 #: the first version whose routers relieved a busy holder's stickiness
 RELIEF_SINCE = 5
+#: the first version whose routers charged a conversation's next turn less for moving
+CONTINUATION_SINCE = 6
 #: the JetStream stream of every pool's records
 STREAM = "KINFERENCE_RECORDS"
 PREFIX = "kinference.record"
@@ -199,6 +205,9 @@ class DecisionRecord(_R, kw_only=True, tag="decision"):
     #: prefix index: the hot fraction of each candidate, when the decision
     #: read them (the relief, when the best holder's load was high)
     hot: dict[str, float] = {}
+    #: prefix index: the best holders the decision asked whether the prompt
+    #: continued one sent there (PrefixIndex.continued_on), and the answer
+    continued: dict[str, bool] = {}
     #: ``tieBreak: Random`` draws, ``[n, drawn]`` each, in order
     draws: list[tuple[int, int]] = []
     outcome: OutcomeTrace

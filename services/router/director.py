@@ -340,6 +340,9 @@ class Routing:
         if relief is not None and d.candidate is not None and \
                 d.context.matched_blocks(d.candidate) < d.context.matched_blocks(relief[0]):
             dr.metrics.relief_copies.inc()
+        if d.context.continued and d.candidate is not None and \
+                d.context.matched_blocks(d.candidate) < max(d.context.matches().values(), default=0):
+            dr.metrics.conversation_moves.inc()  # the routed tier's ranking found a continuation
         return d
 
 

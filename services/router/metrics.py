@@ -63,6 +63,11 @@ class RouterMetrics:
                                      "holder's stickiness charge was relieved (it carried more than its share of "
                                      "the load and of the prefixes in use): each pays a cold prefill",
                                      registry=r)
+        self.conversation_moves = Counter("kinference_conversation_moves_total",
+                                          "Decisions that sent a conversation's next turn to a pod without its "
+                                          "earlier turns (charged less for leaving its pod: the holder's copy is "
+                                          "the conversation's past): each pays the turn's whole prefill",
+                                          registry=r)
         # --- what an operator asks of the data plane (docs/reference/metrics.md)
         self.backend_requests = Counter(
             "kinference_backend_requests_total",

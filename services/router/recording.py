@@ -58,12 +58,13 @@ class RecordSettings:
 class Inputs:
     """What :meth:`Recorder.capture` kept of a decision's moment."""
 
-    __slots__ = ("loads", "matches", "held", "pressure", "hot", "predicted")
+    __slots__ = ("loads", "matches", "held", "pressure", "hot", "continued", "predicted")
 
     def __init__(self, loads: dict[str, tuple[int, ...]], matches: dict[str, int], held: dict[str, int],
-                 pressure: dict[str, float], hot: dict[str, float], predicted: float | None) -> None:
+                 pressure: dict[str, float], hot: dict[str, float], continued: dict[str, bool],
+                 predicted: float | None) -> None:
         self.loads, self.matches, self.held, self.pressure, self.hot = loads, matches, held, pressure, hot
-        self.predicted = predicted
+        self.continued, self.predicted = continued, predicted
 
 
 #: an EndpointLoad's fields as a tuple, in the records' order
@@ -110,7 +111,8 @@ class Recorder:
         if pick is not None:
             predicted = ctx.predicted_ttft(pick) if pick.is_local else pick.est_ttft
         hot = {k: f for k, f in ctx.hot_read.items() if k in by_key} if ctx.hot_read else {}
-        d.inputs = Inputs(loads, matches, held, pressure, hot, predicted)
+        continued = {k: v for k, v in ctx.continued_read.items() if k in by_key} if ctx.continued_read else {}
+        d.inputs = Inputs(loads, matches, held, pressure, hot, continued, predicted)
 
     # ------------------------------------------------------- off the path
 
@@ -143,7 +145,7 @@ class Recorder:
             classifiers=traces, avoid=avoid,
             loads=inputs.loads if inputs else {}, matches=inputs.matches if inputs else {},
             held=inputs.held if inputs else {}, pressure=inputs.pressure if inputs else {},
-            hot=inputs.hot if inputs else {},
+            hot=inputs.hot if inputs else {}, continued=inputs.continued if inputs else {},
             draws=list(d.context.draws or ()), outcome=outcome, amended=amended,
             predicted_ttft=inputs.predicted if inputs else None,
         )

@@ -518,6 +518,89 @@ def test_the_relief_compares_a_holder_with_the_pods_of_its_own_kind() -> None:
     assert d.endpoint in ("s1", "s2") and d.context.relief[3] == 18.75
 
 
+#: a conversation's turn, and the next one (the turn, its answer and a new question)
+TURN = "user: how many pods serve qwen today? assistant: eight, in two zones. " * 120
+NEXT_TURN = TURN + "user: and how long is their queue now? " * 60
+
+
+TURN_REQUEST = req("qwen-2.5", prompt_tokens=2_600, block_hashes=block_hashes(NEXT_TURN))
+
+
+def _turn_world(o: dict, sent: str = TURN, queue_at_holder: int = 2_700):  # noqa: ANN202 - (eps, index, ledger)
+    """h was sent ``sent`` (the conversation's last turn, or another
+    prompt), has ``queue_at_holder`` prefill tokens queued and 40 requests
+    running; o holds nothing, its scrape as ``o`` says."""
+    eps = [ep("qwen", "h", theta=10_000.0, overhead=0.0, kv=0.4, running=40, kv_capacity_tokens=10_000_000),
+           ep("qwen", "o", theta=10_000.0, overhead=0.0, kv_capacity_tokens=10_000_000, **o)]
+    index = PrefixIndex()
+    index.record("default/qwen/h", block_hashes(sent))
+    ledger = InFlightLedger()
+    ledger.sent("default/qwen/h", queue_at_holder, 0.0)
+    return eps, index, ledger
+
+
+def _turn_decide(o: dict, *, sent: str = TURN, model: TTFTModel = NO_SPREAD):  # noqa: ANN202 - Decision
+    """The decision on TURN_REQUEST (NEXT_TURN, 2,600 tokens, whose first
+    blocks h holds) in :func:`_turn_world`."""
+    eps, index, ledger = _turn_world(o, sent)
+    return decide(snap(_pool(["PrefixAffinity"]), eps, ttft_model=model), TURN_REQUEST, ledger=ledger, prefix=index)
+
+
+CONTINUATION_OFF = TTFTModel(spread_fraction=0.0, continuation_stickiness=1.0, continuation_unqueued=1.0)
+
+
+def test_a_conversations_next_turn_may_leave_its_pod_for_one_with_nothing_waiting() -> None:
+    """The continuation (TTFTModel.continuation_stickiness, continuation_unqueued):
+    NEXT_TURN continues the prompt h was sent (the match ends at that
+    prompt's last full block), so a copy on o leaves no second copy in use:
+    o, with nothing waiting, is charged nothing and takes the turn; charged
+    as any copy (the continuation off), h keeps it."""
+    held = len(block_hashes(TURN))
+    d = _turn_decide(IDLE)
+    assert d.endpoint == "o"
+    assert d.context.continued is True and d.context.continued_read == {"default/qwen/h": True}
+    assert d.context.matches() == {"default/qwen/h": held}
+    assert d.steps[-1].tiers[-1].continued == (0.5, 0.0)
+    why = d.trace().rules[-1].tiers[-1].why
+    assert "a conversation's next turn: prefix stickiness x0.5, x0 on pods with nothing waiting" in why
+    d = _turn_decide(IDLE, model=CONTINUATION_OFF)
+    assert d.endpoint == "h" and d.context.continued is None and d.context.continued_read is None
+    # a pod running requests with nothing waiting is such a pod too
+    assert _turn_decide(RUNNING).endpoint == "o"
+
+
+def test_a_turn_stays_where_a_pod_has_a_queue_or_its_prefix_is_shared() -> None:
+    """Half the charge on a pod with requests waiting is still more than
+    h's queue here; and a prompt whose match ends inside a prompt sent to h
+    (a system prompt shared with another question, not this conversation's
+    last turn) is charged as any copy."""
+    d = _turn_decide({"running": 30, "queued": 2, "kv": 0.4})
+    assert d.endpoint == "h" and d.context.continued is True
+    shared = TURN + "user: which zone is the largest? " * 60
+    d = _turn_decide(IDLE, sent=shared)
+    assert d.context.matches() == {"default/qwen/h": len(block_hashes(TURN))}
+    assert d.endpoint == "h" and d.context.continued is False
+    assert d.steps[-1].tiers[-1].continued is None
+
+
+def test_a_pod_that_let_a_turn_go_no_longer_counts_it_as_an_end() -> None:
+    """The index keeps the last block of each prompt sent to a pod only
+    while the pod holds it: once its LRU let the turn go, a prompt matching
+    up to there elsewhere does not continue anything on it."""
+    index = PrefixIndex()
+    turn = block_hashes(TURN)
+    index.record("default/qwen/h", turn, 64)
+    assert index.continued_on(["default/qwen/h", "default/qwen/o"], turn[-1]) == ["default/qwen/h"]
+    assert index.continued_on(["default/qwen/h"], turn[-2]) == []
+    for i in range(40):  # other conversations fill h's 64-block cache
+        index.record("default/qwen/h", block_hashes(f"conversation {i} " * 200), 64)
+    assert index.match(turn).get("default/qwen/h", 0) < len(turn)
+    assert index.continued_on(["default/qwen/h"], turn[-1]) == []
+    index.record("default/qwen/h", turn, 64)
+    index.forget("default/qwen/h")
+    assert index.continued_on(["default/qwen/h"], turn[-1]) == []
+
+
 def test_a_new_prefix_goes_where_the_fewest_prompt_blocks_are_cached() -> None:
     eps = [ep("qwen", "a"), ep("qwen", "b"), ep("qwen", "c")]
     s = snap(_pool(["PrefixAffinity", "LeastInFlight"]), eps)
@@ -863,3 +946,28 @@ def test_a_record_of_a_relief_keeps_the_hot_fractions_and_replays_to_the_same_pi
     # them o's share of the prefixes in use is unknown, and h keeps it
     written = _snapshot_record(5, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
     assert _replayed(5, written, IDLE_REQUEST, d.endpoint, **inputs) == "h"
+
+
+def test_a_record_of_a_turn_keeps_what_continued_and_replays_to_the_same_pick() -> None:
+    """The continuation asks the prefix index whether the prompt continued
+    one sent to the best holders: the record keeps the answer, and replay
+    charges as the router did (version 6); a record before version 6 comes
+    from a router that charged a turn's move as any copy."""
+    from kinference_router.recording import Recorder
+
+    d = _turn_decide(IDLE)
+    assert d.endpoint == "o"
+    Recorder.capture(d)
+    assert d.inputs.continued == {"default/qwen/h": True}
+    eps, _, _ = _turn_world(IDLE)
+    inputs = {"loads": d.inputs.loads, "matches": d.inputs.matches, "held": d.inputs.held,
+              "pressure": d.inputs.pressure}
+    r = TURN_REQUEST
+    picks = {}
+    for v in (5, 6):
+        written = _snapshot_record(v, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
+        picks[v] = _replayed(v, written, r, d.endpoint, continued=d.inputs.continued, **inputs)
+    assert picks == {5: "h", 6: "o"}
+    # without the answer in the record the prompt continued nothing known: h keeps it
+    written = _snapshot_record(6, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
+    assert _replayed(6, written, r, d.endpoint, **inputs) == "h"

@@ -218,3 +218,41 @@ async def test_a_copy_made_under_the_relief_is_counted() -> None:
     # relieved and sent to o (a copy); then h's load within 1.25x of the mean: no relief, h keeps it
     assert picks == [("o", True), ("h", False)]
     assert m.registry.get_sample_value("kinference_stickiness_relief_copies_total") == 1.0
+
+
+async def test_a_turn_moved_off_its_conversations_pod_is_counted() -> None:
+    """``kinference_conversation_moves_total`` counts a conversation's next
+    turn sent to a pod without its earlier turns; a turn that stays, and a
+    prompt that continues nothing, are not counted."""
+    import random
+    from types import SimpleNamespace
+
+    from kinference_router.director import Director
+
+    from ..engine.helpers import snap
+    from ..engine.test_routing_fixes import IDLE, NO_SPREAD, TURN, TURN_REQUEST, _pool, _turn_world
+
+    class Tags:  # a request whose classification is done
+        req = None
+        traces: list = []
+
+        async def decide(self, s, avoid, decide_fn, **_):  # noqa: ANN001, ANN003, ANN201
+            self.req = TURN_REQUEST
+            return decide_fn(self.req, s, avoid)
+
+    m = RouterMetrics()
+    picks = []
+    for o, sent in ((IDLE, TURN), ({"running": 30, "queued": 2, "kv": 0.4}, TURN),
+                    (IDLE, TURN + "user: which zone is the largest? " * 60)):
+        eps, index, ledger = _turn_world(o, sent)
+        keeper = SimpleNamespace(snapshot=snap(_pool(["PrefixAffinity"]), eps, ttft_model=NO_SPREAD))
+        dr = Director(settings=SimpleNamespace(namespace="default", pool="p"), auth=None, keeper=keeper,  # type: ignore[arg-type]
+                      ledger=ledger, prefix=index, metrics=m, flow=None, classification=None,  # type: ignore[arg-type]
+                      events=SimpleNamespace(publish=lambda *a: None), limiter=None, calibration=None,  # type: ignore[arg-type]
+                      rng=random.Random(0))
+        d = await dr.routing(Tags(), f"d{len(picks)}").next()  # type: ignore[arg-type]
+        picks.append((d.endpoint, d.context.continued))
+        await asyncio.sleep(0)  # the decision events, published a turn later
+    # moved to o (nothing waiting); kept on h (o has a queue); kept on h (h's prompt was another question)
+    assert picks == [("o", True), ("h", True), ("h", False)]
+    assert m.registry.get_sample_value("kinference_conversation_moves_total") == 1.0

@@ -52,6 +52,7 @@ from kinference_common.engine.ttft import TTFTModel
 from kinference_common.manifests import load_paths
 from kinference_common.recording import (
     IDLE_CHARGE_BEFORE,
+    CONTINUATION_SINCE,
     RELIEF_SINCE,
     LOAD_FIELDS,
     PEER_THETA_SINCE,
@@ -96,8 +97,9 @@ def _model(r: SnapshotRecord, model: TTFTModel) -> TTFTModel:
     wrote ``r`` used it: a router from before the spread (schema before
     SPREAD_SINCE) had none, and one from before PEER_THETA_SINCE gave each
     endpoint its own Theta, one from before UNQUEUED_SINCE charged a
-    copy less on idle endpoints only, and one from before RELIEF_SINCE
-    charged a busy holder's copies in full."""
+    copy less on idle endpoints only, one from before RELIEF_SINCE
+    charged a busy holder's copies in full, and one from before
+    CONTINUATION_SINCE charged a conversation's next turn as any copy."""
     if r.v < SPREAD_SINCE and model.spread_fraction:
         model = msgspec.structs.replace(model, spread_fraction=0.0)
     if r.v < PEER_THETA_SINCE and model.peer_prefill_rate:
@@ -106,6 +108,8 @@ def _model(r: SnapshotRecord, model: TTFTModel) -> TTFTModel:
         model = msgspec.structs.replace(model, unqueued_running=False, prefix_stickiness_unqueued=IDLE_CHARGE_BEFORE)
     if r.v < RELIEF_SINCE and model.stickiness_relief != 1.0:
         model = msgspec.structs.replace(model, stickiness_relief=1.0)
+    if r.v < CONTINUATION_SINCE and (model.continuation_stickiness != 1.0 or model.continuation_unqueued != 1.0):
+        model = msgspec.structs.replace(model, continuation_stickiness=1.0, continuation_unqueued=1.0)
     return model
 
 
@@ -209,9 +213,14 @@ class _Prefix:
     the live decision did not read is unknown: no blocks held, nothing hot)."""
 
     def __init__(self, matches: dict[str, int], held: dict[str, int], pressure: dict[str, float],
-                 hot: dict[str, float] | None = None) -> None:
+                 hot: dict[str, float] | None = None, continued: dict[str, bool] | None = None) -> None:
         self._matches, self._held, self._pressure = matches, held, pressure
         self._hot = hot or {}
+        self._continued = continued or {}
+
+    def continued_on(self, keys: list[str], block_hash: int) -> list[str]:
+        get = self._continued.get
+        return [k for k in keys if get(k, False)]
 
     def match(self, block_hashes: Any) -> dict[str, int]:
         return dict(self._matches)
@@ -270,7 +279,7 @@ def _skipped(r: DecisionRecord) -> list[str]:
 
 def _decide(snap: Snapshot, r: DecisionRecord, req: Request) -> tuple[Decision, ReplayRandom]:
     rng = ReplayRandom(r.draws, r.decision_id)
-    prefix = _Prefix(r.matches, r.held, r.pressure, r.hot)
+    prefix = _Prefix(r.matches, r.held, r.pressure, r.hot, r.continued)
     d = decide(snap, req, ledger=_Ledger(r.loads), prefix=prefix,  # type: ignore[arg-type]
                rng=rng, avoid=frozenset(r.avoid))
     return interpret(d), rng  # as the router answered: a prompt no window holds is context_length_exceeded

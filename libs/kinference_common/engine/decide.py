@@ -63,11 +63,12 @@ _INF = float("inf")
 class TierStep:
     """What one tier saw: the candidates it kept, what it picked and why."""
 
-    __slots__ = ("tier", "kept", "picked", "value", "tied", "tie_breaks", "spread", "relief")
+    __slots__ = ("tier", "kept", "picked", "value", "tied", "tie_breaks", "spread", "relief", "continued")
 
     def __init__(self, tier: TierRuntime, kept: list[Candidate], picked: Candidate | None,
                  value: object = None, tied: int = 0, tie_breaks: tuple[str, ...] = (),
-                 spread: tuple | None = None, relief: tuple | None = None) -> None:
+                 spread: tuple | None = None, relief: tuple | None = None,
+                 continued: tuple[float, float] | None = None) -> None:
         self.tier = tier
         self.kept = kept
         self.picked = picked
@@ -80,6 +81,9 @@ class TierStep:
         self.spread = spread
         #: the ranking relieved a busy holder's stickiness (``DecisionContext.relief``), else None
         self.relief = relief
+        #: the prompt continued a conversation on a best holder: the continuation's
+        #: factors ``(continuation_stickiness, continuation_unqueued)``, else None
+        self.continued = continued
 
 
 class RuleStep:
@@ -316,6 +320,12 @@ def _rank_predicted_ttft(
             pressed = ctx.pressure()
             if pressed:
                 S = _pressed_stickiness(snapshot, model, pressed, ctx.prefix)
+            if (model.continuation_stickiness != 1.0 or model.continuation_unqueued != 1.0) and m_best < total \
+                    and ctx.continues([kept[j] for j in js if min(matches.get(kept[j].ledger_key, 0), total) == m_best],
+                                      m_best):
+                stick *= model.continuation_stickiness
+                if model.continuation_unqueued != 1.0:
+                    S = _continued_stickiness(snapshot, model, S)
             if model.stickiness_relief != 1.0:
                 stick *= _relief(snapshot, kept, js, matches, m_best, total, ctx, model)
     if hashes:
@@ -498,6 +508,19 @@ def _pressed_stickiness(snapshot: Snapshot, model: TTFTModel, pressed: dict[str,
     return S
 
 
+def _continued_stickiness(snapshot: Snapshot, model: TTFTModel, S: list[float]) -> list[float]:
+    """``S`` with each charge on a candidate with nothing waiting (under
+    ``prefix_stickiness``) multiplied by ``continuation_unqueued``. Kept on
+    the snapshot for the same ``S``, so a burst of turns builds it once."""
+    cached = snapshot.continued_s
+    if cached is not None and cached[0] is S:
+        return cached[1]
+    f, full = model.continuation_unqueued, model.prefix_stickiness
+    out = [s * f if s < full else s for s in S]
+    snapshot.continued_s = (S, out)
+    return out
+
+
 def _charge(s: float, c: Candidate, load: EndpointLoad | None, model: TTFTModel) -> float:
     """The stickiness charged to ``c``, whose snapshot charge is ``s`` and
     whose open sends (this router's and its peers') are ``load``: an
@@ -593,6 +616,7 @@ def _run_rule(
         if not kept:
             step.tiers.append(TierStep(tier, kept, None))
             continue
+        ctx.continued = None  # this tier's answer (its trace line), asked by the ranking
         if tier.minimize == "PredictedTTFT" and want:
             tied, value = _rank_predicted_ttft(snapshot, kept, ctx, tolerance=bool(rule.tie_break))
         else:
@@ -610,7 +634,9 @@ def _run_rule(
             moved = _spread(snapshot, kept, pick, ctx)
             if moved is not None:
                 pick, value = moved
-        step.tiers.append(TierStep(tier, kept, pick, value, n_tied, applied, ctx.spread, ctx.relief))
+        model = snapshot.ttft_model
+        cont = (model.continuation_stickiness, model.continuation_unqueued) if ctx.continued else None
+        step.tiers.append(TierStep(tier, kept, pick, value, n_tied, applied, ctx.spread, ctx.relief, cont))
         step.outcome = "Routed"
         return step, pick, live
     step.outcome = "FallThrough" if rule.on_empty == "FallThrough" else "Rejected"

@@ -116,6 +116,9 @@ class PrefixIndex:
         self._share: dict[str, float] = {}
         #: endpoint -> the engine's prompt tokens per estimated token, over its recent answers
         self._ratio: dict[str, float] = {}
+        #: endpoint -> the last block of each prompt sent to it that it still
+        #: holds (:meth:`continues`)
+        self._ends: dict[str, set[int]] = {}
 
     #: at most this many records wait for take_journal() (the oldest dropped)
     MAX_JOURNAL = 4096
@@ -219,9 +222,30 @@ class PrefixIndex:
                 owners.pop(key, None)
                 if not owners:
                     del holders[old]
+        ends = self._ends.get(key)
+        if ends is None:
+            ends = self._ends[key] = set()
+        ends.add(block_hashes[-1])
+        if len(ends) > len(lru):  # ends the LRU let go of: dropped when they could outnumber what it holds
+            ends.intersection_update(lru)
         hot[1] += fresh
         hot[3] = size
         self._press(key, self._fraction(hot, w))
+
+    def continued_on(self, keys: Sequence[str], block_hash: int) -> list[str]:
+        """Those of ``keys`` where a prompt whose match ends at
+        ``block_hash`` continues a prompt sent there: that block was the
+        last full block of a prompt sent there, and the endpoint still holds
+        it (a conversation's next turn, where a prefix shared by several
+        prompts ends inside them)."""
+        out = []
+        for key in keys:
+            ends = self._ends.get(key)
+            if ends and block_hash in ends:
+                lru = self._by_endpoint.get(key)
+                if lru is not None and block_hash in lru:
+                    out.append(key)
+        return out
 
     def fill(self, key: str) -> float:
         """The part of ``key``'s cache the index keeps of prompt blocks no
@@ -355,6 +379,7 @@ class PrefixIndex:
         self._usage.pop(key, None)
         self._share.pop(key, None)
         self._ratio.pop(key, None)
+        self._ends.pop(key, None)
         self._press(key, 0.0)
         lru = self._by_endpoint.pop(key, None)
         if not lru:

@@ -26,7 +26,7 @@ class DecisionContext:
     matches, and a cache of PredictedTTFT per candidate."""
 
     __slots__ = ("loads", "prompt_tokens", "block_hashes", "prefix", "model", "_matches", "_pressure", "ttft",
-                 "draws", "spread", "held_read", "ranked", "hot_read", "relief")
+                 "draws", "spread", "held_read", "ranked", "hot_read", "relief", "continued", "continued_read")
 
     def __init__(
         self,
@@ -63,6 +63,12 @@ class DecisionContext:
         #: mean load, holder's hot fraction, mean hot fraction)``; None when
         #: the decision charged the full stickiness
         self.relief: tuple | None = None
+        #: whether the last ranking found the prompt continuing one sent to a
+        #: best holder (:meth:`continues`), None when it did not ask
+        self.continued: bool | None = None
+        #: endpoint key -> whether the prompt continued there, for every
+        #: endpoint asked of (what a record keeps), else None
+        self.continued_read: dict[str, bool] | None = None
 
     # -- prefix index ----------------------------------------------------
 
@@ -105,6 +111,22 @@ class DecisionContext:
             self.hot_read = {}
         self.hot_read.update(zip(keys, fs))
         return fs
+
+    def continues(self, holders: list[Candidate], m: int) -> bool:
+        """Whether this prompt's first ``m`` blocks, all that ``holders``
+        hold of it, end where a prompt sent to one of them ended
+        (:meth:`.prefix.PrefixIndex.continued_on`)."""
+        if self.prefix is None or m <= 0:
+            self.continued = False
+            return False
+        keys = [c.ledger_key for c in holders]
+        on = self.prefix.continued_on(keys, self.block_hashes[m - 1])
+        if self.continued_read is None:
+            self.continued_read = {}
+        for k in keys:
+            self.continued_read[k] = k in on
+        self.continued = bool(on)
+        return self.continued
 
     def matched_blocks(self, c: Candidate) -> int:
         return self.matches().get(c.ledger_key, 0) if self.block_hashes else 0

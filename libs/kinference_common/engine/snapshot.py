@@ -252,6 +252,8 @@ class Snapshot:
         self.inputs: tuple[dict[str, EndpointState], dict[str, ProviderState]] | None = None
         #: ``ttft_s`` raised by a prefix index's pressure: (index, its pressure_version, list)
         self.pressed_s: tuple[object, int, list[float]] | None = None
+        #: ``(S, S with the continuation's charge on candidates with nothing waiting)`` (decide)
+        self.continued_s: tuple[list[float], list[float]] | None = None
         #: the keys of the endpoint mapping :meth:`updated` was given (None: built whole)
         self.endpoint_keys: frozenset[str] | None = None
         #: every canonical model some destination serves

@@ -168,6 +168,10 @@ def _why(t: TierStep) -> str:
         holder, factor, load, mean, hot, hot_mean = t.relief
         head += (f"; prefix stickiness x{factor:g}: holder {holder.id} carries load {load} (mean {mean:.1f}) "
                  f"and prefixes in use {hot:.0%} of its cache (mean {hot_mean:.0%})")
+    if t.continued is not None:
+        factor, unqueued = t.continued
+        head += (f"; a conversation's next turn: prefix stickiness x{factor:g}, x{factor * unqueued:g} on pods "
+                 "with nothing waiting")
     if t.spread is not None:
         holder, taker, load, mean, low = t.spread
         head += (f"; spread: moved from prefix holder {holder.id} (load {load}, mean {mean:.1f}) to "

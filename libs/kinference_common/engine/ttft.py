@@ -165,6 +165,22 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     stickiness_relief: float = 0.5
     relief_load: float = 1.25
     relief_hot: float = 1.1
+    #: continuation: in the same tiers, where the best holders' match ends
+    #: at the last full block of a prompt sent to one of them
+    #: (:meth:`.prefix.PrefixIndex.continues`: a conversation's next turn;
+    #: a prefix shared by several prompts ends inside them), the
+    #: stickiness charge is multiplied by ``continuation_stickiness``, and
+    #: on a candidate with nothing waiting (the ``prefix_stickiness_unqueued``
+    #: charge) by ``continuation_unqueued`` too. Moving such a turn leaves no
+    #: second copy in use: the holder's copy is the conversation's past,
+    #: which ages out, where a group's prefix stays in use on both pods.
+    #: Without it a turn stayed on its conversation's pod while several
+    #: arrived there at once, and the first of them waited for the others'
+    #: prefills in the same engine step (``multiturn``'s slowest 1%).
+    #: Measured over five draws of the scrape instants, seeds 1-3:
+    #: docs/routing-benchmark.md, fix 17. 1 and 1 turn it off.
+    continuation_stickiness: float = 0.5
+    continuation_unqueued: float = 0.0
     #: an endpoint's Theta is the largest learned by its worker set's
     #: endpoints with the same KV capacity (the same engine on the same
     #: GPUs: :func:`.candidates.peer_thetas`); False: each its own
