@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="the results file (default "
                     "bench/results/routing_band.json)")
+    ap.add_argument("--merge", action="store_true", help="keep the rows of --out this run does not measure (e.g. "
+                    "--workloads multiturn after an engine change that touches only it)")
     ap.add_argument("--page-only", action="store_true", help="rewrite the page's block from --out, measure nothing")
     ap.add_argument("--no-page", action="store_true", help="leave docs/routing-benchmark.md alone")
     args = ap.parse_args(argv)
@@ -189,6 +191,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(f.result())
             if i % 10 == 0 or i == len(todo):
                 print(f"  {i}/{len(todo)} runs done ({time.perf_counter() - started:.0f} s)", flush=True)
+    if args.merge and args.out.exists():
+        def key(r: dict) -> tuple:
+            return r["workload"], r["load"], r["router"], r.get("phase", 0)
+
+        fresh = {key(r) for r in rows}
+        rows += [r for r in json.loads(args.out.read_text()) if key(r) not in fresh and r["seed"] == args.seed]
     rows.sort(key=lambda r: (r.get("phase", 0), list(run.SPECS).index(r["workload"]), r["load"],
                              run.ROUTERS.index(r["router"])))
     summary = summarize(rows)
