@@ -182,39 +182,48 @@ async def test_a_spread_move_is_counted() -> None:
     await asyncio.sleep(0)  # the decision events, published a turn later
 
 
-async def test_a_copy_made_under_the_relief_is_counted() -> None:
-    """``kinference_stickiness_relief_copies_total`` counts the requests sent
-    to a pod without their prefix while the holder's charge was relieved;
-    a decision without the relief is not counted (the engine's own tests
-    cover when the relief holds)."""
+async def _routed(m: RouterMetrics, world: tuple, request, n: int):  # noqa: ANN001, ANN202 - Decision
+    """The director's decision on ``request`` (its classification done) in
+    ``world`` (the engine tests' ``(eps, index, ledger)``), counted in ``m``."""
     import random
     from types import SimpleNamespace
 
     from kinference_router.director import Director
 
     from ..engine.helpers import snap
-    from ..engine.test_routing_fixes import IDLE_REQUEST, NO_SPREAD, _pool, _relief_world
+    from ..engine.test_routing_fixes import NO_SPREAD, _pool
 
     class Tags:  # a request whose classification is done
         req = None
         traces: list = []
 
         async def decide(self, s, avoid, decide_fn, **_):  # noqa: ANN001, ANN003, ANN201
-            self.req = IDLE_REQUEST
+            self.req = request
             return decide_fn(self.req, s, avoid)
+
+    eps, index, ledger = world
+    keeper = SimpleNamespace(snapshot=snap(_pool(["PrefixAffinity"]), eps, ttft_model=NO_SPREAD))
+    dr = Director(settings=SimpleNamespace(namespace="default", pool="p"), auth=None, keeper=keeper,  # type: ignore[arg-type]
+                  ledger=ledger, prefix=index, metrics=m, flow=None, classification=None,  # type: ignore[arg-type]
+                  events=SimpleNamespace(publish=lambda *a: None), limiter=None, calibration=None,  # type: ignore[arg-type]
+                  rng=random.Random(0))
+    d = await dr.routing(Tags(), f"d{n}").next()  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # the decision events, published a turn later
+    return d
+
+
+async def test_a_copy_made_under_the_relief_is_counted() -> None:
+    """``kinference_stickiness_relief_copies_total`` counts the requests sent
+    to a pod without their prefix while the holder's charge was relieved;
+    a decision without the relief is not counted (the engine's own tests
+    cover when the relief holds)."""
+    from ..engine.test_routing_fixes import IDLE_REQUEST, _relief_world
 
     m = RouterMetrics()
     picks = []
     for o in ({"running": 20, "queued": 1}, {"running": 34, "queued": 1}):
-        eps, index, ledger = _relief_world(o)
-        keeper = SimpleNamespace(snapshot=snap(_pool(["PrefixAffinity"]), eps, ttft_model=NO_SPREAD))
-        dr = Director(settings=SimpleNamespace(namespace="default", pool="p"), auth=None, keeper=keeper,  # type: ignore[arg-type]
-                      ledger=ledger, prefix=index, metrics=m, flow=None, classification=None,  # type: ignore[arg-type]
-                      events=SimpleNamespace(publish=lambda *a: None), limiter=None, calibration=None,  # type: ignore[arg-type]
-                      rng=random.Random(0))
-        d = await dr.routing(Tags(), f"d{len(picks)}").next()  # type: ignore[arg-type]
+        d = await _routed(m, _relief_world(o), IDLE_REQUEST, len(picks))
         picks.append((d.endpoint, d.context.relief is not None))
-        await asyncio.sleep(0)  # the decision events, published a turn later
     # relieved and sent to o (a copy); then h's load within 1.25x of the mean: no relief, h keeps it
     assert picks == [("o", True), ("h", False)]
     assert m.registry.get_sample_value("kinference_stickiness_relief_copies_total") == 1.0
@@ -224,35 +233,14 @@ async def test_a_turn_moved_off_its_conversations_pod_is_counted() -> None:
     """``kinference_conversation_moves_total`` counts a conversation's next
     turn sent to a pod without its earlier turns; a turn that stays, and a
     prompt that continues nothing, are not counted."""
-    import random
-    from types import SimpleNamespace
-
-    from kinference_router.director import Director
-
-    from ..engine.helpers import snap
-    from ..engine.test_routing_fixes import IDLE, NO_SPREAD, TURN, TURN_REQUEST, _pool, _turn_world
-
-    class Tags:  # a request whose classification is done
-        req = None
-        traces: list = []
-
-        async def decide(self, s, avoid, decide_fn, **_):  # noqa: ANN001, ANN003, ANN201
-            self.req = TURN_REQUEST
-            return decide_fn(self.req, s, avoid)
+    from ..engine.test_routing_fixes import IDLE, TURN, TURN_REQUEST, _turn_world
 
     m = RouterMetrics()
     picks = []
     for o, sent in ((IDLE, TURN), ({"running": 30, "queued": 2, "kv": 0.4}, TURN),
                     (IDLE, TURN + "user: which zone is the largest? " * 60)):
-        eps, index, ledger = _turn_world(o, sent)
-        keeper = SimpleNamespace(snapshot=snap(_pool(["PrefixAffinity"]), eps, ttft_model=NO_SPREAD))
-        dr = Director(settings=SimpleNamespace(namespace="default", pool="p"), auth=None, keeper=keeper,  # type: ignore[arg-type]
-                      ledger=ledger, prefix=index, metrics=m, flow=None, classification=None,  # type: ignore[arg-type]
-                      events=SimpleNamespace(publish=lambda *a: None), limiter=None, calibration=None,  # type: ignore[arg-type]
-                      rng=random.Random(0))
-        d = await dr.routing(Tags(), f"d{len(picks)}").next()  # type: ignore[arg-type]
+        d = await _routed(m, _turn_world(o, sent), TURN_REQUEST, len(picks))
         picks.append((d.endpoint, d.context.continued))
-        await asyncio.sleep(0)  # the decision events, published a turn later
     # moved to o (nothing waiting); kept on h (o has a queue); kept on h (h's prompt was another question)
     assert picks == [("o", True), ("h", True), ("h", False)]
     assert m.registry.get_sample_value("kinference_conversation_moves_total") == 1.0
