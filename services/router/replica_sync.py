@@ -250,7 +250,9 @@ class ReplicaSync:
             return "key_mismatch"
         for rec in msg.prefix[:MAX_RECORDS]:
             if rec.block_hashes:
-                self.prefix.record_peer(rec.key, rec.block_hashes[:MAX_HASHES], rec.max_blocks, rec.kv_usage)
+                # a prompt cut here does not end at its last hash kept (PrefixIndex.continued_on)
+                self.prefix.record_peer(rec.key, rec.block_hashes[:MAX_HASHES], rec.max_blocks, rec.kv_usage,
+                                        whole=len(rec.block_hashes) <= MAX_HASHES)
         return "merged"
 
     def expire(self) -> None:

@@ -599,6 +599,11 @@ def test_a_pod_that_let_a_turn_go_no_longer_counts_it_as_an_end() -> None:
     index.record("default/qwen/h", turn, 64)
     index.forget("default/qwen/h")
     assert index.continued_on(["default/qwen/h"], turn[-1]) == []
+    # a peer's prompt cut short in its message (replica sync keeps the first hashes) ends nowhere known
+    index.record_peer("default/qwen/h", turn[:-2], 64, whole=False)
+    assert index.continued_on(["default/qwen/h"], turn[-3]) == []
+    index.record_peer("default/qwen/h", turn, 64)
+    assert index.continued_on(["default/qwen/h"], turn[-1]) == ["default/qwen/h"]
 
 
 def test_a_new_prefix_goes_where_the_fewest_prompt_blocks_are_cached() -> None:

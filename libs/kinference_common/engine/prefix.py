@@ -136,12 +136,14 @@ class PrefixIndex:
         return out
 
     def record_peer(self, key: str, block_hashes: Sequence[int], max_blocks: int | None = None,
-                    kv_usage: float | None = None) -> None:
+                    kv_usage: float | None = None, whole: bool = True) -> None:
         """Another replica's :meth:`record` (not journalled), with the KV
         usage it saw (None: this replica's last one for ``key`` stands). The
-        prompt share stays this replica's, learned from its own answers."""
+        prompt share stays this replica's, learned from its own answers.
+        ``whole``: False when ``block_hashes`` are the first of a longer
+        prompt's (their last is not where the prompt ended)."""
         self._usage_seen(key, kv_usage)
-        self._record(key, block_hashes, max_blocks)
+        self._record(key, block_hashes, max_blocks, whole)
 
     def _usage_seen(self, key: str, kv_usage: float | None) -> None:
         if kv_usage is not None and 0.0 <= kv_usage <= 1.0:  # (not NaN)
@@ -170,7 +172,7 @@ class PrefixIndex:
             self._journal.append((key, tuple(block_hashes), max_blocks, kv_usage))
         self._record(key, block_hashes, max_blocks)
 
-    def _record(self, key: str, block_hashes: Sequence[int], max_blocks: int | None) -> None:
+    def _record(self, key: str, block_hashes: Sequence[int], max_blocks: int | None, whole: bool = True) -> None:
         if not block_hashes:
             return
         lru = self._by_endpoint.get(key)
@@ -225,7 +227,8 @@ class PrefixIndex:
         ends = self._ends.get(key)
         if ends is None:
             ends = self._ends[key] = set()
-        ends.add(block_hashes[-1])
+        if whole:
+            ends.add(block_hashes[-1])
         if len(ends) > len(lru):  # ends the LRU let go of: dropped when they could outnumber what it holds
             ends.intersection_update(lru)
         hot[1] += fresh
