@@ -75,13 +75,13 @@ def rewrite_block(page: Path, name: str, body: str) -> bool:
     return True
 
 
-def save_results(out: Path, rows: object, started: float, page: Path | None, name: str, body: str) -> None:
+def save_results(out: Path, rows: list, started: float, page: Path | None, name: str, body: str) -> None:
     """A benchmark's end: ``rows`` written to ``out`` as JSON, and the
     ``name`` block of ``page`` rewritten with ``body`` (``page`` None: left
     alone), each said on stdout."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"wrote {out} ({len(rows) if isinstance(rows, list) else 1} rows) in {time.perf_counter() - started:.0f} s")
+    print(f"wrote {out} ({len(rows)} rows) in {time.perf_counter() - started:.0f} s")
     if page is not None and rewrite_block(page, name, body):
         print(f"rewrote the {name} block of {page.relative_to(REPO) if page.is_relative_to(REPO) else page}")
 

@@ -928,6 +928,16 @@ def test_a_record_from_a_router_before_the_unqueued_charge_replays_with_the_idle
                      (4, "idle, a send started"): "o"}
 
 
+def _replayed_as(versions: tuple[int, ...], d, eps: list, r, **read) -> dict[int, str | None]:  # noqa: ANN001, ANN003
+    """What ``kinfctl replay`` picks for ``d`` (captured by the recorder) as
+    a record of each of ``versions``, with the scrape and prefix reads every
+    record has and ``read``, what this decision read besides."""
+    inputs = {"loads": d.inputs.loads, "matches": d.inputs.matches, "held": d.inputs.held,
+              "pressure": d.inputs.pressure, **read}
+    return {v: _replayed(v, _snapshot_record(v, _pool(["PrefixAffinity"]), eps, NO_SPREAD), r, d.endpoint, **inputs)
+            for v in versions}
+
+
 def test_a_record_of_a_relief_keeps_the_hot_fractions_and_replays_to_the_same_pick() -> None:
     """The relief reads each candidate's hot fraction: the record keeps
     them, and replay relieves as the router did (version 5); a record before
@@ -940,17 +950,10 @@ def test_a_record_of_a_relief_keeps_the_hot_fractions_and_replays_to_the_same_pi
     Recorder.capture(d)
     assert d.inputs.hot == {"default/qwen/h": 0.41, "default/qwen/o": 0.2}
     eps = _relief_eps(o)
-    inputs = {"loads": d.inputs.loads, "matches": d.inputs.matches, "held": d.inputs.held,
-              "pressure": d.inputs.pressure}
-    picks = {}
-    for v in (4, 5):
-        written = _snapshot_record(v, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
-        picks[v] = _replayed(v, written, IDLE_REQUEST, d.endpoint, hot=d.inputs.hot, **inputs)
-    assert picks == {4: "h", 5: "o"}
+    assert _replayed_as((4, 5), d, eps, IDLE_REQUEST, hot=d.inputs.hot) == {4: "h", 5: "o"}
     # the hot fractions in the record are what the replay decides on: without
     # them o's share of the prefixes in use is unknown, and h keeps it
-    written = _snapshot_record(5, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
-    assert _replayed(5, written, IDLE_REQUEST, d.endpoint, **inputs) == "h"
+    assert _replayed_as((5,), d, eps, IDLE_REQUEST) == {5: "h"}
 
 
 def test_a_record_of_a_turn_keeps_what_continued_and_replays_to_the_same_pick() -> None:
@@ -965,14 +968,6 @@ def test_a_record_of_a_turn_keeps_what_continued_and_replays_to_the_same_pick() 
     Recorder.capture(d)
     assert d.inputs.continued == {"default/qwen/h": True}
     eps, _, _ = _turn_world(IDLE)
-    inputs = {"loads": d.inputs.loads, "matches": d.inputs.matches, "held": d.inputs.held,
-              "pressure": d.inputs.pressure}
-    r = TURN_REQUEST
-    picks = {}
-    for v in (5, 6):
-        written = _snapshot_record(v, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
-        picks[v] = _replayed(v, written, r, d.endpoint, continued=d.inputs.continued, **inputs)
-    assert picks == {5: "h", 6: "o"}
+    assert _replayed_as((5, 6), d, eps, TURN_REQUEST, continued=d.inputs.continued) == {5: "h", 6: "o"}
     # without the answer in the record the prompt continued nothing known: h keeps it
-    written = _snapshot_record(6, _pool(["PrefixAffinity"]), eps, NO_SPREAD)
-    assert _replayed(6, written, r, d.endpoint, **inputs) == "h"
+    assert _replayed_as((6,), d, eps, TURN_REQUEST) == {6: "h"}

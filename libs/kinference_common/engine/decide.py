@@ -320,14 +320,15 @@ def _rank_predicted_ttft(
             pressed = ctx.pressure()
             if pressed:
                 S = _pressed_stickiness(snapshot, model, pressed, ctx.prefix)
+            # the best prefix holders: what the continuation and the relief read
+            holders = [c for j in js if min(matches.get((c := kept[j]).ledger_key, 0), total) == m_best]
             if (model.continuation_stickiness != 1.0 or model.continuation_unqueued != 1.0) and m_best < total \
-                    and ctx.continues([kept[j] for j in js if min(matches.get(kept[j].ledger_key, 0), total) == m_best],
-                                      m_best):
+                    and ctx.continues(holders, m_best):
                 stick *= model.continuation_stickiness
                 if model.continuation_unqueued != 1.0:
                     S = _continued_stickiness(snapshot, model, S)
             if model.stickiness_relief != 1.0:
-                stick *= _relief(snapshot, kept, js, matches, m_best, total, ctx, model)
+                stick *= _relief(snapshot, kept, holders, ctx, model)
     if hashes:
         if stick:
             Pe = stick * m_best
@@ -447,8 +448,8 @@ def _spread(snapshot: Snapshot, kept: list[Candidate], pick: Candidate,
     return e, pe
 
 
-def _relief(snapshot: Snapshot, kept: list[Candidate], js: list[int], matches: dict[str, int], m_best: int,
-            total: int, ctx: DecisionContext, model: TTFTModel) -> float:
+def _relief(snapshot: Snapshot, kept: list[Candidate], holders: list[Candidate], ctx: DecisionContext,
+            model: TTFTModel) -> float:
     """The factor on the stickiness charge (:attr:`.ttft.TTFTModel.stickiness_relief`):
     ``stickiness_relief`` when the most loaded of the best prefix holders
     carries at least ``relief_load`` times its peers' mean scrape load and
@@ -462,9 +463,8 @@ def _relief(snapshot: Snapshot, kept: list[Candidate], js: list[int], matches: d
     recorded) only when the load says the holder is overloaded."""
     L = snapshot.load
     holder = None
-    for j in js:
-        c = kept[j]
-        if min(matches.get(c.ledger_key, 0), total) == m_best and (holder is None or L[c.index] > L[holder.index]):
+    for c in holders:  # the most loaded, the first of equals
+        if holder is None or L[c.index] > L[holder.index]:
             holder = c
     if holder is None or L[holder.index] <= 0:
         return 1.0

@@ -117,7 +117,7 @@ class PrefixIndex:
         #: endpoint -> the engine's prompt tokens per estimated token, over its recent answers
         self._ratio: dict[str, float] = {}
         #: endpoint -> the last block of each prompt sent to it that it still
-        #: holds (:meth:`continues`)
+        #: holds (:meth:`continued_on`)
         self._ends: dict[str, set[int]] = {}
 
     #: at most this many records wait for take_journal() (the oldest dropped)

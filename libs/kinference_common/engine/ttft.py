@@ -167,7 +167,7 @@ class TTFTModel(Struct, frozen=True, kw_only=True):
     relief_hot: float = 1.1
     #: continuation: in the same tiers, where the best holders' match ends
     #: at the last full block of a prompt sent to one of them
-    #: (:meth:`.prefix.PrefixIndex.continues`: a conversation's next turn;
+    #: (:meth:`.prefix.PrefixIndex.continued_on`: a conversation's next turn;
     #: a prefix shared by several prompts ends inside them), the
     #: stickiness charge is multiplied by ``continuation_stickiness``, and
     #: on a candidate with nothing waiting (the ``prefix_stickiness_unqueued``
