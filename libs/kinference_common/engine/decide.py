@@ -616,7 +616,6 @@ def _run_rule(
         if not kept:
             step.tiers.append(TierStep(tier, kept, None))
             continue
-        ctx.continued = None  # this tier's answer (its trace line), asked by the ranking
         if tier.minimize == "PredictedTTFT" and want:
             tied, value = _rank_predicted_ttft(snapshot, kept, ctx, tolerance=bool(rule.tie_break))
         else:

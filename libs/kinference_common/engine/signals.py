@@ -63,8 +63,9 @@ class DecisionContext:
         #: mean load, holder's hot fraction, mean hot fraction)``; None when
         #: the decision charged the full stickiness
         self.relief: tuple | None = None
-        #: whether the last ranking found the prompt continuing one sent to a
-        #: best holder (:meth:`continues`), None when it did not ask
+        #: whether the decision's ranking (one at most: the first tier with
+        #: candidates routes) found the prompt continuing one sent to a best
+        #: holder (:meth:`continues`), None when it did not ask
         self.continued: bool | None = None
         #: endpoint key -> whether the prompt continued there, for every
         #: endpoint asked of (what a record keeps), else None
